@@ -1,0 +1,27 @@
+"""The verification policies of DESIGN.md §2, behind one interface and one registry.
+
+>>> import dcut_sched as d
+>>> d.policies.names()
+['ar', 'full', 'uniform', 'threshold', 'topk', 'dcut', 'fine', 'oracle']
+>>> policy = d.policies.get("dcut")
+
+Every module in this package that defines a ``@register``-ed :class:`Policy` is imported here, so a
+new policy is one new file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from .base import Policy, VerifyPlan, budget_from_ratio, get, names, register
+
+# Registration order = the order of DESIGN.md §2 (the order tables list policies in).
+_ORDER = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
+for _name in _ORDER:
+    importlib.import_module(f"{__name__}.{_name}")
+for _mod in pkgutil.iter_modules(__path__):
+    if _mod.name not in _ORDER and _mod.name != "base":
+        importlib.import_module(f"{__name__}.{_mod.name}")
+
+__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]

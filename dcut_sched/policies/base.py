@@ -1,0 +1,217 @@
+"""The policy interface, the verification plan it returns, and the registry.
+
+A policy decides, for one engine step, how many leading slots of each request's block the target
+verifies. It is a pure function of the batch's draft confidences ``[bs, B-1]``, the cost curve and its
+own parameters (plus, for the ``oracle``, the true acceptance lengths), and may keep a little state
+across steps (the ``fine`` policy's running utility). The same objects serve the simulator and the
+online controller: there is no second implementation of any policy.
+
+Inputs may be numpy arrays or torch tensors (CPU or CUDA); ``lengths`` in the plan is of the same kind
+and on the same device. A policy syncs with the host at most once per step (the budget decision).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..cost_curve import CostCurve
+from ..scores import Array, check_confidences, expected_tokens, slot_scores
+
+__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What to verify this step.
+
+    Attributes:
+        lengths: ``[bs]`` int64 slots to verify per request (numpy array or torch tensor on the
+            confidences' device); each in ``[1, B]``; request i verifies slots ``1..lengths[i]``.
+        num_tokens: ``sum(lengths)``, the verification budget K in tokens (the CUDA-graph cell).
+        block_size: B.
+        expected_tokens: expected tokens this step produces (sum of the verified slot scores; DESIGN §1).
+        draft_next: whether the *next* step should run the draft model (False: a plain
+            autoregressive step, which costs only ``C_verify(bs, bs)``).
+        drafted: whether this step had a draft (False for a plan made without one).
+    """
+
+    lengths: Array
+    num_tokens: int
+    block_size: int
+    expected_tokens: float
+    draft_next: bool = True
+    drafted: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def ratio(self) -> float:
+        """Verification ratio rho = num_tokens / (bs * B)."""
+        return self.num_tokens / (self.batch_size * self.block_size)
+
+
+def budget_from_ratio(rho: float, batch_size: int, block_size: int) -> int:
+    """``K = ceil(rho * bs * B)`` clamped to ``[bs, bs*B]`` (every request keeps its anchor)."""
+    if not (0.0 < rho <= 1.0):
+        raise ValueError(f"verification ratio rho={rho} must be in (0, 1]")
+    k = math.ceil(rho * batch_size * block_size - 1e-9)
+    return min(max(k, batch_size), batch_size * block_size)
+
+
+def constant_lengths(batch_size: int, value: int, like: Array | None = None) -> Array:
+    """``[batch_size]`` int64 lengths all equal to ``value``, of ``like``'s kind and device."""
+    if isinstance(like, torch.Tensor):
+        return torch.full((batch_size,), int(value), dtype=torch.int64, device=like.device)
+    return np.full(batch_size, int(value), dtype=np.int64)
+
+
+class Policy(ABC):
+    """Base class of every verification policy.
+
+    Subclasses set ``name`` and implement :meth:`plan`; registering is ``@register``. Construct them
+    through :func:`get` so parameters are checked in one place.
+
+    Class attributes:
+        name: registry key.
+        needs_cost: :meth:`plan` needs a :class:`CostCurve`.
+        needs_accept_len: :meth:`plan` needs the true acceptance lengths (only the oracle).
+        drafts_first_step: whether the first step of a run drafts.
+    """
+
+    name: ClassVar[str] = ""
+    needs_cost: ClassVar[bool] = False
+    needs_accept_len: ClassVar[bool] = False
+    drafts_first_step: ClassVar[bool] = True
+
+    def params(self) -> dict[str, Any]:
+        """The policy's parameters (for result tables and logs)."""
+        return {}
+
+    def reset(self) -> None:
+        """Forget state kept across steps (start of a new run)."""
+
+    @abstractmethod
+    def plan(
+        self,
+        conf: Array,
+        cost: CostCurve | None = None,
+        *,
+        accept_len: Array | None = None,
+        validate: bool = True,
+    ) -> VerifyPlan:
+        """Plan one drafted step.
+
+        Args:
+            conf: ``[bs, B-1]`` float draft confidences in [0, 1] (numpy or torch, any device).
+            cost: the cost curve (required when ``needs_cost``).
+            accept_len: ``[bs]`` ints in ``[0, B-1]``, the drafts each request would get accepted
+                (required when ``needs_accept_len``; ignored otherwise).
+            validate: check ``conf`` (the controller sanitises on the device and passes False).
+
+        Returns:
+            The :class:`VerifyPlan`.
+
+        Raises:
+            ValueError: bad confidences (shape, NaN/inf, range), a missing cost curve or accept_len.
+            CostCurveRangeError: the batch size or a budget is outside the cost curve's range.
+        """
+
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostCurve | None = None) -> VerifyPlan:
+        """Plan a step that ran no draft: every request verifies its anchor only (plain decoding).
+
+        The default asks for a draft again on the next step.
+        """
+        lengths = np.ones(batch_size, dtype=np.int64)
+        return VerifyPlan(lengths, batch_size, block_size, float(batch_size), draft_next=True, drafted=False)
+
+    # -- helpers for subclasses -------------------------------------------------------------
+    def _scores(self, conf: Array, validate: bool) -> Array:
+        return slot_scores(conf, validate=validate)
+
+    def _require_cost(self, cost: CostCurve | None, conf: Array) -> CostCurve:
+        if cost is None:
+            raise ValueError(f"policy {self.name!r} needs a cost curve (cost=CostCurve.load(...))")
+        cost.require_block_size(conf.shape[1] + 1)
+        return cost
+
+    def _make_plan(
+        self,
+        scores: Array,
+        lengths: Array,
+        *,
+        num_tokens: int | None = None,
+        expected: float | None = None,
+        draft_next: bool = True,
+    ) -> VerifyPlan:
+        if num_tokens is None:
+            num_tokens = int(lengths.sum())
+        if expected is None:
+            expected = expected_tokens(scores, lengths)
+        return VerifyPlan(lengths, int(num_tokens), int(scores.shape[1]), float(expected), draft_next=draft_next)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: add a :class:`Policy` subclass to the registry under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"policy name {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """Registered policy names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get(name: str, **params: Any) -> Policy:
+    """A fresh instance of the policy ``name`` with ``params``.
+
+    Raises:
+        KeyError: unknown name (the message lists the known ones).
+        TypeError / ValueError: unknown or invalid parameters.
+    """
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known policies: {', '.join(names())}") from None
+    return cls(**params)
+
+
+def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int, like: Array) -> Array:
+    """Validate ``[bs]`` acceptance lengths in ``[0, B-1]``; return them as int64 of ``like``'s kind."""
+    if accept_len is None:
+        raise ValueError("this policy needs accept_len, the true number of accepted drafts per request")
+    if tuple(accept_len.shape) != (batch_size,):
+        raise ValueError(f"accept_len must have shape [{batch_size}]; got {tuple(accept_len.shape)}")
+    lo, hi = int(accept_len.min()), int(accept_len.max())
+    if lo < 0 or hi > block_size - 1:
+        raise ValueError(f"accept_len values must be in [0, {block_size - 1}]; got range [{lo}, {hi}]")
+    if isinstance(like, torch.Tensor):
+        return torch.as_tensor(accept_len, dtype=torch.int64, device=like.device)
+    if isinstance(accept_len, torch.Tensor):
+        accept_len = accept_len.cpu().numpy()
+    return np.asarray(accept_len, dtype=np.int64)
+
+
+def check_conf_shape(conf: Array, validate: bool) -> tuple[int, int]:
+    """(bs, B) of a confidence batch, validating it when asked."""
+    if validate:
+        check_confidences(conf)
+    return int(conf.shape[0]), int(conf.shape[1]) + 1

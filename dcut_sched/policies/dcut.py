@@ -1,0 +1,69 @@
+"""``dcut``: the published D-Cut method: global top-K with K from a few captured buckets."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..cost_curve import CostCurve
+from ..scores import Array, ScoreRanking
+from .base import Policy, VerifyPlan, budget_from_ratio, check_conf_shape, register
+
+
+@register
+class DCut(Policy):
+    """Global top-K; K chosen per step among the bucket ratios by expected tokens per verify ms.
+
+    For each ratio rho_q: ``K_q = ceil(rho_q * bs * B)``, ``E_q`` = sum of the top-K_q scores,
+    ``U_q = E_q / C_verify(bs, K_q)``; verify the top-``K_{q*}`` with ``q* = argmax U_q`` (ties: the
+    smaller budget). Source: D-Cut (DESIGN.md §1, "Bucket choice"). Draft time is not in U_q, as
+    published; the ``fine`` policy uses the full step time.
+
+    Args:
+        ratios: the captured verification ratios, each in (0, 1].
+    """
+
+    name = "dcut"
+    needs_cost = True
+
+    def __init__(self, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0)):
+        ratios = tuple(float(r) for r in ratios)
+        if not ratios:
+            raise ValueError("dcut: ratios must not be empty")
+        for r in ratios:
+            budget_from_ratio(r, 1, 1)
+        self.ratios = tuple(sorted(set(ratios)))
+        self._buckets: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._bucket_costs: dict[int, CostCurve] = {}
+
+    def params(self) -> dict:
+        return {"ratios": self.ratios}
+
+    def budgets(self, batch_size: int, block_size: int) -> np.ndarray:
+        """The distinct bucket budgets ``K_q`` (ascending) for this batch shape."""
+        return np.unique([budget_from_ratio(r, batch_size, block_size) for r in self.ratios])
+
+    def _table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket budgets, C_verify at each), cached per batch shape and curve."""
+        key = (bs, block, id(cost))
+        hit = self._buckets.get(key)
+        if hit is None or self._bucket_costs.get(id(cost)) is not cost:
+            self._bucket_costs[id(cost)] = cost  # hold the curve so its id cannot be reused
+            ks = self.budgets(bs, block)
+            hit = self._buckets[key] = (ks, np.asarray(cost.verify_ms(bs, ks), dtype=np.float64))
+        return hit
+
+    def plan(
+        self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True
+    ) -> VerifyPlan:
+        bs, block = check_conf_shape(conf, validate)
+        cost = self._require_cost(cost, conf)
+        scores = self._scores(conf, validate=False)
+        ranking = ScoreRanking(scores)
+        ks, verify_ms = self._table(bs, block, cost)
+        expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
+        utility = expected / verify_ms
+        q = int(np.argmax(utility))
+        k = int(ks[q])
+        return self._make_plan(scores, ranking.lengths(k), num_tokens=k, expected=float(expected[q]))

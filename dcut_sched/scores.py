@@ -1,0 +1,235 @@
+"""Slot scores and global top-K selection: the pure core of D-Cut.
+
+Every function here works on numpy arrays and on torch tensors (CPU or CUDA) alike and returns the
+same kind it was given. Nothing here does I/O or touches a cost curve.
+
+Terms (``shared/DESIGN.md`` §1):
+
+- ``conf[i, t]``, t = 0..B-2: the draft's confidence in the draft token it put in slot t+2 (slot 1 is
+  the anchor). A float in [0, 1].
+- ``s[i, 0] = 1`` and ``s[i, k] = prod_{t<k} conf[i, t]``: the estimated probability that slot k+1
+  (1-based) is useful, i.e. that drafts 1..k are all accepted. Non-increasing in k, so a global top-K
+  over the batch, ties broken by the earlier slot and then the lower request index, keeps a prefix of
+  every request.
+- The expected number of tokens a selection produces is the sum of its selected scores (each slot
+  contributes one token exactly when every draft before it was accepted; the anchor slot always
+  contributes the bonus token). Exact if the confidences are calibrated acceptance probabilities.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+Array = Union[np.ndarray, torch.Tensor]
+
+__all__ = [
+    "Array",
+    "ScoreRanking",
+    "check_confidences",
+    "expected_tokens",
+    "global_topk",
+    "slot_scores",
+]
+
+
+def _is_torch(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def check_confidences(conf: Array, *, name: str = "conf") -> None:
+    """Raise ``ValueError`` unless ``conf`` is a non-empty ``[bs, B-1]`` float array in [0, 1].
+
+    Checks, in order: two dimensions, bs >= 1, B-1 >= 1, a floating dtype, every value finite, every
+    value in [0, 1]. On a CUDA tensor this synchronises with the host (one reduction); the online
+    controller sanitises on the device instead and skips this check.
+
+    Raises:
+        ValueError: naming the failed condition, the shape, and for bad values the first offending
+            (request, draft slot) and its value.
+    """
+    shape = tuple(conf.shape)
+    if len(shape) != 2:
+        raise ValueError(
+            f"{name} must have shape [batch_size, block_size - 1]; got {len(shape)} dims {shape}"
+        )
+    if shape[0] < 1:
+        raise ValueError(f"{name} is an empty batch (shape {shape}); batch_size must be >= 1")
+    if shape[1] < 1:
+        raise ValueError(
+            f"{name} has no draft slots (shape {shape}); block_size must be >= 2 for speculation"
+        )
+    if _is_torch(conf):
+        if not conf.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor; got dtype {conf.dtype}")
+        bad = ~((conf >= 0) & (conf <= 1))  # False for NaN too, and +-inf fails one side
+        if bool(bad.any()):
+            i, t = (int(v) for v in torch.nonzero(bad)[0])
+            value = float(conf[i, t])
+            raise ValueError(_bad_value_message(name, i, t, value))
+    else:
+        conf = np.asarray(conf)
+        if not np.issubdtype(conf.dtype, np.floating):
+            raise ValueError(f"{name} must be a floating array; got dtype {conf.dtype}")
+        # Fast path: NaN makes min/max NaN and every comparison with NaN is False, so two reductions
+        # reject NaN, +-inf and out-of-range values alike.
+        if not (conf.min() >= 0 and conf.max() <= 1):
+            bad = ~((conf >= 0) & (conf <= 1))
+            i, t = np.argwhere(bad)[0]
+            raise ValueError(_bad_value_message(name, int(i), int(t), float(conf[i, t])))
+
+
+def _bad_value_message(name: str, i: int, t: int, value: float) -> str:
+    what = "not finite" if not math.isfinite(value) else "outside [0, 1]"
+    return (
+        f"{name}[{i}, {t}] = {value!r} is {what}: confidences must be finite probabilities in "
+        f"[0, 1] (request {i}, draft slot {t + 1})"
+    )
+
+
+def slot_scores(conf: Array, *, validate: bool = True) -> Array:
+    """Prefix-product slot scores.
+
+    Args:
+        conf: ``[bs, B-1]`` float confidences in [0, 1] (numpy array or torch tensor, any device).
+        validate: check ``conf`` first (see :func:`check_confidences`).
+
+    Returns:
+        ``[bs, B]`` scores of the same kind, dtype and device: column 0 is 1 (the anchor), column k is
+        ``prod_{t<k} conf[:, t]``. Source: D-Cut (prefix product of draft confidences).
+
+    Raises:
+        ValueError: bad shape, empty batch, NaN/inf or out-of-range confidences (when ``validate``).
+    """
+    if validate:
+        check_confidences(conf)
+    if _is_torch(conf):
+        ones = torch.ones((conf.shape[0], 1), dtype=conf.dtype, device=conf.device)
+        return torch.cat([ones, torch.cumprod(conf, dim=1)], dim=1)
+    conf = np.asarray(conf)
+    out = np.empty((conf.shape[0], conf.shape[1] + 1), dtype=conf.dtype)
+    out[:, 0] = 1
+    out[:, 1:] = conf
+    return np.cumprod(out, axis=1, out=out)
+
+
+class ScoreRanking:
+    """All global top-K selections of one batch, from a single sort.
+
+    Sorting the ``bs*B`` scores once answers, for every budget K, both the expected tokens of the
+    top-K selection (a prefix sum of the sorted scores) and the per-request lengths (a count of the
+    first K sorted entries per request). The D-Cut bucket choice and the fine-grained policy ask for
+    many K per step, so they share this object.
+
+    Ties are broken by earlier slot, then by lower request index: the scores are flattened slot-major
+    (index ``k * bs + i``) and sorted stably on the negated score.
+
+    Args:
+        scores: ``[bs, B]`` slot scores (numpy or torch), non-increasing along each row.
+    """
+
+    def __init__(self, scores: Array):
+        if len(scores.shape) != 2 or scores.shape[0] < 1 or scores.shape[1] < 1:
+            raise ValueError(f"scores must have shape [batch_size >= 1, B >= 1]; got {tuple(scores.shape)}")
+        self.batch_size = int(scores.shape[0])
+        self.block_size = int(scores.shape[1])
+        self._torch = _is_torch(scores)
+        if self._torch:
+            flat = scores.t().reshape(-1)
+            sorted_neg, order = torch.sort(-flat, stable=True)
+            self._order = order
+            self._cumsum = torch.cumsum(-sorted_neg.to(torch.float64), dim=0)
+        else:
+            flat = np.ascontiguousarray(scores.T).reshape(-1)
+            order = np.argsort(-flat, kind="stable")
+            self._order = order
+            self._cumsum = np.cumsum(flat[order], dtype=np.float64)
+
+    @property
+    def max_tokens(self) -> int:
+        """``bs * B``: the largest budget."""
+        return self.batch_size * self.block_size
+
+    def check_budget(self, k: int) -> int:
+        """Return ``k`` as an int, or raise ``ValueError`` unless ``bs <= k <= bs*B``."""
+        k_int = int(k)
+        if k_int != k or not (self.batch_size <= k_int <= self.max_tokens):
+            raise ValueError(
+                f"verification budget k={k} is out of range: need batch_size <= k <= batch_size * "
+                f"block_size, i.e. {self.batch_size} <= k <= {self.max_tokens} (every request "
+                f"verifies at least its anchor slot)"
+            )
+        return k_int
+
+    def expected_tokens_at(self, ks: Any) -> np.ndarray:
+        """Expected tokens of the top-K selection for each K in ``ks``.
+
+        Returns a float64 numpy array on the host (one device-to-host copy for a torch ranking).
+        Every K must satisfy ``bs <= K <= bs*B`` (``ValueError`` otherwise).
+        """
+        ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
+        if ks_arr.size and (ks_arr.min() < self.batch_size or ks_arr.max() > self.max_tokens):
+            bad = ks_arr[(ks_arr < self.batch_size) | (ks_arr > self.max_tokens)][0]
+            self.check_budget(int(bad))
+        if self._torch:
+            idx = torch.as_tensor(ks_arr - 1, device=self._cumsum.device)
+            return self._cumsum[idx].cpu().numpy()
+        return self._cumsum[ks_arr - 1]
+
+    def lengths(self, k: int) -> Array:
+        """Per-request lengths ``[bs]`` (int64, same kind/device as the scores) of the top-``k``.
+
+        Each length is >= 1 and they sum to ``k``; slots kept are a prefix of each request.
+        """
+        k = self.check_budget(k)
+        chosen = self._order[:k] % self.batch_size
+        if self._torch:
+            return torch.bincount(chosen, minlength=self.batch_size)
+        return np.bincount(chosen, minlength=self.batch_size).astype(np.int64)
+
+
+def global_topk(scores: Array, k: int) -> Array:
+    """Per-request verification lengths of the global top-``k`` slots of the batch.
+
+    Args:
+        scores: ``[bs, B]`` slot scores from :func:`slot_scores` (numpy or torch).
+        k: the verification budget in slots (tokens), ``bs <= k <= bs*B``.
+
+    Returns:
+        ``[bs]`` int64 lengths, each >= 1, summing to ``k``, each a prefix of its request; ties go to
+        the earlier slot, then the lower request index. Source: D-Cut global top-K.
+
+    Raises:
+        ValueError: ``k`` outside ``[bs, bs*B]`` (the message names the bounds) or bad ``scores``.
+    """
+    return ScoreRanking(scores).lengths(k)
+
+
+def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False) -> Any:
+    """Expected tokens produced when request i verifies its first ``lengths[i]`` slots.
+
+    ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (DESIGN.md §1): slot k+1 yields a token exactly
+    when drafts 1..k are accepted, and the anchor always yields the bonus token.
+
+    Args:
+        scores: ``[bs, B]`` slot scores (numpy or torch).
+        lengths: ``[bs]`` ints in [0, B] (same kind as ``scores``, or anything array-like).
+        per_request: return the ``[bs]`` per-request values instead of the total.
+
+    Returns:
+        The total as a Python float, or a ``[bs]`` array/tensor of the scores' kind when
+        ``per_request``.
+    """
+    block = scores.shape[1]
+    if _is_torch(scores):
+        lengths = torch.as_tensor(lengths, device=scores.device)
+        mask = torch.arange(block, device=scores.device)[None, :] < lengths[:, None]
+        per = (scores * mask).sum(dim=1)
+        return per if per_request else float(per.sum())
+    scores = np.asarray(scores)
+    mask = np.arange(block)[None, :] < np.asarray(lengths)[:, None]
+    per = (scores * mask).sum(axis=1)
+    return per if per_request else float(per.sum())

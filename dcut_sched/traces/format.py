@@ -1,0 +1,307 @@
+"""Acceptance traces: the Parquet format of DESIGN.md §3, loading, validation and saving.
+
+One row per (request, output position) for a **position-indexed** trace, or per (request, step) for a
+**step-indexed** one. Columns: ``request_id`` int32, ``pos`` int32, ``accept_len`` int8,
+``c1..c{B-1}`` float32. File-level key-value metadata (Parquet schema metadata, UTF-8 strings):
+``dcut.trace.version``, ``indexing`` (``position`` or ``step``), ``block_size``, ``target_model``,
+``draft_model``, ``dataset``, ``temperature``, ``source`` (``recorded`` or ``synthetic``), and for
+synthetic traces ``generator`` and ``generator_params`` (JSON).
+
+Replay semantics (position-indexed, exact): a request at position p that verifies L slots moves to
+``p + 1 + min(accept_len[p], L - 1)``; it is finished when it reaches its number of positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..atomic import atomic_path
+
+__all__ = [
+    "INDEXINGS",
+    "REQUIRED_METADATA",
+    "SOURCES",
+    "TRACE_VERSION",
+    "Trace",
+    "TraceError",
+    "TraceFault",
+    "check_trace_columns",
+    "read_trace_file",
+]
+
+TRACE_VERSION = "1"
+VERSION_KEY = "dcut.trace.version"
+INDEXINGS = ("position", "step")
+SOURCES = ("recorded", "synthetic")
+REQUIRED_METADATA = (VERSION_KEY, "indexing", "block_size", "source")
+OPTIONAL_METADATA = ("target_model", "draft_model", "dataset", "temperature", "generator", "generator_params")
+MAX_FAULTS = 50
+
+
+class TraceError(ValueError):
+    """A trace file is unreadable or invalid; the message names file, row/request/position and field."""
+
+
+@dataclass(frozen=True)
+class TraceFault:
+    """One validation fault: where it is and what is wrong."""
+
+    path: str
+    field: str
+    problem: str
+    row: int | None = None
+    request_id: int | None = None
+    pos: int | None = None
+
+    def __str__(self) -> str:
+        where = [self.path]
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.request_id is not None:
+            where.append(f"request {self.request_id}")
+        if self.pos is not None:
+            where.append(f"pos {self.pos}")
+        return f"{': '.join([', '.join(where), f'field {self.field!r}'])}: {self.problem}"
+
+
+def conf_columns(block_size: int) -> list[str]:
+    """The confidence column names ``c1..c{B-1}``."""
+    return [f"c{t}" for t in range(1, block_size)]
+
+
+def _meta_to_str(metadata: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in metadata.items():
+        if value is None:
+            continue
+        out[key] = value if isinstance(value, str) else json.dumps(value)
+    return out
+
+
+@dataclass
+class Trace:
+    """An acceptance trace held as flat numpy arrays, grouped by request and sorted by position.
+
+    Attributes:
+        request_id: ``[N]`` int32, rows grouped by request.
+        pos: ``[N]`` int32, 0..n_i-1 within each request.
+        accept_len: ``[N]`` int8 in ``[0, B-1]``: drafts the target accepts if all B slots are verified.
+        conf: ``[N, B-1]`` float32 in [0, 1]: draft confidence of each draft slot.
+        metadata: file-level metadata (strings; see module docstring).
+        path: the file it came from, for messages.
+
+    Derived: ``request_ids`` ``[R]`` (order of appearance), ``starts`` ``[R]`` int64 first row of each
+    request, ``num_positions`` ``[R]`` int64 rows of each request.
+    """
+
+    request_id: np.ndarray
+    pos: np.ndarray
+    accept_len: np.ndarray
+    conf: np.ndarray
+    metadata: dict[str, str] = field(default_factory=dict)
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        self.metadata = _meta_to_str(self.metadata)
+        self.metadata.setdefault(VERSION_KEY, TRACE_VERSION)
+        self.metadata.setdefault("block_size", str(self.conf.shape[1] + 1))
+        change = np.flatnonzero(np.diff(self.request_id)) + 1
+        self.starts = np.concatenate([[0], change]).astype(np.int64) if len(self.request_id) else np.zeros(0, np.int64)
+        self.num_positions = np.diff(np.concatenate([self.starts, [len(self.request_id)]])).astype(np.int64)
+        self.request_ids = self.request_id[self.starts].astype(np.int64)
+
+    # -------------------------------------------------------------- properties
+    @property
+    def block_size(self) -> int:
+        return int(self.conf.shape[1]) + 1
+
+    @property
+    def indexing(self) -> str:
+        return self.metadata.get("indexing", "position")
+
+    @property
+    def exact_replay(self) -> bool:
+        """True for position-indexed traces (exact replay); False for step-indexed (approximate)."""
+        return self.indexing == "position"
+
+    @property
+    def num_requests(self) -> int:
+        return int(len(self.starts))
+
+    @property
+    def num_rows(self) -> int:
+        return int(len(self.request_id))
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem if self.path else self.metadata.get("dataset", "trace")
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.num_requests} requests, {self.num_rows} {self.indexing}s, B={self.block_size}, "
+            f"source={self.metadata.get('source', '?')}"
+        )
+
+    # -------------------------------------------------------------- conversion
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (request, position): request_id, pos, accept_len, c1..c{B-1}."""
+        df = pd.DataFrame(
+            {"request_id": self.request_id.astype(np.int32), "pos": self.pos.astype(np.int32),
+             "accept_len": self.accept_len.astype(np.int8)}
+        )
+        conf = pd.DataFrame(self.conf.astype(np.float32), columns=conf_columns(self.block_size))
+        return pd.concat([df, conf], axis=1)
+
+    @classmethod
+    def from_frame(cls, df: pd.DataFrame, metadata: Mapping[str, Any], path: str | None = None) -> "Trace":
+        """Build a trace from a frame with the trace columns (rows sorted by request, position).
+
+        Raises:
+            TraceError: the first fault :func:`check_trace_columns` finds.
+        """
+        faults = check_trace_columns(df, _meta_to_str(metadata), path or "<frame>", max_faults=1)
+        if faults:
+            raise TraceError(str(faults[0]))
+        block = int(_meta_to_str(metadata)["block_size"])
+        df = df.sort_values(["request_id", "pos"], kind="stable")
+        return cls(
+            request_id=df["request_id"].to_numpy(np.int32),
+            pos=df["pos"].to_numpy(np.int32),
+            accept_len=df["accept_len"].to_numpy(np.int8),
+            conf=df[conf_columns(block)].to_numpy(np.float32),
+            metadata=dict(metadata),
+            path=path,
+        )
+
+    # -------------------------------------------------------------- I/O
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the trace as Parquet with its metadata, atomically (temp file + rename)."""
+        table = pa.Table.from_pandas(self.to_frame(), preserve_index=False)
+        meta = {k.encode(): v.encode() for k, v in self.metadata.items()}
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+        with atomic_path(path, suffix=".parquet") as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Trace":
+        """Read and validate a trace file.
+
+        Raises:
+            TraceError: unreadable or non-Parquet file, or the first validation fault (file, row,
+                request, position and field named).
+        """
+        df, metadata = read_trace_file(path)
+        return cls.from_frame(df, metadata, path=str(path))
+
+
+def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, str]]:
+    """Read a trace Parquet file into (frame, metadata) without validating the values.
+
+    Raises:
+        TraceError: missing, truncated or non-Parquet file.
+    """
+    path_str = str(path)
+    if not Path(path).is_file():
+        raise TraceError(f"{path_str}: no such trace file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise TraceError(f"{path_str}: not a readable Parquet trace file ({type(exc).__name__}: {exc})") from None
+    raw = table.schema.metadata or {}
+    metadata = {k.decode(): v.decode() for k, v in raw.items() if k != b"pandas"}
+    return table.to_pandas(), metadata
+
+
+def check_trace_columns(
+    df: pd.DataFrame, metadata: Mapping[str, str], path: str, max_faults: int = MAX_FAULTS
+) -> list[TraceFault]:
+    """Every fault of DESIGN.md §3 in a trace table, up to ``max_faults``.
+
+    Checks: required metadata and its values, columns present for the block size, no extra
+    confidence columns, confidences finite in [0, 1], accept_len in ``[0, B-1]``, positions
+    0..n-1 contiguous per request with no duplicates, and for position-indexed traces that
+    ``pos + 1 + accept_len`` does not run past the request's output.
+    """
+    faults: list[TraceFault] = []
+
+    def add(field_name: str, problem: str, row=None, request_id=None, pos=None) -> bool:
+        faults.append(TraceFault(path, field_name, problem, row, request_id, pos))
+        return len(faults) >= max_faults
+
+    for key in REQUIRED_METADATA:
+        if key not in metadata:
+            if add(key, "missing file metadata key (write the trace with dcut_sched.traces.Trace.save)"):
+                return faults
+    version = metadata.get(VERSION_KEY)
+    if version is not None and version != TRACE_VERSION:
+        add(VERSION_KEY, f"unsupported trace version {version!r}; this reader reads version {TRACE_VERSION!r}")
+    if metadata.get("indexing", "position") not in INDEXINGS:
+        add("indexing", f"{metadata['indexing']!r} is not one of {INDEXINGS}")
+    if metadata.get("source", "recorded") not in SOURCES:
+        add("source", f"{metadata['source']!r} is not one of {SOURCES}")
+    try:
+        block = int(metadata.get("block_size", ""))
+        if block < 2:
+            raise ValueError
+    except ValueError:
+        add("block_size", f"{metadata.get('block_size')!r} is not an integer block size >= 2")
+        return faults
+    if faults:
+        return faults
+
+    needed = ["request_id", "pos", "accept_len", *conf_columns(block)]
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        add(missing[0], f"column missing (block_size={block} needs {needed[0]}, ..., c{block - 1}); "
+            f"missing: {', '.join(missing[:5])}{'...' if len(missing) > 5 else ''}")
+        return faults
+    extra = sorted(c for c in df.columns if c.startswith("c") and c[1:].isdigit() and int(c[1:]) >= block)
+    if extra:
+        add(extra[0], f"confidence column beyond block_size={block} (B inconsistent with metadata)")
+        return faults
+    if len(df) == 0:
+        add("request_id", "the trace has no rows")
+        return faults
+
+    conf = df[conf_columns(block)].to_numpy(np.float64)
+    bad = ~(np.isfinite(conf) & (conf >= 0) & (conf <= 1))
+    for r, t in np.argwhere(bad)[:max_faults]:
+        if add(f"c{t + 1}", f"confidence {float(conf[r, t])!r} is not a finite value in [0, 1]", int(r),
+               int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
+            return faults
+    accept = df["accept_len"].to_numpy()
+    for r in np.flatnonzero((accept < 0) | (accept > block - 1))[:max_faults]:
+        if add("accept_len", f"{accept[r]} is outside [0, {block - 1}]", int(r),
+               int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
+            return faults
+
+    order = np.lexsort((df["pos"].to_numpy(), df["request_id"].to_numpy()))
+    req = df["request_id"].to_numpy()[order]
+    pos = df["pos"].to_numpy()[order]
+    acc = accept[order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(req)) + 1])
+    ends = np.concatenate([starts[1:], [len(req)]])
+    expected_pos = np.arange(len(req)) - np.repeat(starts, ends - starts)
+    for r in np.flatnonzero(pos != expected_pos)[:max_faults]:
+        problem = (
+            f"positions of request {req[r]} are not contiguous from 0: expected {expected_pos[r]}, found {pos[r]}"
+            + (" (duplicate)" if r > 0 and req[r - 1] == req[r] and pos[r - 1] == pos[r] else "")
+        )
+        if add("pos", problem, int(order[r]), int(req[r]), int(pos[r])):
+            return faults
+    if metadata.get("indexing") == "position" and not faults:
+        remaining = np.repeat(ends, ends - starts) - np.arange(len(req)) - 1
+        for r in np.flatnonzero(acc > remaining)[:max_faults]:
+            if add("accept_len", f"{acc[r]} accepted drafts run past the request's last position "
+                   f"({remaining[r]} positions remain)", int(order[r]), int(req[r]), int(pos[r])):
+                return faults
+    return faults

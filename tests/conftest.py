@@ -1,0 +1,46 @@
+"""Shared fixtures: small synthetic cost curves built in code (values chosen by hand)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dcut_sched import CostCurve
+
+
+def linear_curve(
+    batch_sizes=(1, 2, 4, 8), block_size: int = 4, base_ms: float = 10.0, per_token_ms: float = 0.5,
+    draft_base_ms: float = 2.0, draft_per_request_ms: float = 0.25, step: int = 1,
+) -> CostCurve:
+    """C_verify = base + per_token * num_tokens on every token count 1..bs*B (every ``step``);
+    C_draft = draft_base + draft_per_request * bs."""
+    verify = []
+    for bs in batch_sizes:
+        counts = sorted(set(range(bs, bs * block_size + 1, step)) | {bs, bs * block_size})
+        for k in counts:
+            verify.append({"batch_size": bs, "num_tokens": k, "median_ms": base_ms + per_token_ms * k})
+    draft = [{"batch_size": bs, "median_ms": draft_base_ms + draft_per_request_ms * bs} for bs in batch_sizes]
+    return CostCurve(
+        hardware={"device_name": "test", "backend": "analytic"},
+        model={"name": "linear-test", "config": {}},
+        block_size=block_size,
+        context_len=0,
+        verify=verify,
+        draft=draft,
+    )
+
+
+@pytest.fixture
+def make_curve():
+    """The :func:`linear_curve` factory, for tests that need other shapes."""
+    return linear_curve
+
+
+@pytest.fixture
+def curve4() -> CostCurve:
+    return linear_curve()
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)

@@ -1,0 +1,141 @@
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from dcut_sched import CostCurve, CostCurveError, CostCurveRangeError
+
+
+def _doc(**over):
+    doc = {
+        "schema": "dcut.cost-curve/1",
+        "hardware": {"device_name": "NVIDIA H20", "backend": "cuda-graph"},
+        "model": {"name": "qwen3-8b", "config": {}},
+        "block_size": 16,
+        "context_len": 1024,
+        "verify": [
+            {"batch_size": 16, "num_tokens": 64, "median_ms": 16.0, "provenance": "published"},
+            {"batch_size": 16, "num_tokens": 128, "median_ms": 22.7, "provenance": "published"},
+            {"batch_size": 16, "num_tokens": 192, "median_ms": 29.8, "provenance": "published"},
+            {"batch_size": 16, "num_tokens": 256, "median_ms": 35.8, "provenance": "published"},
+            {"batch_size": 64, "num_tokens": 256, "median_ms": 55.2, "provenance": "published"},
+            {"batch_size": 64, "num_tokens": 512, "median_ms": 82.2, "provenance": "published"},
+            {"batch_size": 64, "num_tokens": 768, "median_ms": 107.9, "provenance": "published"},
+            {"batch_size": 64, "num_tokens": 1024, "median_ms": 133.9, "provenance": "published"},
+        ],
+        "draft": [{"batch_size": 16, "median_ms": 3.0}, {"batch_size": 64, "median_ms": 6.0}],
+    }
+    doc.update(over)
+    return doc
+
+
+def test_roundtrip_and_exact_at_measured_cells(tmp_path):
+    curve = CostCurve.from_dict(_doc())
+    path = tmp_path / "c.json"
+    curve.save(path)
+    assert not [p for p in tmp_path.iterdir() if p.name != "c.json"], "temp file left behind"
+    back = CostCurve.load(path, check_hardware=False)
+    assert back.to_dict()["verify"] == curve.to_dict()["verify"]
+    assert back.verify_ms(16, 128) == pytest.approx(22.7)
+    np.testing.assert_allclose(back.verify_ms(64, np.array([256, 1024])), [55.2, 133.9])
+    assert back.batch_sizes == [16, 64]
+    assert back.token_counts(16) == [64, 128, 192, 256] and back.token_counts(32) == []
+
+
+def test_interpolation_monotone_and_between():
+    curve = CostCurve.from_dict(_doc())
+    grid = np.arange(64, 257)
+    ms = curve.verify_ms(16, grid)
+    assert np.all(np.diff(ms) >= -1e-12)
+    assert 16.0 < curve.verify_ms(16, 96) < 22.7
+    # between batch sizes: linear in bs at a fixed ratio. bs=40 is halfway from 16 to 64 at rho=0.5:
+    assert curve.verify_ms(40, 320) == pytest.approx((22.7 + 82.2) / 2)
+    assert curve.token_range(40) == (160, 640)
+    assert curve.draft_ms(40) == pytest.approx(4.5)
+
+
+def test_isotonic_flattens_noisy_dip():
+    doc = _doc(verify=[
+        {"batch_size": 4, "num_tokens": 4, "median_ms": 5.0},
+        {"batch_size": 4, "num_tokens": 8, "median_ms": 7.0},
+        {"batch_size": 4, "num_tokens": 12, "median_ms": 6.0},  # noise: cheaper with more tokens
+        {"batch_size": 4, "num_tokens": 16, "median_ms": 9.0},
+    ])
+    curve = CostCurve.from_dict(doc)
+    assert curve.verify_ms(4, 8) == pytest.approx(6.5) and curve.verify_ms(4, 12) == pytest.approx(6.5)
+    assert np.all(np.diff(curve.verify_ms(4, np.arange(4, 17))) >= -1e-12)
+
+
+@pytest.mark.parametrize(
+    "bs, tokens, match",
+    [(8, 64, r"batch_size=8 is outside the measured batch sizes 16\.\.64"),
+     (65, 300, "outside the measured batch sizes"),
+     (16, 32, r"num_tokens=32 at batch_size=16 is outside the measured range 64\.\.256"),
+     (16, 300, r"measured range 64\.\.256")],
+)
+def test_out_of_range_raises(bs, tokens, match):
+    with pytest.raises(CostCurveRangeError, match=match):
+        CostCurve.from_dict(_doc()).verify_ms(bs, tokens)
+
+
+def test_draft_errors():
+    curve = CostCurve.from_dict(_doc(draft=[]))
+    with pytest.raises(CostCurveRangeError, match="no draft rows"):
+        curve.draft_ms(16)
+    with pytest.raises(CostCurveRangeError, match=r"outside the measured range 16\.\.64"):
+        CostCurve.from_dict(_doc()).draft_ms(128)
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.update(schema="dcut.cost-curve/0"), "field 'schema'"),
+        (lambda d: d.pop("verify"), "field 'verify': missing"),
+        (lambda d: d.update(verify=[]), "field 'verify': no rows"),
+        (lambda d: d["verify"][2].update(median_ms=-1.0), r"field 'verify\[2\]\.median_ms'"),
+        (lambda d: d["verify"][2].update(median_ms=float("nan")), r"verify\[2\]\.median_ms"),
+        (lambda d: d["verify"][1].update(num_tokens=64), "duplicate cell batch_size=16, num_tokens=64"),
+        (lambda d: d["verify"][0].update(num_tokens=8), "every request verifies at least its anchor"),
+        (lambda d: d["verify"][0].pop("median_ms"), r"verify\[0\]\.median_ms': missing"),
+        (lambda d: d["verify"][0].update(provenance="guess"), "provenance"),
+        (lambda d: d["verify"][0].update(speed=1), "unknown keys"),
+        (lambda d: d["hardware"].update(backend="tpu"), "hardware.backend"),
+        (lambda d: d.update(block_size=0), "block_size"),
+    ],
+)
+def test_validation_names_file_and_field(tmp_path, mutate, match):
+    doc = _doc()
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostCurveError, match=match) as info:
+        CostCurve.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(CostCurveError, match="cannot read"):
+        CostCurve.load(tmp_path / "missing.json")
+    (tmp_path / "trunc.json").write_text('{"schema": "dcut.cost-curve/1", "verify": [')
+    with pytest.raises(CostCurveError, match="not valid JSON"):
+        CostCurve.load(tmp_path / "trunc.json")
+
+
+def test_block_size_and_hardware_checks():
+    curve = CostCurve.from_dict(_doc())
+    curve.require_block_size(16)
+    with pytest.raises(CostCurveError, match="measured for block size 16, not 8"):
+        curve.require_block_size(8)
+    with pytest.warns(UserWarning, match="measured on 'NVIDIA H20' but this device is 'NVIDIA H200'"):
+        assert not curve.check_hardware("NVIDIA H200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert curve.check_hardware("NVIDIA H20")
+
+
+def test_linear_fixture_values(curve4):
+    curve = curve4
+    assert curve.verify_ms(4, 10) == pytest.approx(15.0)
+    assert curve.ar_ms(8) == pytest.approx(14.0)
+    assert curve.draft_ms(4) == pytest.approx(3.0)

@@ -1,0 +1,175 @@
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dcut_sched as d
+from dcut_sched import expected_tokens, global_topk, slot_scores
+from dcut_sched.policies import budget_from_ratio
+
+# scores: r0 = [1, .9, .72, .36], r1 = [1, .2, .18, .162]; sorted: 1,1,.9,.72,.36,.2,.18,.162
+CONF = np.array([[0.9, 0.8, 0.5], [0.2, 0.9, 0.9]])
+
+
+def test_registry_lists_the_eight_policies():
+    assert d.policies.names() == ["ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle"]
+    with pytest.raises(KeyError, match="unknown policy 'nope'; known policies: ar, full"):
+        d.policies.get("nope")
+    with pytest.raises(TypeError):
+        d.policies.get("full", rho=0.5)
+    with pytest.raises(ValueError, match="rho"):
+        d.policies.get("uniform", rho=0)
+
+
+@pytest.mark.parametrize(
+    "name, params, lengths, expected",
+    [
+        ("ar", {}, [1, 1], 2.0),
+        ("full", {}, [4, 4], 2.98 + 1.542),
+        ("uniform", {"rho": 0.5}, [2, 2], 1.9 + 1.2),
+        ("uniform", {"rho": 0.3}, [2, 2], 1.9 + 1.2),  # ceil(1.2) = 2
+        ("threshold", {"tau": 0.5}, [3, 1], 2.62 + 1),
+        ("threshold", {"tau": 0.19}, [4, 2], 2.98 + 1.2),
+        ("topk", {"rho": 0.5}, [3, 1], 3.62),
+        ("topk", {"rho": 0.625}, [4, 1], 3.98),
+    ],
+)
+def test_hand_computed_plans(name, params, lengths, expected):
+    plan = d.policies.get(name, **params).plan(CONF)
+    assert plan.lengths.tolist() == lengths
+    assert plan.num_tokens == sum(lengths)
+    assert plan.expected_tokens == pytest.approx(expected)
+    assert plan.ratio == pytest.approx(sum(lengths) / 8)
+    assert plan.draft_next is (name != "ar")
+
+
+def test_oracle_hand_computed():
+    plan = d.policies.get("oracle").plan(CONF, accept_len=np.array([1, 0]))
+    assert plan.lengths.tolist() == [2, 1] and plan.expected_tokens == pytest.approx(2.9)
+    with pytest.raises(ValueError, match="needs accept_len"):
+        d.policies.get("oracle").plan(CONF)
+    with pytest.raises(ValueError, match=r"in \[0, 3\]"):
+        d.policies.get("oracle").plan(CONF, accept_len=np.array([4, 0]))
+
+
+def test_dcut_hand_computed(make_curve):
+    # C_verify = 2 + K: K in {2, 4, 6, 8} -> E {2, 3.62, 4.18, 4.522}, U {.5, .603, .5225, .4522}
+    curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0)
+    plan = d.policies.get("dcut").plan(CONF, curve)
+    assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
+    assert plan.expected_tokens == pytest.approx(3.62)
+    # verification nearly free beyond a fixed cost -> the largest bucket
+    flat = make_curve(batch_sizes=(2,), base_ms=10.0, per_token_ms=0.01)
+    assert d.policies.get("dcut").plan(CONF, flat).num_tokens == 8
+    with pytest.raises(ValueError, match="needs a cost curve"):
+        d.policies.get("dcut").plan(CONF)
+    with pytest.raises(ValueError, match="block size 4, not 3"):
+        d.policies.get("dcut").plan(CONF[:, :2], curve)
+
+
+def test_fine_hand_computed_and_skips_drafting(make_curve):
+    # step = C_draft(2) + C_verify = 2 + (2 + K): E/step peaks at K=4 (3.62/8 = .4525);
+    # autoregressive: 2 tokens / C_verify(2, 2) = 2/4 = .5 > .4525 -> stop drafting next step.
+    curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0, draft_per_request_ms=0.5)
+    fine = d.policies.get("fine", granularity=1, probe_interval=3)
+    plan = fine.plan(CONF, curve)
+    assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
+    assert fine.rate == pytest.approx(3.62 / 8)
+    assert plan.draft_next is False
+    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(3)]
+    assert flags == [False, False, True]  # probe after 3 plain steps
+    plain = fine.plan_without_draft(2, 4, curve)
+    assert plain.lengths.tolist() == [1, 1] and not plain.drafted and plain.num_tokens == 2
+    # a cheap draft makes speculation worth it
+    cheap = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=0.2, draft_base_ms=0.1, draft_per_request_ms=0.0)
+    assert d.policies.get("fine", granularity=1).plan(CONF, cheap).draft_next is True
+
+
+def test_fine_default_grid_is_multiples_of_granularity(make_curve):
+    curve = make_curve(batch_sizes=(4,), block_size=16)
+    fine = d.policies.get("fine")
+    assert fine.candidates(4, 16, curve).tolist() == [4, 8, 16, 24, 32, 40, 48, 56, 64]
+    fine = d.policies.get("fine", allowed_num_tokens=[2, 4, 10, 64, 100])
+    assert fine.candidates(4, 16, curve).tolist() == [4, 10, 64]
+
+
+def _best_expected(scores, k):
+    bs, block = scores.shape
+    return max(
+        expected_tokens(scores, np.array(ls))
+        for ls in itertools.product(range(1, block + 1), repeat=bs)
+        if sum(ls) == k
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("objective", ["ratio", "marginal"])
+def test_fine_matches_brute_force(make_curve, seed, objective):
+    rng = np.random.default_rng(seed)
+    bs, block = int(rng.integers(1, 4)), int(rng.integers(2, 6))
+    curve = make_curve(batch_sizes=(bs,), block_size=block, base_ms=float(rng.uniform(1, 5)),
+                       per_token_ms=float(rng.uniform(0.1, 2)), draft_base_ms=float(rng.uniform(0, 3)))
+    fine = d.policies.get("fine", granularity=1, objective=objective)
+    for _ in range(3):  # several steps so "marginal" uses its running rate
+        conf = rng.uniform(size=(bs, block - 1)) ** rng.uniform(0.2, 2)
+        scores = slot_scores(conf)
+        rate = fine.rate
+        plan = fine.plan(conf, curve)
+        ks = list(range(bs, bs * block + 1))
+        best = {k: _best_expected(scores, k) for k in ks}
+        if objective == "marginal" and rate is not None:
+            value = {k: best[k] - rate * curve.verify_ms(bs, k) for k in ks}
+        else:
+            value = {k: best[k] / (curve.draft_ms(bs) + curve.verify_ms(bs, k)) for k in ks}
+        assert value[plan.num_tokens] == pytest.approx(max(value.values()), rel=1e-9)
+        assert plan.expected_tokens == pytest.approx(best[plan.num_tokens])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dcut_matches_brute_force(make_curve, seed):
+    rng = np.random.default_rng(100 + seed)
+    bs, block = int(rng.integers(1, 5)), int(rng.integers(2, 6))
+    curve = make_curve(batch_sizes=(bs,), block_size=block, base_ms=float(rng.uniform(1, 5)),
+                       per_token_ms=float(rng.uniform(0.1, 2)))
+    conf = rng.uniform(size=(bs, block - 1))
+    scores = slot_scores(conf)
+    plan = d.policies.get("dcut").plan(conf, curve)
+    utility = {}
+    for rho in (0.25, 0.5, 0.75, 1.0):
+        k = budget_from_ratio(rho, bs, block)
+        utility[k] = _best_expected(scores, k) / curve.verify_ms(bs, k)
+    assert utility[plan.num_tokens] == pytest.approx(max(utility.values()), rel=1e-12)
+    assert plan.lengths.tolist() == global_topk(scores, plan.num_tokens).tolist()
+
+
+def test_budget_from_ratio():
+    assert budget_from_ratio(0.25, 4, 16) == 16
+    assert budget_from_ratio(0.25, 4, 2) == 4  # clamped up to bs
+    assert budget_from_ratio(0.3, 3, 5) == 5  # ceil(4.5)
+    with pytest.raises(ValueError):
+        budget_from_ratio(1.5, 4, 16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bs=st.integers(1, 8), block=st.sampled_from([2, 4, 8, 16]), seed=st.integers(0, 2**31 - 1),
+    name=st.sampled_from(["ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle"]),
+)
+def test_numpy_and_torch_agree_and_invariants(bs, block, seed, name):
+    from tests.conftest import linear_curve
+
+    rng = np.random.default_rng(seed)
+    conf = rng.uniform(size=(bs, block - 1)) ** rng.uniform(0.2, 3)
+    accept = rng.integers(0, block, size=bs)
+    curve = linear_curve(batch_sizes=(bs,), block_size=block, step=1)
+    p_np = d.policies.get(name).plan(conf, curve, accept_len=accept)
+    p_t = d.policies.get(name).plan(torch.as_tensor(conf), curve, accept_len=torch.as_tensor(accept))
+    assert isinstance(p_t.lengths, torch.Tensor) and p_t.lengths.dtype == torch.int64
+    assert p_np.lengths.tolist() == p_t.lengths.tolist()
+    assert p_np.num_tokens == p_t.num_tokens == int(p_np.lengths.sum())
+    assert p_np.expected_tokens == pytest.approx(p_t.expected_tokens)
+    assert p_np.lengths.min() >= 1 and p_np.lengths.max() <= block
+    assert p_np.expected_tokens == pytest.approx(expected_tokens(slot_scores(conf), p_np.lengths))
