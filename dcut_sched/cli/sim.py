@@ -1,0 +1,310 @@
+"""``dcut-sim``: replay an acceptance trace under every policy with a measured cost curve.
+
+Run ``dcut-sim --help``; docs/simulator.md has the details. Exit status: 0 on success, 2 on bad input
+(one line on stderr, no partial output file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+PROG = "dcut-sim"
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+class UsageError(ValueError):
+    """Bad command-line input (reported as one line, exit status 2)."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: need positive integers, e.g. 4,8,16,32,64")
+    return values
+
+
+def _name_list(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("empty policy list")
+    return values
+
+
+def _param(text: str) -> tuple[str, str, Any]:
+    """``POLICY.KEY=VALUE``; VALUE is JSON when it parses (numbers, lists), else a string."""
+    head, sep, raw = text.partition("=")
+    policy, dot, key = head.partition(".")
+    if not sep or not dot or not policy or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected POLICY.KEY=VALUE, e.g. uniform.rho=0.25")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return policy, key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import policies
+    from ..simulator import defaults
+
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Replay an acceptance trace through a simulated serving engine with a measured cost curve, once "
+            "per policy and batch size, and print output tokens/s and speedup over autoregressive decoding "
+            "(ar), with the geometric mean over batch sizes. With no arguments it runs the shipped default "
+            f"trace ({defaults.DEFAULT_TRACE}) and cost curve ({defaults.DEFAULT_COST})."
+        ),
+        epilog=(
+            "examples:\n"
+            "  dcut-sim\n"
+            "  dcut-sim --trace t.parquet --cost c.json --policies ar,full,dcut,fine --out results.csv --plot speedup.png\n"
+            "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out open.json\n"
+            "  dcut-sim --selection-curve selection.png --selection-bs 64\n"
+            "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out sweep.parquet\n"
+            "exit status: 0 ok, 2 bad input (no partial output file is left)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("inputs")
+    g.add_argument("--trace", action="append", metavar="FILE",
+                   help=f"acceptance trace (Parquet, DESIGN.md §3); repeat with --sweep (default: {defaults.DEFAULT_TRACE})")
+    g.add_argument("--cost", action="append", metavar="FILE",
+                   help=f"cost curve (JSON, dcut.cost-curve/1); repeat with --sweep (default: {defaults.DEFAULT_COST})")
+    g = p.add_argument_group("what to simulate")
+    g.add_argument("--policies", type=_name_list, default=None, metavar="LIST",
+                   help=f"comma-separated policies (default: all: {','.join(policies.names())}); ar is always run as the baseline")
+    g.add_argument("--param", type=_param, action="append", default=[], metavar="POLICY.KEY=VALUE",
+                   help="policy parameter, repeatable, e.g. --param uniform.rho=0.25 --param dcut.ratios=[0.5,1.0]")
+    g.add_argument("--batch-sizes", type=_int_list, default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
+                   help="comma-separated batch sizes (open loop: maximum batch sizes) (default: %(default)s)")
+    g.add_argument("--mode", choices=("closed", "open"), default="closed",
+                   help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
+                        "arrivals with continuous batching, latency percentiles (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the request order and arrivals (default: %(default)s)")
+    g.add_argument("--no-shuffle", action="store_true", help="admit requests in the trace's order instead of a seeded shuffle")
+    g.add_argument("--overhead-ms", type=float, default=0.0,
+                   help="fixed controller overhead added to every drafted step, ms (default: %(default)s)")
+    g.add_argument("--calibrate", action="store_true",
+                   help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
+    g = p.add_argument_group("closed loop")
+    g.add_argument("--steps", type=int, default=defaults.DEFAULT_NUM_STEPS,
+                   help="engine steps per (policy, batch size), warm-up included (default: %(default)s)")
+    g.add_argument("--warmup", type=int, default=defaults.DEFAULT_WARMUP_STEPS,
+                   help="leading steps left out of the figures (default: %(default)s)")
+    g = p.add_argument_group("open loop")
+    g.add_argument("--rate", type=float, default=None, metavar="RPS",
+                   help="arrival rate, requests/s (default: --load times the ar capacity at each max batch size)")
+    g.add_argument("--load", type=float, default=0.7, help="arrival rate as a fraction of ar capacity (default: %(default)s)")
+    g.add_argument("--requests", type=int, default=400, help="arrivals per run (default: %(default)s)")
+    g.add_argument("--prompt-len", type=int, default=None,
+                   help="prefill k admitted requests at C_verify(k, k*PROMPT_LEN) (default: prefill is free)")
+    g.add_argument("--prefill-ms", type=float, default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
+    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective: goodput counts only requests that meet it")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", metavar="FILE", help="detail results, one row per (policy, batch size): .csv, .parquet or .json")
+    g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar and no table (files only)")
+    g = p.add_argument_group("selection curve (instead of the speedup table)")
+    g.add_argument("--selection-curve", metavar="FILE",
+                   help="accepted tokens vs verification budget for uniform and topk; FILE: .csv/.parquet/.json "
+                        "(data) or .png/.svg/.pdf (plot). Needs only the trace")
+    g.add_argument("--selection-bs", type=int, default=defaults.DEFAULT_SELECTION_BATCH_SIZE,
+                   help="batch size of the selection curve (default: %(default)s)")
+    g.add_argument("--selection-batches", type=int, default=200, help="sampled batches per point (default: %(default)s)")
+    g = p.add_argument_group("sweeps")
+    g.add_argument("--sweep", action="store_true",
+                   help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
+    g.add_argument("--jobs", type=int, default=None, help="worker processes for --sweep (default: CPU count)")
+    return p
+
+
+def _input_paths(given: list[str] | None, default: str, flag: str, what: str, sweep: bool) -> list[str]:
+    from ..simulator.defaults import default_path
+
+    if not given:
+        path = default_path(default)
+        if not path.is_file():
+            raise UsageError(
+                f"default {what} {default} not found (looked for {path}); pass {flag} FILE"
+            )
+        return [str(path)]
+    if len(given) > 1 and not sweep:
+        raise UsageError(f"{flag} given {len(given)} times; add --sweep to run several")
+    return given
+
+
+def _make_calibrator():
+    try:
+        from ..calibration import OnlineCalibrator  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise UsageError(
+            f"--calibrate needs dcut_sched.calibration.OnlineCalibrator, which cannot be imported here ({exc}); "
+            f"install a version of dcut-sched that has the online controller, or drop --calibrate"
+        ) from None
+    return OnlineCalibrator()
+
+
+def _render_table(df, console, title: str, caption: str) -> None:
+    from rich.table import Table
+
+    from ..simulator import speedup_table
+
+    open_loop = df.attrs.get("mode") == "open"
+    speed = speedup_table(df)
+    second = speedup_table(df, "tpot_ms_p50" if open_loop else "tokens_per_s")
+    table = Table(title=title)
+    table.add_column("policy", style="bold")
+    sizes = [c for c in speed.columns if c != "geomean"]
+    for bs in sizes:
+        table.add_column(f"bs {bs}" + (" (max)" if open_loop else ""), justify="right")
+    table.add_column("geomean", justify="right", style="bold")
+    for policy, row in speed.iterrows():
+        cells = []
+        for bs in sizes:
+            s, v = row[bs], second.loc[policy, bs]
+            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
+            detail = f"{v:,.2f}" if open_loop else f"{v:,.0f}"
+            head = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+            cells.append(f"{head}\n[dim]{detail}[/dim]")
+        table.add_row(policy, *cells, f"{row['geomean']:.2f}x")
+    console.print(table)
+    console.print(caption, highlight=False, soft_wrap=True)
+
+
+def _run_selection_curve(args, console) -> None:
+    from ..simulator import plot_selection_curve, selection_curve, write_frame
+    from ..simulator.output import check_output_path
+
+    suffix = Path(args.selection_curve).suffix.lower()
+    if suffix not in PLOT_SUFFIXES:
+        check_output_path(args.selection_curve)
+    if args.selection_bs < 1 or args.selection_batches < 1:
+        raise UsageError("--selection-bs and --selection-batches must be >= 1")
+    trace = _input_paths(args.trace, _defaults().DEFAULT_TRACE, "--trace", "trace", False)[0]
+    df = selection_curve(trace, args.selection_bs, num_batches=args.selection_batches, seed=args.seed)
+    if not args.quiet:
+        from rich.table import Table
+
+        approx = " (approximate: step-indexed trace)" if bool(df["approximate"].any()) else ""
+        table = Table(title=f"selection curve at bs {args.selection_bs}: accepted tokens per step{approx}")
+        table.add_column("budget K", justify="right")
+        table.add_column("rho", justify="right")
+        policies = list(dict.fromkeys(df["policy"]))
+        for name in policies:
+            table.add_column(name, justify="right")
+        for k, rows in df.groupby("budget", sort=True):
+            by = rows.set_index("policy")
+            table.add_row(str(k), f"{rows['ratio'].iat[0]:.3f}", *[f"{by.loc[n, 'accepted_tokens']:.1f}" for n in policies])
+        console.print(table)
+    if suffix in PLOT_SUFFIXES:
+        plot_selection_curve(df, args.selection_curve)
+    else:
+        write_frame(df, args.selection_curve)
+
+
+def _defaults():
+    from ..simulator import defaults
+
+    return defaults
+
+
+def _run(args, console) -> None:
+    from ..simulator import check_output_path, plot_speedup, simulate, sweep, write_frame
+
+    if args.selection_curve:
+        _run_selection_curve(args, console)
+        return
+    # Check every output path before simulating anything.
+    if args.out:
+        check_output_path(args.out)
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {args.plot}: unknown plot format; use one of {', '.join(PLOT_SUFFIXES)}")
+    if args.plot and args.sweep:
+        raise UsageError("--plot draws one trace and curve; plot a sweep's --out file with analysis/ scripts")
+    d = _defaults()
+    traces = _input_paths(args.trace, d.DEFAULT_TRACE, "--trace", "trace", args.sweep)
+    costs = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", args.sweep)
+    params: dict[str, dict[str, Any]] = {}
+    for policy, key, value in args.param:
+        params.setdefault(policy, {})[key] = value
+    kwargs = dict(
+        policies=args.policies, policy_params=params, mode=args.mode, num_steps=args.steps,
+        warmup_steps=args.warmup, seed=args.seed, shuffle=not args.no_shuffle, overhead_ms=args.overhead_ms,
+        calibrator=_make_calibrator() if args.calibrate else None, rate_rps=args.rate, load=args.load,
+        num_requests=args.requests, prompt_len=args.prompt_len, prefill_ms=args.prefill_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+    )
+    if args.prompt_len is not None and args.prefill_ms is not None:
+        raise UsageError("give --prompt-len or --prefill-ms, not both")
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True, disable=args.quiet)
+    with progress:
+        task = progress.add_task("simulating", total=None)
+        if args.sweep:
+            df = sweep(traces, costs, args.batch_sizes, jobs=args.jobs,
+                       on_job=lambda done, total: progress.update(task, completed=done, total=total), **kwargs)
+        else:
+            def on_run(done: int, total: int, label: str) -> None:
+                progress.update(task, completed=done, total=total, description=f"simulating {label}")
+
+            df = simulate(traces[0], costs[0], batch_sizes=args.batch_sizes, on_run=on_run, **kwargs)
+    if not args.quiet:
+        approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
+        loop = "closed loop" if args.mode == "closed" else "open loop"
+        groups = df.groupby(["trace", "cost"], sort=False) if args.sweep else [((traces[0], costs[0]), df)]
+        for (trace, cost), part in groups:
+            part = part.copy()
+            part.attrs = dict(df.attrs, approximate=bool(part["approximate"].any()))
+            what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
+                    else "cells: speedup over ar (ar mean TPOT / mean TPOT), TPOT p50 in ms below")
+            title = f"{PROG} {loop}: speedup over ar{approx}"
+            notes = [what, f"trace {trace}", f"cost {cost}"]
+            if args.mode == "closed":
+                notes.append(f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}")
+            else:
+                notes.append(f"{args.requests} Poisson arrivals per run, first {args.requests // 10} left out of "
+                             f"latencies; prefill: {part['prefill'].iat[0]}; seed {args.seed}")
+            cycles = int(part["trace_cycles"].max())
+            if cycles:
+                notes.append(f"note: the trace ran out and was cycled {cycles} time(s) with a fresh offset "
+                             f"(requests replayed more than once)")
+            _render_table(part, console, title, "\n".join(notes))
+    if args.out:
+        write_frame(df, args.out)
+    if args.plot:
+        plot_speedup(df, args.plot)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dcut-sim``; returns the exit status."""
+    from rich.console import Console
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(stderr=False)
+    try:
+        _run(args, console)
+    except ValueError as exc:
+        # UsageError, TraceError, CostCurveError, CostCurveRangeError, SimulationError and the
+        # output-path checks are all ValueErrors: bad input, one line, exit 2.
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write output: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

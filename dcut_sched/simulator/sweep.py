@@ -1,0 +1,100 @@
+"""Sweeps: :func:`~.simulate.simulate` over traces x cost curves x batch sizes, in parallel processes.
+
+One job is one (trace file, cost-curve file, batch size) with every policy, so each job holds its own
+``ar`` baseline and the same request sequence for every policy. Jobs go to any
+:class:`concurrent.futures.Executor`; by default a :class:`~concurrent.futures.ProcessPoolExecutor`
+with ``jobs`` workers. Workers receive file paths and load them themselves (cached per process).
+
+On a cluster the same call runs unchanged with an executor from an existing engine, e.g.
+``dask.distributed.Client(...).get_executor()`` or Ray's ``ray.util.multiprocessing.Pool``
+(see docs/simulator.md); the project has no scheduler of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from ..cost_curve import CostCurve
+from ..traces import Trace
+from .results import CLOSED_COLUMNS, OPEN_COLUMNS
+from .simulate import check_simulation, simulate
+
+__all__ = ["sweep"]
+
+
+@functools.lru_cache(maxsize=8)
+def _load_trace(path: str) -> Trace:
+    return Trace.load(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cost(path: str) -> CostCurve:
+    return CostCurve.load(path, check_hardware=False)
+
+
+def _job(trace_path: str, cost_path: str, batch_size: int, kwargs: dict[str, Any]) -> pd.DataFrame:
+    df = simulate(_load_trace(trace_path), _load_cost(cost_path), batch_sizes=[batch_size], **kwargs)
+    df["trace"] = trace_path
+    df["cost"] = cost_path
+    return df
+
+
+def sweep(
+    traces: Sequence[str | os.PathLike],
+    costs: Sequence[str | os.PathLike],
+    batch_sizes: Sequence[int],
+    *,
+    jobs: int | None = None,
+    executor: Executor | None = None,
+    on_job: Callable[[int, int], None] | None = None,
+    **simulate_kwargs: Any,
+) -> pd.DataFrame:
+    """Run :func:`simulate` for every (trace, cost curve, batch size), in parallel.
+
+    Args:
+        traces / costs: file paths (loaded and validated first in this process, so a bad file fails
+            fast with its own message).
+        batch_sizes: batch sizes (each a job per trace and curve).
+        jobs: worker processes of the default executor (None: ``os.cpu_count()``).
+        executor: any ``concurrent.futures.Executor`` (a Dask or Ray executor on a cluster); it is
+            not shut down here.
+        on_job: called as ``on_job(done, total)`` after each job.
+        **simulate_kwargs: passed to :func:`simulate` (policies, mode, num_steps, seed, ...).
+
+    Returns:
+        The rows of every job, ordered by trace, cost curve, batch size, policy; ``trace`` and
+        ``cost`` columns name the files.
+
+    Raises:
+        TraceError / CostCurveError / SimulationError: as :func:`simulate`, for the first bad job.
+    """
+    traces = [str(t) for t in traces]
+    costs = [str(c) for c in costs]
+    # Fail fast, in this process, before any worker time: files, block sizes, batch-size ranges, options.
+    for t, c in itertools.product(traces, costs):
+        check_simulation(_load_trace(t), _load_cost(c), batch_sizes=list(batch_sizes), **simulate_kwargs)
+    cells = list(itertools.product(traces, costs, batch_sizes))
+    own = executor is None
+    pool = ProcessPoolExecutor(max_workers=jobs) if own else executor
+    frames: dict[int, pd.DataFrame] = {}
+    try:
+        futures = {pool.submit(_job, t, c, int(bs), simulate_kwargs): n for n, (t, c, bs) in enumerate(cells)}
+        for done, fut in enumerate(as_completed(futures), start=1):
+            frames[futures[fut]] = fut.result()
+            if on_job is not None:
+                on_job(done, len(cells))
+    finally:
+        if own:
+            pool.shutdown(cancel_futures=True)
+    df = pd.concat([frames[n] for n in range(len(cells))], ignore_index=True)
+    lead = CLOSED_COLUMNS + (OPEN_COLUMNS if simulate_kwargs.get("mode") == "open" else [])
+    df = df[["trace", "cost"] + lead + [c for c in df.columns if c not in lead + ["trace", "cost"]]]
+    df.attrs["approximate"] = bool(df["approximate"].any())
+    df.attrs["mode"] = simulate_kwargs.get("mode", "closed")
+    return df
