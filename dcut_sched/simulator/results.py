@@ -143,9 +143,9 @@ def add_speedups(df: pd.DataFrame, mode: str, baseline: str = "ar") -> pd.DataFr
     Closed loop: ``tokens_per_s / baseline tokens_per_s``; open loop: ``baseline tpot_ms_mean / tpot_ms_mean``.
     """
     keys = [k for k in ("trace", "cost", "batch_size") if k in df.columns]
-    base = df[df["policy"] == baseline].set_index(keys)
-    joined = df.join(base[["tokens_per_s"] + (["tpot_ms_mean"] if mode == "open" else [])],
-                     on=keys, rsuffix="_base")
+    cols = ["tokens_per_s"] + (["tpot_ms_mean"] if mode == "open" else [])
+    base = df.loc[df["policy"] == baseline, keys + cols].rename(columns={c: f"{c}_base" for c in cols})
+    joined = df[keys + cols].merge(base, on=keys, how="left")
     if mode == "open":
         df["speedup_vs_ar"] = (joined["tpot_ms_mean_base"] / joined["tpot_ms_mean"]).to_numpy()
     else:
