@@ -9,6 +9,8 @@ from . import policies
 from .cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from .policies import Policy, VerifyPlan
 from .scores import ScoreRanking, check_confidences, expected_tokens, global_topk, slot_scores
+from . import simulator
+from .simulator import SimulationError, selection_curve, simulate, sweep
 
 __version__ = "0.1.0"
 
@@ -18,10 +20,15 @@ __all__ = [
     "CostCurveRangeError",
     "Policy",
     "ScoreRanking",
+    "SimulationError",
     "VerifyPlan",
     "check_confidences",
     "expected_tokens",
     "global_topk",
     "policies",
+    "selection_curve",
+    "simulate",
+    "simulator",
     "slot_scores",
+    "sweep",
 ]

@@ -132,9 +132,8 @@ def _input_paths(given: list[str] | None, default: str, flag: str, what: str, sw
     if not given:
         path = default_path(default)
         if not path.is_file():
-            raise UsageError(
-                f"default {what} {default} not found (looked for {path}); pass {flag} FILE"
-            )
+            how = "dcut-trace makes one" if flag == "--trace" else "dcut-profile measures one"
+            raise UsageError(f"default {what} {default} not found (looked for {path}); pass {flag} FILE ({how})")
         return [str(path)]
     if len(given) > 1 and not sweep:
         raise UsageError(f"{flag} given {len(given)} times; add --sweep to run several")

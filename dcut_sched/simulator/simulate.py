@@ -107,17 +107,15 @@ def _check_batch_sizes(cost: CostCurve, block_size: int, batch_sizes: Sequence[i
                 if first > b or (drafting and last < b * block_size):
                     raise CostCurveRangeError(
                         f"{where}: at batch_size={b} it covers num_tokens {first}..{last}, not "
-                        f"{b}..{b * block_size if drafting else b}"
+                        f"{b}..{b * block_size if drafting else b} (every request verifies 1..B={block_size} "
+                        f"slots); profile those token counts"
                     )
                 if drafting:
                     costs.draft_ms(b)
             except CostCurveRangeError as exc:
-                why = (f" (open loop: the batch size ranges over 1..{bs}, so the curve must cover every "
-                       f"one of them)" if mode == "open" else "")
-                raise SimulationError(
-                    f"batch size {b} cannot be simulated with {where} (measured batch sizes: {measured}){why}: "
-                    f"{exc}. Choose batch sizes the curve covers (--batch-sizes) or profile them"
-                ) from None
+                why = (f" (open loop: the batch size varies over 1..{bs}, so the curve must cover each of them; "
+                       f"measured batch sizes: {measured})" if mode == "open" else "")
+                raise SimulationError(f"batch size {b} cannot be simulated{why}: {exc}") from None
 
 
 def default_rate_rps(trace: Trace, cost: CostCurve, max_batch_size: int, load: float = DEFAULT_LOAD) -> float:

@@ -6,7 +6,7 @@ One job is one (trace file, cost-curve file, batch size) with every policy, so e
 with ``jobs`` workers. Workers receive file paths and load them themselves (cached per process).
 
 On a cluster the same call runs unchanged with an executor from an existing engine, e.g.
-``dask.distributed.Client(...).get_executor()`` or Ray's ``ray.util.multiprocessing.Pool``
+``dask.distributed.Client(...).get_executor()``, or :func:`sweep_job` runs as Ray remote tasks
 (see docs/simulator.md); the project has no scheduler of its own.
 """
 
@@ -25,7 +25,7 @@ from ..traces import Trace
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS
 from .simulate import check_simulation, simulate
 
-__all__ = ["sweep"]
+__all__ = ["sweep", "sweep_job"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -38,7 +38,11 @@ def _load_cost(path: str) -> CostCurve:
     return CostCurve.load(path, check_hardware=False)
 
 
-def _job(trace_path: str, cost_path: str, batch_size: int, kwargs: dict[str, Any]) -> pd.DataFrame:
+def sweep_job(trace_path: str, cost_path: str, batch_size: int, kwargs: dict[str, Any]) -> pd.DataFrame:
+    """One sweep cell: :func:`simulate` on the files at one batch size (``kwargs``: its options).
+
+    A plain module-level function of picklable arguments, so any executor or cluster engine can run it.
+    """
     df = simulate(_load_trace(trace_path), _load_cost(cost_path), batch_sizes=[batch_size], **kwargs)
     df["trace"] = trace_path
     df["cost"] = cost_path
@@ -62,8 +66,8 @@ def sweep(
             fast with its own message).
         batch_sizes: batch sizes (each a job per trace and curve).
         jobs: worker processes of the default executor (None: ``os.cpu_count()``).
-        executor: any ``concurrent.futures.Executor`` (a Dask or Ray executor on a cluster); it is
-            not shut down here.
+        executor: any ``concurrent.futures.Executor`` (e.g. a Dask ``Client.get_executor()`` on a
+            cluster); it is not shut down here.
         on_job: called as ``on_job(done, total)`` after each job.
         **simulate_kwargs: passed to :func:`simulate` (policies, mode, num_steps, seed, ...).
 
@@ -84,7 +88,7 @@ def sweep(
     pool = ProcessPoolExecutor(max_workers=jobs) if own else executor
     frames: dict[int, pd.DataFrame] = {}
     try:
-        futures = {pool.submit(_job, t, c, int(bs), simulate_kwargs): n for n, (t, c, bs) in enumerate(cells)}
+        futures = {pool.submit(sweep_job, t, c, int(bs), simulate_kwargs): n for n, (t, c, bs) in enumerate(cells)}
         for done, fut in enumerate(as_completed(futures), start=1):
             frames[futures[fut]] = fut.result()
             if on_job is not None:
