@@ -11,7 +11,7 @@ import pandas as pd
 from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveRangeError
 from ..policies import Policy
-from ..traces import Trace
+from ..traces import Trace, TraceError, check_trace_columns
 from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS, DEFAULT_WARMUP_STEPS
 from .engine import Calibrator, run_closed_loop, run_open_loop
 from .replay import output_lengths
@@ -84,7 +84,13 @@ def resolve_policies(
 
 
 def _load(trace: Trace | str | os.PathLike, cost: CostCurve | str | os.PathLike) -> tuple[Trace, CostCurve]:
-    if not isinstance(trace, Trace):
+    """Load (and validate) the inputs. A :class:`Trace` built in code is validated here too, since the
+    engine plans with ``validate=False`` on the trace's confidences."""
+    if isinstance(trace, Trace):
+        faults = check_trace_columns(trace.to_frame(), trace.metadata, trace.path or "<trace in memory>", max_faults=1)
+        if faults:
+            raise TraceError(str(faults[0]))
+    else:
         trace = Trace.load(trace)
     if not isinstance(cost, CostCurve):
         cost = CostCurve.load(cost, check_hardware=False)

@@ -194,3 +194,12 @@ def test_property_bounds_and_conservation(seed, bs, name):
         assert np.all(log["tokens"] >= 1) and np.all(log["tokens"] <= log["lengths"])
         assert np.all((log["lengths"] >= 1) & (log["lengths"] <= 4))
     assert np.all(run.steps.num_tokens >= run.steps.tokens)
+
+
+def test_trace_built_in_code_is_validated(curve):
+    from dcut_sched.traces import TraceError
+
+    trace = random_trace(num_requests=3, block_size=B, seed=1)
+    trace.conf[2, 1] = 2.0
+    with pytest.raises(TraceError, match="c2"):
+        simulate(trace, curve, policies=["full"], batch_sizes=[2], num_steps=10, warmup_steps=1)
