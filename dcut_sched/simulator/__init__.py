@@ -10,15 +10,15 @@ Modules: ``replay`` (vectorised trace cursor), ``step_cost`` (step times from th
 """
 
 from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_COST, DEFAULT_TRACE
-from .output import check_output_path, write_frame
 from .engine import Calibrator, ClosedLoopRun, OpenLoopRun, StepRecord, run_closed_loop, run_open_loop
+from .output import check_output_path, write_frame
 from .plot import plot_selection_curve, plot_speedup
 from .replay import ReplayBatch, RequestFeed, output_lengths
 from .results import speedup_table
 from .selection_curve import selection_curve
 from .simulate import SimulationError, check_simulation, resolve_policies, simulate
 from .step_cost import StepCosts
-from .sweep import sweep
+from .sweep import sweep, sweep_job
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
@@ -44,5 +44,6 @@ __all__ = [
     "simulate",
     "speedup_table",
     "sweep",
+    "sweep_job",
     "write_frame",
 ]
