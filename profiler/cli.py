@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
     ap.add_argument("--warmups", type=int, help="untimed calls per cell [gpu: 5, cpu: 1]")
     ap.add_argument("--repeats", type=int, help="timed calls per cell [gpu: 20, cpu: 5]")
+    ap.add_argument("--rounds", type=int,
+                    help="passes over the shuffled cells, each taking repeats/rounds samples per cell; "
+                         "rounds = repeats spreads each cell's samples over the whole run, so load drift on a "
+                         "shared machine hits all cells alike [gpu: 1, cpu: repeats]")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32]")
     ap.add_argument("--threads", type=int, default=1,
                     help="cpu: torch threads; 1 keeps timings stable on a shared machine (several threads "
@@ -147,10 +151,12 @@ def _resolve(args: argparse.Namespace):
     args.warmups = warm if args.warmups is None else args.warmups
     args.repeats = reps if args.repeats is None else args.repeats
     args.dtype = args.dtype or dtype
+    if args.rounds is None:
+        args.rounds = args.repeats if args.mode == "cpu" else 1
     if args.block_size < 1 or args.context_len < 0 or args.grid_step < 0:
         raise UsageError("--block-size must be >= 1, --context-len and --grid-step >= 0")
-    if args.mode != "analytic" and (args.repeats < 1 or args.warmups < 0):
-        raise UsageError("--repeats must be >= 1 and --warmups >= 0")
+    if args.mode != "analytic" and (args.repeats < 1 or args.warmups < 0 or not 1 <= args.rounds <= args.repeats):
+        raise UsageError("--repeats must be >= 1, --warmups >= 0 and --rounds in [1, repeats]")
     if args.mode != "analytic" and (args.device or args.fit):
         raise UsageError("--device and --fit belong to --analytic")
     if args.mode == "analytic" and not args.device:
@@ -235,6 +241,9 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
         if args.threads < 1:
             raise UsageError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    partial = partial_path_for(args.out)
+    if partial.exists() and not args.resume:
+        raise UsageError(f"{partial} exists from an interrupted run; add --resume to continue it or delete it")
     dtype = getattr(torch, args.dtype)
     cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none")
     t_build = time.perf_counter()
@@ -249,15 +258,13 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     settings = {"mode": args.mode, "backend": backend, "model": workload.describe(), "block_size": args.block_size,
                 "context_len": args.context_len, "dtype": args.dtype, "draft": draft.label(),
                 "device_name": hardware["device_name"], "warmups": args.warmups, "repeats": args.repeats,
-                "seed": args.seed}
-    partial = partial_path_for(args.out)
-    if partial.exists() and not args.resume:
-        raise UsageError(f"{partial} exists from an interrupted run; add --resume to continue it or delete it")
+                "rounds": args.rounds, "seed": args.seed}
     if not args.quiet:
         console.print(f"model {cfg.name} built in {build_s:.1f} s ({backend}, {args.dtype}); measuring "
-                      f"{len(cells)} cells, {args.warmups} warm-ups + {args.repeats} repeats each")
+                      f"{len(cells)} cells, {args.warmups} warm-ups + {args.repeats} repeats each in "
+                      f"{args.rounds} round(s)")
     try:
-        run = run_profile(timer, cells, warmups=args.warmups, repeats=args.repeats, seed=args.seed,
+        run = run_profile(timer, cells, warmups=args.warmups, repeats=args.repeats, rounds=args.rounds, seed=args.seed,
                           partial_path=partial, settings=settings, resume=args.resume,
                           progress=not args.no_progress, console=console)
     except KeyboardInterrupt:
@@ -266,7 +273,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     if not run.verify:
         raise UsageError(f"no verification cell could be measured ({len(run.skipped)} skipped: "
                          f"{next(iter(run.skipped.values()), '')})")
-    hardware["profile"] = {"warmups": args.warmups, "repeats": args.repeats, "seed": args.seed,
+    hardware["profile"] = {"warmups": args.warmups, "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed,
                            "ratios": list(args.ratios), "grid_step": args.grid_step, "skipped": run.skipped,
                            "model_build_seconds": round(build_s, 2), "capture_seconds": round(run.prepare_seconds, 2),
                            "resumed_cells": run.resumed_cells, "command": command}

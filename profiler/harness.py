@@ -1,11 +1,16 @@
 """The measuring loop shared by every timed mode (CPU eager, CUDA eager, CUDA graphs).
 
-For each cell (:mod:`profiler.grid`), visited in a shuffled order (seeded), a *timer* runs
-``warmups`` untimed calls and then ``repeats`` timed ones; the cell's row keeps the median and the
-20th/80th percentiles (``numpy.percentile``, linear method) of those repeats. After every cell the
-rows so far are written atomically to a partial file, so an interrupted run keeps what it measured
-and ``resume=True`` continues with the missing cells. A cell that runs out of memory is reported and
-skipped, not fatal.
+The cells (:mod:`profiler.grid`) are visited in ``rounds`` passes, each in a fresh shuffled order
+(seeded). On its first visit a cell gets ``warmups`` untimed calls; each visit then takes
+``ceil(repeats / rounds)`` timed calls until the cell has ``repeats`` samples. Its row keeps the median
+and the 20th/80th percentiles (``numpy.percentile``, linear method) of all its samples.
+``rounds=1`` times each cell's repeats back to back (GPU graphs: stable clocks, cheap replays);
+``rounds=repeats`` spreads every cell's samples over the whole run, so a machine whose load drifts
+(a shared CPU) slows all cells alike instead of whichever cells ran during a busy minute.
+
+After every visit the samples so far are written atomically to a partial file, so an interrupted run
+keeps what it measured and ``resume=True`` continues where it stopped. A cell that runs out of
+memory is reported and skipped, not fatal.
 
 Timers implement ``prepare(cells, progress)`` (e.g. capture CUDA graphs; returns ``{cell: reason}``
 for cells it could not prepare) and ``time(cell, warmups, repeats) -> ms samples``;
@@ -110,7 +115,7 @@ class ProfileRun:
         skipped: ``{cell key: reason}`` (out of memory, failed capture).
         measure_seconds: wall time spent measuring in this and earlier (resumed) runs.
         prepare_seconds: wall time of ``timer.prepare`` (graph capture) in this run.
-        resumed_cells: cells taken from the partial file.
+        resumed_cells: cells the partial file already had all repeats of.
     """
 
     verify: list[dict[str, Any]] = field(default_factory=list)
@@ -143,9 +148,9 @@ def _load_partial(path: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _write_partial(path: Path, settings: Mapping[str, Any], cells: Mapping[str, dict], skipped: Mapping[str, str],
+def _write_partial(path: Path, settings: Mapping[str, Any], samples: Mapping[str, list], skipped: Mapping[str, str],
                    seconds: float) -> None:
-    doc = {"schema": PARTIAL_SCHEMA, "settings": dict(settings), "cells": dict(cells),
+    doc = {"schema": PARTIAL_SCHEMA, "settings": dict(settings), "samples_ms": {k: v for k, v in samples.items() if v},
            "skipped": dict(skipped), "measure_seconds": seconds}
     atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
 
@@ -155,54 +160,59 @@ def _default_settings_json(settings: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(dict(settings)))
 
 
-def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int, seed: int = 0,
+def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int, rounds: int = 1, seed: int = 0,
                 partial_path: str | Path | None = None, settings: Mapping[str, Any] | None = None,
                 resume: bool = False, progress: bool = True, console: Any = None,
-                on_cell: Callable[[Cell, dict], None] | None = None) -> ProfileRun:
+                on_visit: Callable[[Cell, list], None] | None = None) -> ProfileRun:
     """Measure ``cells`` with ``timer`` (module docstring).
 
     Args:
         timer: :class:`EagerTimer`, :class:`profiler.cuda_graphs.GraphTimer` or compatible.
         cells: what to measure.
-        warmups, repeats: untimed and timed calls per cell (repeats >= 1).
-        seed: shuffles the visiting order.
-        partial_path: where to keep progress (written atomically after each cell); ``None`` = nowhere.
+        warmups: untimed calls on a cell's first visit.
+        repeats: timed calls per cell in total (>= 1).
+        rounds: passes over the cells (1 <= rounds <= repeats); see the module docstring.
+        seed: shuffles the visiting order of every pass.
+        partial_path: where to keep progress (written atomically after each visit); ``None`` = nowhere.
         settings: what identifies the profile (model, backend, block size, ...); a resumed partial
             file must have been written with equal settings.
         resume: continue from ``partial_path`` if it exists.
         progress: show a rich progress bar.
-        on_cell: called with each measured cell and its row (logging, tests).
+        on_visit: called after each visit with the cell and its samples so far (logging, tests).
 
     Returns:
         :class:`ProfileRun`.
 
     Raises:
         PartialMismatch: ``resume`` with a partial file of other settings or an unreadable one.
-        ValueError: ``repeats < 1``.
+        ValueError: ``repeats < 1``, ``warmups < 0`` or ``rounds`` outside ``[1, repeats]``.
     """
-    if repeats < 1 or warmups < 0:
-        raise ValueError(f"repeats must be >= 1 and warmups >= 0, got {repeats}, {warmups}")
+    if repeats < 1 or warmups < 0 or not 1 <= rounds <= repeats:
+        raise ValueError(f"need repeats >= 1, warmups >= 0 and 1 <= rounds <= repeats, got {repeats}, {warmups}, "
+                         f"{rounds}")
     settings = _default_settings_json(settings or {})
     path = Path(partial_path) if partial_path is not None else None
-    done: dict[str, dict] = {}
+    samples: dict[str, list[float]] = {c.key: [] for c in cells}
     skipped: dict[str, str] = {}
     seconds = 0.0
     run = ProfileRun()
     if resume and path is not None and path.exists():
         doc = _load_partial(path, settings)
-        done = dict(doc.get("cells", {}))
-        skipped = dict(doc.get("skipped", {}))
+        for key, vals in doc.get("samples_ms", {}).items():
+            if key in samples:
+                samples[key] = [float(v) for v in vals][:repeats]
         seconds = float(doc.get("measure_seconds", 0.0))
-        run.resumed_cells = len(done)
+        run.resumed_cells = sum(1 for v in samples.values() if len(v) >= repeats)
+    per_visit = -(-repeats // rounds)
     rng = np.random.default_rng(seed)
-    order = [cells[i] for i in rng.permutation(len(cells))]
-    todo = [c for c in order if c.key not in done]
-    skipped = {k: v for k, v in skipped.items() if k not in {c.key for c in todo}}
+    orders = [[cells[i] for i in rng.permutation(len(cells))] for _ in range(rounds)]
+    todo = [c for c in orders[0] if len(samples[c.key]) < repeats]
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
+    total = len(cells) * repeats
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
         t_prep = time.perf_counter()
         prep_task = bar.add_task("prepare (largest first)", total=len(todo))
@@ -211,42 +221,46 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
         run.prepare_seconds = time.perf_counter() - t_prep
         for cell, reason in failed.items():
             skipped[cell.key] = reason
-        task = bar.add_task("measure cells", total=len(cells), completed=len(done))
-        for cell in todo:
-            if cell.key in skipped:
-                bar.advance(task)
-                continue
-            bar.update(task, description=f"measure {cell.key:<16}")
-            t0 = time.perf_counter()
-            try:
-                samples = timer.time(cell, warmups, repeats)
-            except Exception as exc:  # noqa: BLE001 - OOM is reported and skipped, anything else re-raised
-                if not is_oom(exc):
-                    raise
-                skipped[cell.key] = f"out of memory: {str(exc).splitlines()[0][:120]}"
-                if console is not None:
-                    console.print(f"[yellow]skipped {cell.key}: out of memory[/]")
-                release = getattr(timer, "release_memory", None)
-                if release is not None:
-                    release()
-            else:
-                row = summarise(samples)
-                done[cell.key] = {"kind": cell.kind, "batch_size": cell.batch_size, "num_tokens": cell.num_tokens,
-                                  **row}
-                if on_cell is not None:
-                    on_cell(cell, done[cell.key])
-            seconds += time.perf_counter() - t0
-            if path is not None:
-                _write_partial(path, settings, done, skipped, seconds)
-            bar.advance(task)
+        task = bar.add_task("measure", total=total, completed=sum(min(len(v), repeats) for v in samples.values()))
+        for order in orders:
+            for cell in order:
+                have = samples[cell.key]
+                need = min(per_visit, repeats - len(have))
+                if need <= 0 or cell.key in skipped:
+                    continue
+                bar.update(task, description=f"measure {cell.key:<16}")
+                t0 = time.perf_counter()
+                try:
+                    got = timer.time(cell, warmups if not have else 0, need)
+                except Exception as exc:  # noqa: BLE001 - OOM is reported and skipped, anything else re-raised
+                    if not is_oom(exc):
+                        raise
+                    skipped[cell.key] = f"out of memory: {str(exc).splitlines()[0][:120]}"
+                    if console is not None:
+                        console.print(f"[yellow]skipped {cell.key}: out of memory[/]")
+                    release = getattr(timer, "release_memory", None)
+                    if release is not None:
+                        release()
+                    bar.advance(task, repeats - len(have))
+                else:
+                    have.extend(float(x) for x in got)
+                    bar.advance(task, need)
+                    if on_visit is not None:
+                        on_visit(cell, list(have))
+                seconds += time.perf_counter() - t0
+                if path is not None:
+                    _write_partial(path, settings, samples, skipped, seconds)
     run.measure_seconds = seconds
     run.skipped = skipped
-    for row in done.values():
-        stats = {k: row[k] for k in ("median_ms", "p20_ms", "p80_ms", "repeats")}
-        if row["kind"] == "verify":
-            run.verify.append({"batch_size": row["batch_size"], "num_tokens": row["num_tokens"], **stats})
+    for cell in cells:
+        vals = samples[cell.key]
+        if cell.key in skipped or not vals:
+            continue
+        stats = summarise(vals)
+        if cell.kind == "verify":
+            run.verify.append({"batch_size": cell.batch_size, "num_tokens": cell.num_tokens, **stats})
         else:
-            run.draft.append({"batch_size": row["batch_size"], **stats})
+            run.draft.append({"batch_size": cell.batch_size, **stats})
     run.verify.sort(key=lambda r: (r["batch_size"], r["num_tokens"]))
     run.draft.sort(key=lambda r: r["batch_size"])
     return run

@@ -22,12 +22,13 @@ def curve_table(curve: CostCurve, ratios: Sequence[float] = DEFAULT_RATIOS, titl
     """Per batch size: AR ms, each bucket's ms, draft ms, cells and median (p80-p20)/median spread."""
     prov = {(r.batch_size, r.num_tokens): r for r in curve.verify}
     t = Table(title=title or f"{curve.model.get('name')} on {curve.hardware.get('device_name')} "
-                             f"({curve.hardware.get('backend')}), B={curve.block_size}, context {curve.context_len}")
+                             f"({curve.hardware.get('backend')}), B={curve.block_size}, context {curve.context_len}: "
+                             f"ms per verify at the AR point and at each rho, ms per draft step")
     t.add_column("bs", justify="right")
-    t.add_column("AR ms", justify="right")
+    t.add_column("AR", justify="right")
     for r in ratios:
-        t.add_column(f"rho={r:g} ms", justify="right")
-    t.add_column("draft ms", justify="right")
+        t.add_column(f"{r:g}", justify="right")
+    t.add_column("draft", justify="right")
     t.add_column("cells", justify="right")
     t.add_column("spread", justify="right")
     for bs in curve.batch_sizes:
@@ -36,12 +37,12 @@ def curve_table(curve: CostCurve, ratios: Sequence[float] = DEFAULT_RATIOS, titl
             if row is None:
                 return "-"
             mark = "" if row.provenance in ("measured", "analytic") else f" ({row.provenance[0]})"
-            return f"{row.median_ms:.3g}{mark}"
+            return f"{row.median_ms:.4g}{mark}"
         draft = next((d for d in curve.draft if d.batch_size == bs), None)
         rows = [r for r in curve.verify if r.batch_size == bs]
         spreads = [(r.p80_ms - r.p20_ms) / r.median_ms for r in rows if r.p20_ms and r.p80_ms]
         t.add_row(str(bs), cell(bs), *[cell(k) for k in bucket_tokens(bs, curve.block_size, ratios)],
-                  "-" if draft is None else f"{draft.median_ms:.3g}", str(len(rows)),
+                  "-" if draft is None else f"{draft.median_ms:.4g}", str(len(rows)),
                   f"{100 * np.median(spreads):.1f}%" if spreads else "-")
     t.caption = "(p) published, (f) fitted; spread = median over cells of (p80 - p20) / median"
     return t
@@ -71,9 +72,9 @@ def fit_table(fit: FitResult, title: str = "efficiency fit") -> Table:
 
 def interp_table(err: pd.DataFrame) -> Table:
     """:func:`profiler.interp_error.interpolation_error` as a table."""
-    t = Table(title="coarse grid (AR + 4 buckets) vs measured dense grid",
-              caption="linear: numpy.interp between coarse points; curve: CostCurve lookup (isotonic + PCHIP)")
-    for col in ("bs", "dense pts", "linear max ms", "linear max %", "linear mean %", "curve max ms", "curve max %",
+    t = Table(title="coarse grid (AR + 4 buckets) vs measured dense grid: prediction error of the dense points",
+              caption="lin: numpy.interp between coarse points; curve: CostCurve lookup (isotonic + PCHIP)")
+    for col in ("bs", "pts", "lin max ms", "lin max %", "lin mean %", "curve max ms", "curve max %",
                 "curve mean %"):
         t.add_column(col, justify="right")
     for r in err.itertuples():

@@ -130,7 +130,14 @@ class ForwardWorkload:
         return torch.randint(0, self.config.vocab_size, (bs, t), generator=self._gen, device=self.device)
 
     def verify_fn(self, batch_size: int, num_tokens: int) -> Callable[[], torch.Tensor]:
-        """Callable running the verification forward of cell (batch_size, num_tokens) (module docstring)."""
+        """Callable running the verification forward of cell (batch_size, num_tokens) (module docstring).
+
+        The callable returns logits float32 [bs, T, vocab]; its ``inputs`` attribute holds the static
+        ``input_ids``/``position_ids``/``cache_slots`` [bs, T] int64, ``kv_len`` and ``per_request``.
+
+        Raises:
+            ValueError: batch size above ``max_batch_size`` or more than B tokens per request.
+        """
         if batch_size > self.max_batch_size:
             raise ValueError(f"batch_size={batch_size} > max_batch_size={self.max_batch_size}")
         t, per_request = padded_layout(batch_size, num_tokens)
@@ -148,6 +155,8 @@ class ForwardWorkload:
             with torch.inference_mode():
                 return model(ids, pos, cache, cache_slots=slots, kv_len=kv_len)
 
+        run.inputs = {"input_ids": ids, "position_ids": pos, "cache_slots": slots, "kv_len": kv_len,  # type: ignore[attr-defined]
+                      "per_request": per_request}
         return run
 
     def draft_fn(self, batch_size: int) -> Callable[[], Any]:
