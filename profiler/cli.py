@@ -31,7 +31,7 @@ __all__ = ["build_parser", "main"]
 DEFAULTS = {
     # mode: (model, batch sizes, context_len, warmups, repeats, dtype)
     "gpu": ("qwen3-8b", (1, 2, 4, 8, 16, 32, 64), 1024, 5, 20, "bfloat16"),
-    "cpu": ("tiny", (1, 2, 4, 8, 16), 256, 1, 5, "float32"),
+    "cpu": ("tiny", (1, 2, 4, 8), 256, 1, 5, "float32"),
     "analytic": ("qwen3-8b", (1, 2, 4, 8, 16, 32, 64), 1024, 0, 0, "bfloat16"),
 }
 
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fit", metavar="FILE", help="analytic: fit the efficiency factors to this measured or "
                                                   "published curve of the same device and fill its gaps")
     ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated [gpu/analytic: 1,2,4,8,16,32,64; "
-                                                          "cpu: 1,2,4,8,16]")
+                                                          "cpu: 1,2,4,8]")
     ap.add_argument("--block-size", type=int, default=16, help="B, slots per request")
     ap.add_argument("--context-len", type=int, help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
     ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho")

@@ -42,7 +42,9 @@ def curve_table(curve: CostCurve, ratios: Sequence[float] = DEFAULT_RATIOS, titl
         rows = [r for r in curve.verify if r.batch_size == bs]
         spreads = [(r.p80_ms - r.p20_ms) / r.median_ms for r in rows if r.p20_ms and r.p80_ms]
         t.add_row(str(bs), cell(bs), *[cell(k) for k in bucket_tokens(bs, curve.block_size, ratios)],
-                  "-" if draft is None else f"{draft.median_ms:.4g}", str(len(rows)),
+                  "-" if draft is None else f"{draft.median_ms:.4g}" + (
+                      "" if draft.provenance in ("measured", "analytic") else f" ({draft.provenance[0]})"),
+                  str(len(rows)),
                   f"{100 * np.median(spreads):.1f}%" if spreads else "-")
     t.caption = "(p) published, (f) fitted; spread = median over cells of (p80 - p20) / median"
     return t

@@ -138,3 +138,13 @@ def test_draft_specs_and_draft_ms():
     assert block == pytest.approx(forward_ms(shape.with_layers(2), dev, eff, 4, 64, 256))
     with pytest.raises(ValueError, match="out of range"):
         draft_ms(shape, parse_draft_spec("self-skip:30"), dev, eff, 4, 16, 256)
+
+
+def test_core_never_imports_profiler():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "dcut_sched"
+    pattern = re.compile(r"^\s*(from\s+profiler[\s.]|import\s+profiler\b)", re.M)
+    offenders = [str(p) for p in root.rglob("*.py") if pattern.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []
