@@ -77,6 +77,8 @@ class GraphTimer:
         self.cuda = cuda if cuda is not None else torch.cuda
         self.capture_warmups = capture_warmups
         self.graphs: dict[Cell, Any] = {}
+        # The captured callables own the static input tensors the graphs read; keep them alive.
+        self.fns: dict[Cell, Callable[[], Any]] = {}
         self.pool: Any = None
         self.capture_order: list[Cell] = []
 
@@ -109,6 +111,7 @@ class GraphTimer:
                 self.release_memory()
             else:
                 self.graphs[cell] = graph
+                self.fns[cell] = fn
                 self.capture_order.append(cell)
             if progress is not None:
                 progress(cell)

@@ -262,6 +262,7 @@ def test_graph_timer_captures_largest_first_in_one_pool_and_times_replays():
     assert cuda.log["pools"] == [("pool", 1)] * len(cells)
     assert all(work.eager_calls.count(c.key) == 2 for c in cells)
     assert len(cuda.log["replays"]) == len(cells) * (3 + 4)
+    assert set(timer.fns) == set(cells)  # the static inputs of every graph stay alive
     for row in run.verify:  # each fake replay "takes" num_tokens ms
         assert row["median_ms"] == row["p20_ms"] == row["p80_ms"] == row["num_tokens"]
 
