@@ -53,9 +53,9 @@ def test_active_params_match_llama_config_count():
         shape, _ = resolve_model(name)
         norms = cfg.num_layers * (2 * cfg.hidden_size + (2 * cfg.head_dim if cfg.qk_norm else 0)) + cfg.hidden_size
         untied_head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-        embedding = cfg.vocab_size * cfg.hidden_size
-        # active = layers + LM head; num_params = layers + norms + embedding + (untied head)
-        assert shape.active_matmul_params == cfg.num_params - norms - embedding - untied_head + embedding
+        # num_params = layer matmuls + norms + embedding (+ untied LM head); active = layer matmuls + one
+        # V x h LM head, so active = num_params - norms - (the second V x h matrix when untied)
+        assert shape.active_matmul_params == cfg.num_params - norms - untied_head
 
 
 def test_resolve_hf_configs(tmp_path):
