@@ -1,0 +1,335 @@
+"""``dcut-profile``: measure (GPU, CPU) or model (analytic) a verification cost curve.
+
+Examples::
+
+    dcut-profile --gpu --model qwen3-8b --out profiler/profiles/h200-qwen3-8b.json
+    dcut-profile --cpu --model tiny --out /tmp/tiny.json
+    dcut-profile --analytic --device h200 --model qwen3-8b --out h200-qwen3-8b-analytic.json
+    dcut-profile --analytic --device h20 --model qwen3-8b --fit profiler/profiles/h20-qwen3-8b-published.json --out h20.json
+
+Bad input exits with status 2 and one line on stderr; an interrupted measurement keeps its cells in
+``OUT.partial`` and ``--resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from dcut_sched import CostCurve, CostCurveError
+
+__all__ = ["build_parser", "main"]
+
+DEFAULTS = {
+    # mode: (model, batch sizes, context_len, warmups, repeats, dtype)
+    "gpu": ("qwen3-8b", (1, 2, 4, 8, 16, 32, 64), 1024, 5, 20, "bfloat16"),
+    "cpu": ("tiny", (1, 2, 4, 8), 256, 1, 5, "float32"),
+    "analytic": ("qwen3-8b", (1, 2, 4, 8, 16, 32, 64), 1024, 0, 0, "bfloat16"),
+}
+
+
+class UsageError(ValueError):
+    """Bad command-line input (reported in one line, exit status 2)."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _ratio_list(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ratios, got {text!r}") from None
+    if not vals or any(not 0 < v <= 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1], got {text!r}")
+    return vals
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dcut-profile",
+        description="Write a verification cost curve C_verify(bs, num_tokens) and draft-step curve C_draft(bs) "
+                    "(JSON, schema dcut.cost-curve/1) for the simulator and the controller.",
+        epilog="Cells per batch size: the autoregressive point (num_tokens = bs), the D-Cut buckets "
+               "ceil(rho*bs*B), and every multiple of --grid-step in [bs, bs*B]. See docs/profiler.md.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--gpu", action="store_const", dest="mode", const="gpu",
+                      help="time CUDA-graph replays of the model's forward on the current CUDA device")
+    mode.add_argument("--cpu", action="store_const", dest="mode", const="cpu",
+                      help="time the forward eagerly on this CPU (numbers describe this CPU only)")
+    mode.add_argument("--analytic", action="store_const", dest="mode", const="analytic",
+                      help="roofline model from FLOPs/bytes and a device's public peaks")
+    ap.add_argument("--out", required=True, help="output cost-curve JSON (written atomically)")
+    ap.add_argument("--model", help="preset (tiny, smollm2-135m, qwen3-8b, llama-3.1-8b, qwen3.5-27b, "
+                                    "qwen3.5-35b-a3b, qwen3-30b-a3b), a config.json or a checkpoint directory "
+                                    "[gpu/analytic: qwen3-8b, cpu: tiny]")
+    ap.add_argument("--device", help="analytic: h200, h100, h20 or a100")
+    ap.add_argument("--fit", metavar="FILE", help="analytic: fit the efficiency factors to this measured or "
+                                                  "published curve of the same device and fill its gaps")
+    ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated [gpu/analytic: 1,2,4,8,16,32,64; "
+                                                          "cpu: 1,2,4,8]")
+    ap.add_argument("--block-size", type=int, default=16, help="B, slots per request")
+    ap.add_argument("--context-len", type=int, help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
+    ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho")
+    ap.add_argument("--grid-step", type=int, default=16,
+                    help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
+                         "0 = AR point and buckets only (fastest)")
+    ap.add_argument("--draft", default="auto",
+                    help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
+                         "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
+                         "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4))")
+    ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
+    ap.add_argument("--warmups", type=int, help="untimed calls per cell [gpu: 5, cpu: 1]")
+    ap.add_argument("--repeats", type=int, help="timed calls per cell [gpu: 20, cpu: 5]")
+    ap.add_argument("--rounds", type=int,
+                    help="passes over the shuffled cells, each taking repeats/rounds samples per cell; "
+                         "rounds = repeats spreads each cell's samples over the whole run, so load drift on a "
+                         "shared machine hits all cells alike [gpu: 1, cpu: repeats]")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32]")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="cpu: torch threads; 1 keeps timings stable on a shared machine (several threads "
+                         "spin-wait on each other when cores are busy)")
+    ap.add_argument("--eager", action="store_true", help="gpu: time eager forwards instead of graph replays")
+    ap.add_argument("--seed", type=int, default=0, help="weights, inputs and cell order")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT.partial of an interrupted run")
+    ap.add_argument("--report", metavar="FILE", help="write the coarse-vs-dense interpolation error table "
+                                                     "(.csv, .json or .parquet)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--quiet", action="store_true", help="no tables, only the final line")
+    return ap
+
+
+def _auto_draft(model_name: str, num_layers: int) -> str:
+    if model_name == "smollm2-135m":
+        return "self-skip:14,15"
+    return f"dflash:{min(5, max(1, num_layers // 4))}"
+
+
+def _cpu_hardware(threads: int) -> dict[str, Any]:
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"device_name": name, "backend": "cpu-eager", "torch_version": torch.__version__, "cuda_version": None,
+            "driver_version": None, "threads": threads, "cpu_count": os.cpu_count(),
+            "load_average_at_start": None if load is None else round(load, 2),
+            "note": "eager CPU times of this machine only; not a GPU cost curve"}
+
+
+def _resolve(args: argparse.Namespace):
+    from .analytic import parse_draft_spec
+    from .shapes import resolve_model
+
+    model, bss, ctx, warm, reps, dtype = DEFAULTS[args.mode]
+    args.model = args.model or model
+    args.batch_sizes = args.batch_sizes or list(bss)
+    args.context_len = ctx if args.context_len is None else args.context_len
+    args.warmups = warm if args.warmups is None else args.warmups
+    args.repeats = reps if args.repeats is None else args.repeats
+    args.dtype = args.dtype or dtype
+    if args.rounds is None:
+        args.rounds = args.repeats if args.mode == "cpu" else 1
+    if args.block_size < 1 or args.context_len < 0 or args.grid_step < 0:
+        raise UsageError("--block-size must be >= 1, --context-len and --grid-step >= 0")
+    if args.mode != "analytic" and (args.repeats < 1 or args.warmups < 0 or not 1 <= args.rounds <= args.repeats):
+        raise UsageError("--repeats must be >= 1, --warmups >= 0 and --rounds in [1, repeats]")
+    if args.mode != "analytic" and (args.device or args.fit):
+        raise UsageError("--device and --fit belong to --analytic")
+    if args.mode == "analytic" and not args.device:
+        raise UsageError("--analytic needs --device (h200, h100, h20 or a100)")
+    shape, cfg = resolve_model(args.model)
+    if args.mode != "analytic" and cfg is None:
+        raise UsageError(f"model {args.model!r} is MoE; the measured modes run the dense project forward only "
+                         f"(use --analytic for MoE models)")
+    draft_text = f"dflash:{args.draft_config}" if args.draft_config else args.draft
+    if draft_text == "auto":
+        draft_text = _auto_draft(args.model, shape.num_layers)
+    draft = parse_draft_spec(draft_text)
+    if draft.kind == "self-skip":
+        bad = [i for i in draft.skip_layers if not 0 <= i < shape.num_layers]
+        if bad:
+            raise UsageError(f"--draft {draft_text}: layers {bad} out of range for {args.model} "
+                             f"({shape.num_layers} layers)")
+    return shape, cfg, draft
+
+
+def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
+    from .analytic import DEFAULT_EFFICIENCY, draft_ms, forward_ms
+    from .devices import get_device
+    from .fit import device_matches, fill_curve, fit_efficiency
+    from .grid import verify_tokens
+    from .report import fit_table
+
+    device = get_device(args.device)
+    if args.fit:
+        src = CostCurve.load(args.fit, check_hardware=False)
+        if not device_matches(device, src.hardware.get("device_name")):
+            raise UsageError(f"--fit {args.fit}: curve was measured on {src.hardware.get('device_name')!r}, not "
+                             f"{device.name!r}; fit to a curve of the same device")
+        if src.model.get("name") != shape.name:
+            warnings.warn(f"--fit {args.fit} describes model {src.model.get('name')!r}, filling with {shape.name!r}",
+                          UserWarning, stacklevel=2)
+        fit = fit_efficiency(src, shape, device)
+        if not args.quiet:
+            console.print(fit_table(fit, title=f"efficiency fit to {args.fit}"))
+        source = (f"{src.source} | gaps filled by dcut-profile --analytic --device {device.key} --fit {args.fit}: "
+                  f"roofline of profiler.analytic with efficiency factors fitted to the file's measured/published rows")
+        curve = fill_curve(src, shape, fit, batch_sizes=args.batch_sizes, ratios=args.ratios,
+                           grid_step=args.grid_step, draft=draft, source=source)
+        return curve, fit
+    eff = DEFAULT_EFFICIENCY
+    verify, drafts = [], []
+    for bs in args.batch_sizes:
+        tokens = np.array(verify_tokens(bs, args.block_size, args.ratios, args.grid_step))
+        for k, ms in zip(tokens, forward_ms(shape, device, eff, bs, tokens, args.context_len)):
+            verify.append({"batch_size": bs, "num_tokens": int(k), "median_ms": round(float(ms), 4),
+                           "provenance": "analytic"})
+        if draft.kind != "none":
+            ms = draft_ms(shape, draft, device, eff, bs, args.block_size, args.context_len)
+            drafts.append({"batch_size": bs, "median_ms": round(float(ms), 4), "provenance": "analytic"})
+    hardware = {"device_name": device.name, "backend": "analytic", "torch_version": None, "cuda_version": None,
+                "driver_version": None, "peak_bf16_tflops": device.peak_bf16_tflops,
+                "hbm_tb_per_s": device.hbm_tb_per_s, "device_source": device.source, "efficiency": eff.to_dict()}
+    curve = CostCurve(hardware=hardware, model={"name": shape.name, "config": shape.to_dict(), "dtype": "bfloat16",
+                                                "draft": draft.label()},
+                      block_size=args.block_size, context_len=args.context_len, verify=verify, draft=drafts,
+                      source="profiler.analytic roofline with default (unfitted) efficiency factors; see docs/profiler.md",
+                      profile_seconds=0.0)
+    return curve, None
+
+
+def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
+    import torch
+
+    from .cuda_graphs import GraphTimer, cuda_hardware, require_cuda
+    from .grid import build_cells
+    from .harness import EagerTimer, partial_path_for, run_profile
+    from .workload import ForwardWorkload
+
+    gpu = args.mode == "gpu"
+    if gpu:
+        require_cuda()
+        backend = "cuda-eager" if args.eager else "cuda-graph"
+        device = "cuda"
+    else:
+        backend = "cpu-eager"
+        device = "cpu"
+        if args.threads < 1:
+            raise UsageError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    partial = partial_path_for(args.out)
+    if partial.exists() and not args.resume:
+        raise UsageError(f"{partial} exists from an interrupted run; add --resume to continue it or delete it")
+    dtype = getattr(torch, args.dtype)
+    cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none")
+    t_build = time.perf_counter()
+    workload = ForwardWorkload(cfg, args.block_size, args.context_len, max(args.batch_sizes), draft,
+                               dtype=dtype, device=device, seed=args.seed)
+    build_s = time.perf_counter() - t_build
+    hardware = cuda_hardware(backend) if gpu else _cpu_hardware(torch.get_num_threads())
+    if gpu and not args.eager:
+        timer: Any = GraphTimer(workload)
+    else:
+        timer = EagerTimer(workload, synchronize=torch.cuda.synchronize if gpu else None)
+    settings = {"mode": args.mode, "backend": backend, "model": workload.describe(), "block_size": args.block_size,
+                "context_len": args.context_len, "dtype": args.dtype, "draft": draft.label(),
+                "device_name": hardware["device_name"], "warmups": args.warmups, "repeats": args.repeats,
+                "rounds": args.rounds, "seed": args.seed}
+    if not args.quiet:
+        console.print(f"model {cfg.name} built in {build_s:.1f} s ({backend}, {args.dtype}); measuring "
+                      f"{len(cells)} cells, {args.warmups} warm-ups + {args.repeats} repeats each in "
+                      f"{args.rounds} round(s)")
+    try:
+        run = run_profile(timer, cells, warmups=args.warmups, repeats=args.repeats, rounds=args.rounds, seed=args.seed,
+                          partial_path=partial, settings=settings, resume=args.resume,
+                          progress=not args.no_progress, console=console)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: measured cells kept in {partial}; rerun with --resume[/]")
+        raise
+    if not run.verify:
+        raise UsageError(f"no verification cell could be measured ({len(run.skipped)} skipped: "
+                         f"{next(iter(run.skipped.values()), '')})")
+    hardware["profile"] = {"warmups": args.warmups, "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed,
+                           "ratios": list(args.ratios), "grid_step": args.grid_step, "skipped": run.skipped,
+                           "model_build_seconds": round(build_s, 2), "capture_seconds": round(run.prepare_seconds, 2),
+                           "resumed_cells": run.resumed_cells, "command": command}
+    curve = CostCurve(hardware=hardware, model=workload.describe(), block_size=args.block_size,
+                      context_len=args.context_len, verify=run.verify, draft=run.draft,
+                      graph_mode="full" if backend == "cuda-graph" else None,
+                      profile_seconds=round(run.measure_seconds + run.prepare_seconds, 2),
+                      source=f"measured by {command}")
+    curve.save(args.out)
+    partial.unlink(missing_ok=True)
+    if run.skipped and not args.quiet:
+        for key, why in sorted(run.skipped.items()):
+            console.print(f"[yellow]skipped {key}: {why}[/]")
+    return curve
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rich.console import Console
+
+    from .cuda_graphs import NoCudaError
+    from .harness import PartialMismatch
+    from .interp_error import interpolation_error
+    from .report import curve_table, interp_table, noise_summary, write_frame
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=False)
+    command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
+    try:
+        shape, cfg, draft = _resolve(args)
+        if args.mode == "analytic":
+            curve, _ = _run_analytic(args, shape, draft, console)
+            curve.save(args.out)
+        else:
+            curve = _run_measured(args, cfg, draft, console, command)
+        err = interpolation_error(curve, args.ratios)
+        if args.report:
+            write_frame(err, args.report)
+    except KeyboardInterrupt:
+        return 130
+    except (UsageError, ValueError, KeyError, CostCurveError, NoCudaError, PartialMismatch, OSError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        print(f"dcut-profile: error: {msg}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        console.print(curve_table(curve, args.ratios))
+        if not err.empty:
+            console.print(interp_table(err))
+    noise = noise_summary(curve)
+    noise_text = "" if np.isnan(noise["median_spread_pct"]) else (
+        f", p20-p80 spread median {noise['median_spread_pct']:.1f}% max {noise['max_spread_pct']:.1f}%")
+    secs = f" in {curve.profile_seconds:.1f} s" if curve.profile_seconds else ""
+    console.print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.draft)} draft rows"
+                  f"{secs}{noise_text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

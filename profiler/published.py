@@ -1,0 +1,104 @@
+"""The shipped default curve built from public D-Cut measurements (DESIGN.md §4).
+
+``profiler/profiles/h20-qwen3-8b-published.json``:
+    - ``published`` rows: the public D-Cut verification times of Qwen3-8B on one NVIDIA H20 (TP1,
+      B = 16) at rho = 0.25/0.5/0.75/1.0 for bs 4, 16, 64, copied exactly;
+    - ``fitted`` rows: everything those figures lack (the autoregressive point num_tokens = bs,
+      batch sizes 1, 2, 8, 32, and the draft step of a 5-layer DFlash-style drafter of the target's
+      width) from the analytic model (:mod:`profiler.analytic`) with its efficiency factors fitted
+      (:mod:`profiler.fit`) to the published rows.
+
+The public figures do not state the context length; the file records ``context_len = 1024``
+(assumed). Only ``context_len / eta_attention`` is identifiable from them, so the fitted rows hardly
+depend on that choice.
+
+The MoE row (Qwen3.5-35B-A3B, TP2, bs 64: 79.9/85.4/86.1/90.6 ms) is kept in
+:data:`PUBLISHED_MOE_H20` but not turned into a file: four points at one batch size, measured with
+two-way tensor parallelism on an architecture whose exact shape is not verified here, cannot pin
+down four efficiency factors, so every fitted row would be a guess.
+
+Rebuild with ``python -m profiler.published [--out PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dcut_sched import CostCurve
+
+from .analytic import parse_draft_spec
+from .devices import get_device
+from .fit import FitResult, fill_curve, fit_efficiency
+from .grid import DEFAULT_RATIOS, bucket_tokens
+from .shapes import resolve_model
+
+__all__ = ["PUBLISHED_H20_QWEN3_8B", "PUBLISHED_MOE_H20", "PUBLISHED_SOURCE", "build_h20_qwen3_8b",
+           "published_rows_curve"]
+
+#: Verification ms of Qwen3-8B on NVIDIA H20 (TP1, B=16) at rho = 0.25, 0.5, 0.75, 1.0 (DESIGN.md §4).
+PUBLISHED_H20_QWEN3_8B: dict[int, tuple[float, float, float, float]] = {
+    4: (8.2, 8.7, 9.7, 10.9),
+    16: (16.0, 22.7, 29.8, 35.8),
+    64: (55.2, 82.2, 107.9, 133.9),
+}
+#: Qwen3.5-35B-A3B (MoE) on two H20 (TP2), bs 64, same ratios (not shipped, see module docstring).
+PUBLISHED_MOE_H20: dict[int, tuple[float, float, float, float]] = {64: (79.9, 85.4, 86.1, 90.6)}
+
+PUBLISHED_SOURCE = (
+    "published rows: public D-Cut measurements of C_graph(bs, rho), Qwen3-8B on one NVIDIA H20 (TP1), block size 16, "
+    "rho = 0.25/0.5/0.75/1.0, as recorded in DESIGN.md section 4 of this project; context length not stated "
+    "(1024 assumed). fitted rows: profiler.analytic roofline with efficiency factors fitted to the published rows "
+    "(profiler.fit); the draft step is a 5-layer DFlash-style drafter of the target's width (assumed)."
+)
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_OUT = Path(__file__).parent / "profiles" / "h20-qwen3-8b-published.json"
+
+
+def published_rows_curve(context_len: int = 1024, block_size: int = 16) -> CostCurve:
+    """The published H20 / Qwen3-8B rows alone, exactly as public (``provenance="published"``)."""
+    _, cfg = resolve_model("qwen3-8b")
+    verify = []
+    for bs, times in PUBLISHED_H20_QWEN3_8B.items():
+        for k, ms in zip(bucket_tokens(bs, block_size, DEFAULT_RATIOS), times):
+            verify.append({"batch_size": bs, "num_tokens": k, "median_ms": ms, "provenance": "published"})
+    return CostCurve(
+        hardware={"device_name": get_device("h20").name, "backend": "cuda-graph", "tensor_parallel": 1},
+        model={"name": "qwen3-8b", "config": cfg.to_dict(), "dtype": "bfloat16"},
+        block_size=block_size, context_len=context_len, verify=verify, graph_mode="full",
+        source=PUBLISHED_SOURCE,
+    )
+
+
+def build_h20_qwen3_8b(batch_sizes=DEFAULT_BATCH_SIZES, context_len: int = 1024,
+                       draft: str = "dflash:5") -> tuple[CostCurve, FitResult]:
+    """The shipped curve (published rows + fitted gaps) and the fit that made the gaps."""
+    base = published_rows_curve(context_len)
+    shape, _ = resolve_model("qwen3-8b")
+    device = get_device("h20")
+    fit = fit_efficiency(base, shape, device)
+    curve = fill_curve(base, shape, fit, batch_sizes=batch_sizes, ratios=DEFAULT_RATIOS, grid_step=0,
+                       draft=parse_draft_spec(draft))
+    return curve, fit
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m profiler.published",
+                                 description="Rebuild the shipped H20 / Qwen3-8B curve from the public D-Cut figures.")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="output JSON (default: %(default)s)")
+    args = ap.parse_args(argv)
+    curve, fit = build_h20_qwen3_8b()
+    curve.save(args.out)
+    from rich.console import Console
+
+    from .report import fit_table
+
+    console = Console()
+    console.print(fit_table(fit, title="fit to the published H20 rows"))
+    console.print(f"wrote {args.out}: {len(curve.verify)} verify rows, {len(curve.draft)} draft rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

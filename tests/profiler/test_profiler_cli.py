@@ -1,0 +1,100 @@
+"""dcut-profile end to end (CPU and analytic modes), bad input, and the --gpu guard."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from dcut_sched import CostCurve
+from profiler.cli import main
+from profiler.grid import build_cells
+
+SHIPPED = Path(__file__).resolve().parents[2] / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
+
+
+def test_cpu_tiny_default_command(tmp_path, capsys):
+    out = tmp_path / "X.json"
+    assert main(["--cpu", "--model", "tiny", "--out", str(out), "--no-progress", "--quiet"]) == 0
+    curve = CostCurve.load(out)
+    assert curve.hardware["backend"] == "cpu-eager" and curve.hardware["threads"] == 1
+    assert curve.model["name"] == "tiny" and curve.model["draft"] == "dflash:1"
+    cells = build_cells([1, 2, 4, 8], 16, grid_step=16)
+    assert len(curve.verify) + len(curve.draft) == len(cells)
+    assert all(r.provenance == "measured" and r.repeats == 5 and r.p20_ms <= r.median_ms <= r.p80_ms
+               for r in curve.verify)
+    assert not (tmp_path / "X.json.partial").exists()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cpu_small_grid_self_skip_and_report(tmp_path, capsys):
+    out, report = tmp_path / "c.json", tmp_path / "interp.csv"
+    argv = ["--cpu", "--model", "tiny", "--batch-sizes", "1,2", "--block-size", "4", "--context-len", "8",
+            "--grid-step", "1", "--draft", "self-skip:1,2", "--warmups", "0", "--repeats", "2",
+            "--out", str(out), "--report", str(report), "--no-progress"]
+    assert main(argv) == 0
+    curve = CostCurve.load(out)
+    assert curve.token_counts(1) == [1, 2, 3, 4] and curve.token_counts(2) == [2, 3, 4, 5, 6, 7, 8]
+    assert curve.model["draft"] == "self-skip:1,2" and curve.has_draft()
+    frame = pd.read_csv(report)
+    assert frame["batch_size"].tolist() == [2] and frame.loc[0, "dense_points"] == 3  # 3, 5, 7 between 2,4,6,8
+    text = capsys.readouterr().out
+    assert "coarse grid" in text and "at each rho" in text
+
+
+def test_analytic_h200(tmp_path):
+    out = tmp_path / "Y.json"
+    assert main(["--analytic", "--device", "h200", "--model", "qwen3-8b", "--out", str(out), "--quiet"]) == 0
+    curve = CostCurve.load(out)
+    assert curve.hardware["backend"] == "analytic" and curve.hardware["device_name"] == "NVIDIA H200"
+    assert curve.hardware["peak_bf16_tflops"] == 989.0 and {r.provenance for r in curve.verify} == {"analytic"}
+    assert curve.batch_sizes == [1, 2, 4, 8, 16, 32, 64] and curve.token_counts(64)[:3] == [64, 80, 96]
+    assert curve.ar_ms(1) < curve.verify_ms(64, 1024) and curve.draft_ms(64) > curve.draft_ms(1)
+    moe = tmp_path / "moe.json"
+    assert main(["--analytic", "--device", "h20", "--model", "qwen3.5-35b-a3b", "--grid-step", "0",
+                 "--out", str(moe), "--quiet"]) == 0
+    assert CostCurve.load(moe).model["config"]["num_experts"] == 256
+
+
+def test_analytic_fit_fills_gaps(tmp_path, capsys):
+    out = tmp_path / "fit.json"
+    assert main(["--analytic", "--device", "h20", "--model", "qwen3-8b", "--fit", str(SHIPPED), "--batch-sizes",
+                 "4,12,64", "--grid-step", "64", "--out", str(out)]) == 0
+    curve = CostCurve.load(out, check_hardware=False)
+    src = CostCurve.load(SHIPPED, check_hardware=False)
+    rows = {(r.batch_size, r.num_tokens): r for r in curve.verify}
+    for r in src.verify:  # every source row kept as it was
+        assert rows[(r.batch_size, r.num_tokens)] == r
+    assert rows[(12, 12)].provenance == "fitted" and rows[(64, 128)].provenance == "fitted"
+    assert "efficiency fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--analytic", "--device", "h200", "--fit", str(SHIPPED)], "measured on 'NVIDIA H20', not 'NVIDIA H200'"),
+    (["--analytic", "--model", "qwen3-8b"], "--analytic needs --device"),
+    (["--analytic", "--device", "tpu"], "unknown device 'tpu'"),
+    (["--cpu", "--model", "qwen9"], "not a preset"),
+    (["--cpu", "--model", "qwen3.5-35b-a3b"], "is MoE"),
+    (["--cpu", "--model", "tiny", "--draft", "self-skip:14,15"], "out of range for tiny"),
+    (["--cpu", "--draft", "eagle"], "draft spec 'eagle'"),
+    (["--cpu", "--device", "h20"], "belong to --analytic"),
+    (["--analytic", "--device", "h20", "--fit", "/nonexistent.json"], "cannot read"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
+    assert main([*argv, "--out", str(tmp_path / "o.json"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dcut-profile: error: ") and message in err and err.count("\n") == 1
+    assert "Traceback" not in err and not (tmp_path / "o.json").exists()
+
+
+def test_existing_partial_needs_resume(tmp_path, capsys):
+    (tmp_path / "o.json.partial").write_text(json.dumps({"schema": "dcut.profile-partial/1"}))
+    assert main(["--cpu", "--out", str(tmp_path / "o.json"), "--no-progress"]) == 2
+    assert "add --resume" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_gpu_without_cuda(tmp_path, capsys):
+    assert main(["--gpu", "--model", "tiny", "--out", str(tmp_path / "g.json")]) == 2
+    assert "--gpu needs a CUDA device" in capsys.readouterr().err

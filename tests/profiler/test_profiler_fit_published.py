@@ -1,0 +1,122 @@
+"""Efficiency fit (recovering known factors), gap filling, the shipped published curve, interpolation error."""
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dcut_sched import CostCurve, CostCurveError
+from profiler.analytic import Efficiency, forward_ms, parse_draft_spec
+from profiler.devices import get_device
+from profiler.fit import device_matches, fill_curve, fit_efficiency
+from profiler.grid import verify_tokens
+from profiler.interp_error import interpolation_error, interpolation_points
+from profiler.published import (PUBLISHED_H20_QWEN3_8B, build_h20_qwen3_8b, published_rows_curve)
+from profiler.shapes import resolve_model
+
+SHIPPED = Path(__file__).resolve().parents[2] / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
+
+
+def synthetic_curve(eff, device="h100", model="qwen3-8b", batch_sizes=(4, 16, 64), ctx=2048):
+    shape, _ = resolve_model(model)
+    dev = get_device(device)
+    verify = []
+    for bs in batch_sizes:
+        tokens = np.array(verify_tokens(bs, 16))
+        for k, ms in zip(tokens, forward_ms(shape, dev, eff, bs, tokens, ctx)):
+            verify.append({"batch_size": bs, "num_tokens": int(k), "median_ms": float(ms)})
+    return CostCurve(hardware={"device_name": dev.name, "backend": "cuda-graph"}, model={"name": model},
+                     block_size=16, context_len=ctx, verify=verify)
+
+
+def test_fit_recovers_known_factors():
+    truth = Efficiency(eta_compute=0.55, eta_memory=0.8, eta_attention=0.25, overhead_ms=1.5, smoothness=4.0)
+    curve = synthetic_curve(truth)
+    fit = fit_efficiency(curve, resolve_model("qwen3-8b")[0], get_device("h100"))
+    for name in ("eta_compute", "eta_memory", "eta_attention", "overhead_ms"):
+        assert getattr(fit.efficiency, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    assert fit.max_abs_rel_err < 1e-6 and len(fit.residuals) == 15
+
+
+def test_fit_needs_enough_rows():
+    curve = CostCurve(hardware={"device_name": "NVIDIA H20", "backend": "cuda-graph"}, model={"name": "qwen3-8b"},
+                      block_size=16, context_len=0,
+                      verify=[{"batch_size": 4, "num_tokens": k, "median_ms": m} for k, m in ((16, 8.2), (32, 8.7), (48, 9.7))])
+    with pytest.raises(ValueError, match="3 measured/published verify rows; the fit needs at least 4"):
+        fit_efficiency(curve, resolve_model("qwen3-8b")[0], get_device("h20"))
+
+
+def test_fill_keeps_source_rows_and_marks_the_rest_fitted():
+    base = published_rows_curve()
+    shape, _ = resolve_model("qwen3-8b")
+    fit = fit_efficiency(base, shape, get_device("h20"))
+    filled = fill_curve(base, shape, fit, batch_sizes=[2, 4], grid_step=16, draft=parse_draft_spec("dflash:5"))
+    src = {(r.batch_size, r.num_tokens): r for r in base.verify}
+    for row in filled.verify:
+        key = (row.batch_size, row.num_tokens)
+        if key in src:
+            assert row == src[key]
+        else:
+            assert row.provenance == "fitted"
+            assert row.median_ms == pytest.approx(float(forward_ms(shape, fit.device, fit.efficiency, *key, 1024)),
+                                                  abs=1e-4)
+    assert {(r.batch_size, r.num_tokens) for r in filled.verify if r.provenance == "fitted"} >= {(2, 2), (4, 4), (2, 32)}
+    assert [d.batch_size for d in filled.draft] == [2, 4] and all(d.provenance == "fitted" for d in filled.draft)
+    assert filled.hardware["fit"]["rms_rel_err"] == pytest.approx(fit.rms_rel_err, abs=1e-5)
+
+
+def test_device_matches():
+    assert device_matches(get_device("h20"), "NVIDIA H20")
+    assert not device_matches(get_device("h20"), "NVIDIA H200")
+    assert device_matches(get_device("h100"), "NVIDIA H100 80GB HBM3") and device_matches(get_device("a100"), "NVIDIA A100-SXM4-40GB")
+    assert not device_matches(get_device("a100"), None)
+
+
+def test_shipped_published_curve():
+    curve = CostCurve.load(SHIPPED, check_hardware=False)
+    published = {(r.batch_size, r.num_tokens): r.median_ms for r in curve.verify if r.provenance == "published"}
+    expected = {(bs, rho * bs * 4): ms for bs, times in PUBLISHED_H20_QWEN3_8B.items()
+                for rho, ms in zip((1, 2, 3, 4), times)}
+    assert published == expected  # exact, not approximate
+    assert expected[(64, 1024)] == 133.9 and expected[(4, 16)] == 8.2
+    assert {r.provenance for r in curve.verify} == {"published", "fitted"}
+    assert curve.batch_sizes == [1, 2, 4, 8, 16, 32, 64] and curve.block_size == 16
+    for bs in curve.batch_sizes:  # the AR point exists and the curve rises with num_tokens
+        ms = curve.verify_ms(bs, np.array(curve.token_counts(bs)))
+        assert curve.token_counts(bs)[0] == bs and np.all(np.diff(ms) > 0)
+        assert curve.draft_ms(bs) > 0
+    assert curve.hardware["fit"]["max_abs_rel_err"] < 0.03
+    # the file is what the builder makes today (apart from its time stamp)
+    rebuilt, fit = build_h20_qwen3_8b()
+    assert rebuilt.to_dict()["verify"] == curve.to_dict()["verify"] and rebuilt.to_dict()["draft"] == curve.to_dict()["draft"]
+    assert fit.max_abs_rel_err < 0.03
+    # controller-side checks the core provides
+    with pytest.raises(CostCurveError, match="measured for block size 16, not 8"):
+        curve.require_block_size(8)
+    with pytest.warns(UserWarning, match="measured on 'NVIDIA H20' but this device is 'NVIDIA H200'"):
+        curve.check_hardware("NVIDIA H200")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        curve.check_hardware("NVIDIA H20")
+
+
+def test_interpolation_error_by_hand():
+    # bs=1, B=8: coarse = {1, 2, 4, 6, 8}; dense = {3, 5, 7}; times k^2 (convex)
+    verify = [{"batch_size": 1, "num_tokens": k, "median_ms": float(k * k)} for k in range(1, 9)]
+    curve = CostCurve(hardware={"device_name": "t", "backend": "analytic"}, model={"name": "t"}, block_size=8,
+                      context_len=0, verify=verify)
+    pts = interpolation_points(curve)
+    assert pts["num_tokens"].tolist() == [3, 5, 7]
+    np.testing.assert_allclose(pts["linear_ms"], [10, 26, 50])  # midpoints of 4-16, 16-36, 36-64
+    err = interpolation_error(curve)
+    assert err.loc[0, "dense_points"] == 3
+    assert err.loc[0, "linear_max_ms"] == pytest.approx(1.0)
+    assert err.loc[0, "linear_max_pct"] == pytest.approx(100 / 9)
+    assert err.loc[0, "linear_mean_pct"] == pytest.approx(100 * (1 / 9 + 1 / 25 + 1 / 49) / 3)
+    # a linear curve is interpolated exactly by both lookups
+    lin = CostCurve(hardware={"device_name": "t", "backend": "analytic"}, model={"name": "t"}, block_size=8, context_len=0,
+                    verify=[{"batch_size": 2, "num_tokens": k, "median_ms": 3.0 + 0.5 * k} for k in range(2, 17)])
+    e = interpolation_error(lin)
+    assert e.loc[0, "linear_max_ms"] == pytest.approx(0, abs=1e-9) and e.loc[0, "curve_max_ms"] == pytest.approx(0, abs=1e-9)
+    assert interpolation_error(published_rows_curve()).empty  # buckets only: nothing to compare
