@@ -6,6 +6,7 @@ terms and formulas and README.md for the tools.
 """
 
 from . import policies
+from .calibration import OnlineCalibrator
 from .cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from .policies import Policy, VerifyPlan
 from .scores import ScoreRanking, check_confidences, expected_tokens, global_topk, slot_scores
@@ -16,6 +17,7 @@ __all__ = [
     "CostCurve",
     "CostCurveError",
     "CostCurveRangeError",
+    "OnlineCalibrator",
     "Policy",
     "ScoreRanking",
     "VerifyPlan",
