@@ -7,6 +7,7 @@ terms and formulas and README.md for the tools.
 
 from . import policies
 from .calibration import OnlineCalibrator
+from .controller import ControllerPlan, RatioController, VerifyGraphBank
 from .cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from .policies import Policy, VerifyPlan
 from .scores import ScoreRanking, check_confidences, expected_tokens, global_topk, slot_scores
@@ -14,12 +15,15 @@ from .scores import ScoreRanking, check_confidences, expected_tokens, global_top
 __version__ = "0.1.0"
 
 __all__ = [
+    "ControllerPlan",
     "CostCurve",
     "CostCurveError",
     "CostCurveRangeError",
     "OnlineCalibrator",
     "Policy",
+    "RatioController",
     "ScoreRanking",
+    "VerifyGraphBank",
     "VerifyPlan",
     "check_confidences",
     "expected_tokens",
