@@ -28,7 +28,7 @@ and layouts add none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,21 @@ class ControllerPlan:
     def ratio(self) -> float:
         """Verification ratio rho = num_tokens / (bs * B)."""
         return self.num_tokens / (self.batch_size * self.block_size)
+
+
+def _to_torch(plan: ControllerPlan) -> ControllerPlan:
+    """The same plan with its numpy arrays wrapped as CPU tensors (shared memory, no copy)."""
+    vp = plan.policy_plan
+    lengths = torch.from_numpy(np.ascontiguousarray(plan.lengths))
+    return replace(
+        plan,
+        lengths=lengths,
+        slot_mask=torch.from_numpy(plan.slot_mask),
+        gather_indices=torch.from_numpy(plan.gather_indices),
+        num_draft_tokens=torch.from_numpy(plan.num_draft_tokens),
+        cu_num_draft_tokens=torch.from_numpy(plan.cu_num_draft_tokens),
+        policy_plan=replace(vp, lengths=lengths),
+    )
 
 
 class RatioController:
@@ -189,16 +204,17 @@ class RatioController:
         if isinstance(conf, torch.Tensor):
             if not conf.is_floating_point():
                 conf = conf.to(torch.float32)
-            ok = ((conf >= 0) & (conf <= 1)).all(dim=1)  # False on NaN and +-inf
+            ok = (conf == conf.clamp(0.0, 1.0)).all(dim=1)  # False on NaN, +-inf and out of range
             self._count("bad_conf_requests", (~ok).sum())
-            return torch.where(ok[:, None], conf, torch.zeros((), dtype=conf.dtype, device=conf.device))
+            return conf.where(ok[:, None], 0.0)
         conf = np.asarray(conf)
-        if not np.issubdtype(conf.dtype, np.floating):
+        if conf.dtype.kind != "f":
             conf = conf.astype(np.float32)
+        # Fast path: NaN makes min/max NaN and every comparison with NaN is False.
+        if conf.min() >= 0 and conf.max() <= 1:
+            return conf
         with np.errstate(invalid="ignore"):
             ok = ((conf >= 0) & (conf <= 1)).all(axis=1)
-        if ok.all():
-            return conf
         self._count("bad_conf_requests", int((~ok).sum()))
         return np.where(ok[:, None], conf, conf.dtype.type(0))
 
@@ -249,6 +265,19 @@ class RatioController:
             CostCurveRangeError: the batch size is outside the cost curve.
         """
         self._check_shape(conf)
+        if isinstance(conf, torch.Tensor) and conf.device.type == "cpu":
+            # CPU tensors share memory with numpy arrays: plan on the numpy views (the same policy
+            # code, numpy kind; about 10x fewer microseconds than many tiny torch CPU ops) and hand
+            # back tensors that share the results' memory.
+            arr = conf.detach()
+            if arr.dtype not in (torch.float32, torch.float64):
+                arr = arr.to(torch.float32)
+            if accept_len is not None and isinstance(accept_len, torch.Tensor):
+                accept_len = accept_len.cpu().numpy()
+            return _to_torch(self._plan(arr.numpy(), accept_len))
+        return self._plan(conf, accept_len)
+
+    def _plan(self, conf: Array, accept_len: Array | None) -> ControllerPlan:
         conf = self._sanitize(conf)
         scored = self.calibrator.transform(conf) if self.calibrate else conf
         vp = self.policy.plan(scored, self.cost, accept_len=accept_len, validate=False)
@@ -294,6 +323,8 @@ class RatioController:
             accept = torch.as_tensor(accept_len, device=lengths.device).to(torch.int64)
             num_accepted = torch.minimum(accept, lengths - 1)
         else:
+            if isinstance(accept_len, torch.Tensor):
+                accept_len = accept_len.cpu().numpy()
             accept = np.asarray(accept_len, dtype=np.int64)
             num_accepted = np.minimum(accept, lengths - 1)
         self._count("accepted_drafts", num_accepted.sum())

@@ -70,7 +70,7 @@ def test_plan_invariants_and_policy_equivalence(curve8, name, rows):
     assert torch.equal(plan.lengths, direct.lengths)
     assert plan.num_tokens == direct.num_tokens
     assert plan.draft_next == direct.draft_next
-    assert math.isclose(plan.expected_tokens, direct.expected_tokens, rel_tol=1e-9)
+    assert math.isclose(plan.expected_tokens, direct.expected_tokens, rel_tol=1e-5)  # float32 sums
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
