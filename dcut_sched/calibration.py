@@ -21,7 +21,7 @@ the conditional probability the score product needs.
 Estimator
 ---------
 Equal-width confidence bins (``num_bins``) per depth band. Each bin keeps two running counts
-(accepted, observed); an update is a ``bincount`` over the step's ``bs * (B-1)`` slots (constant
+(accepted, observed); an update is one scatter-add over the step's ``bs * (B-1)`` slots (constant
 cost per step, on the data's device, no host sync). Every ``refit_every`` observed requests the map
 is refitted on the host from the ``bands x bins`` counts:
 
@@ -287,7 +287,7 @@ class OnlineCalibrator:
             lengths: ``[bs]`` ints in ``[1, B]``, slots each request verified.
 
         All three of one kind (numpy, or torch on one device). Constant work per step (one
-        ``bincount`` of ``bs * (B-1)`` slots), no host sync for torch inputs except at a refit.
+        scatter-add of ``bs * (B-1)`` slots), no host sync for torch inputs except at a refit.
         """
         self._check_conf(conf)
         bs = int(conf.shape[0])
@@ -304,10 +304,13 @@ class OnlineCalibrator:
                 offsets = self._band_offsets_torch[dev] = torch.as_tensor(self._band_offsets_np, device=dev)
             cell = (offsets // self.resolution) * self.num_bins + bins  # [bs, nd]
             size = self.num_bands * self.num_bins
-            # accepted slots count in cells [0, size), observed ones in [size, 2*size): one bincount.
+            # accepted slots count in cells [0, size), observed ones in [size, 2*size).
             w = torch.stack([accepted, observed]).to(torch.float64).reshape(2, -1)
             flat = (cell.reshape(1, -1) + torch.arange(2, device=dev)[:, None] * size).reshape(-1)
-            add = torch.bincount(flat, weights=w.reshape(-1), minlength=2 * size).reshape(2, self.num_bands, self.num_bins)
+            # index_add_ into a fixed-size buffer: unlike torch.bincount it needs no max() of the
+            # indices, so it does not synchronise with the host on CUDA.
+            add = torch.zeros(2 * size, dtype=torch.float64, device=dev).index_add_(0, flat, w.reshape(-1))
+            add = add.reshape(2, self.num_bands, self.num_bins)
             acc_counts = self._device_counts.get(dev)
             if acc_counts is None:
                 self._device_counts[dev] = add
