@@ -112,6 +112,11 @@ def main(argv=None) -> int:
     for row in frame.itertuples(index=False):
         table.add_row(*[str(v) for v in row])
     Console().print(table)
+    # Machine-load reference: the one sort every global top-K plan does, timed alone.
+    x = -np.random.default_rng(args.seed).random(64 * B).astype(np.float32)
+    sort_us = min(timeit.Timer(lambda: np.argsort(x, kind="stable")).repeat(repeat=args.repeats, number=args.number))
+    print(f"reference: numpy stable argsort of {64 * B} float32 = {sort_us / args.number * 1e6:.1f} us "
+          f"(scale the figures above by how much slower this is than on your machine)")
     if args.out:
         text = frame.to_csv(index=False) if args.out.endswith(".csv") else frame.to_json(orient="records", indent=1) + "\n"
         atomic_write_text(args.out, text)

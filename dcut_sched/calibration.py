@@ -109,8 +109,10 @@ class OnlineCalibrator:
             call, then fixed.
         num_bins: equal-width confidence bins on [0, 1].
         depth_bands: first draft slot (1-based) of each depth band, ascending, starting at 1; e.g.
-            ``(1, 2, 4, 8)`` = bands {1}, {2, 3}, {4..7}, {8..}. ``None`` or ``(1,)``: one map for
-            every depth.
+            ``(1, 2, 4, 8)`` = bands {1}, {2, 3}, {4..7}, {8..}. ``None`` or ``(1,)`` (default): one
+            map for every depth. Bands help when acceptance at equal confidence depends on depth
+            (synthetic test); on a recorded SmolLM2 self-speculative trace they did not
+            (docs/controller.md), hence the pooled default.
         prior_strength: pseudo-observations per bin of the identity prior (and of the pooled prior
             of each band), > 0.
         refit_every: refit after this many more observed requests (rows of ``observe``), >= 1.
@@ -125,7 +127,7 @@ class OnlineCalibrator:
         block_size: int | None = None,
         *,
         num_bins: int = 20,
-        depth_bands: Sequence[int] | None = (1, 2, 4, 8),
+        depth_bands: Sequence[int] | None = None,
         prior_strength: float = 8.0,
         refit_every: int = 256,
         resolution: int = 1024,

@@ -171,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    console = Console(stderr=False)
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 140)  # whole step-plan rows in logs and pipes
     with Progress(console=console, disable=args.quiet, transient=True) as progress:
         task = progress.add_task(f"{args.policy}: requests", total=len(prompt_ids))
         result = engine.generate(prompt_ids, record_trace=bool(args.trace),

@@ -121,7 +121,7 @@ def test_bad_parameters():
 
 
 def test_refit_every_n_observed_requests():
-    cal = OnlineCalibrator(4, refit_every=10)
+    cal = OnlineCalibrator(4, refit_every=10, depth_bands=BANDS)
     conf = np.full((4, 3), 0.5)
     for step in range(6):
         cal.observe(conf, np.zeros(4, dtype=int), np.full(4, 4))
@@ -168,9 +168,12 @@ def test_recovers_overconfident_map_and_ece_drops():
     assert cal_ece < 0.03
 
 
+BANDS = (1, 2, 4, 8)
+
+
 def test_depth_bands_help_when_truth_depends_on_depth():
     rng = np.random.default_rng(11)
-    banded = _fit(rng, depth_dependent)
+    banded = _fit(rng, depth_dependent, depth_bands=BANDS)
     pooled = _fit(np.random.default_rng(11), depth_dependent, depth_bands=None)
     conf, depth, outcome = _held_out(np.random.default_rng(12), depth_dependent)
     keep = outcome >= 0
@@ -181,7 +184,7 @@ def test_depth_bands_help_when_truth_depends_on_depth():
 
 
 def test_depth_bands_cost_little_when_truth_ignores_depth():
-    banded = _fit(np.random.default_rng(3), overconfident)
+    banded = _fit(np.random.default_rng(3), overconfident, depth_bands=BANDS)
     pooled = _fit(np.random.default_rng(3), overconfident, depth_bands=None)
     conf, depth, outcome = _held_out(np.random.default_rng(4), overconfident)
     keep = outcome >= 0
