@@ -187,7 +187,9 @@ class ScoreRanking:
         k = self.check_budget(k)
         chosen = self._order[:k] % self.batch_size
         if self._torch:
-            return torch.bincount(chosen, minlength=self.batch_size)
+            # scatter-add into zeros(bs): torch.bincount would read max() on the host (a CUDA sync)
+            counts = torch.zeros(self.batch_size, dtype=torch.int64, device=chosen.device)
+            return counts.index_add_(0, chosen, torch.ones_like(chosen))
         return np.bincount(chosen, minlength=self.batch_size).astype(np.int64)
 
 

@@ -1,0 +1,127 @@
+"""Overhead of ``RatioController.plan()`` per engine step, against the step time it plans for.
+
+For each batch size (default 4, 16, 64), B = 16, each policy (default dcut, fine, topk) and each
+input kind (numpy, CPU torch; CUDA torch when available), times ``plan(conf)`` on random DFlash-like
+confidences (Beta(4, 1), seeded) with ``timeit`` (median of ``--repeats`` runs of ``--number`` calls),
+with and without online calibration. The simulated step it is compared with is the published Qwen3-8B
+H20 verification curve of DESIGN.md §4 (D-Cut buckets at rho = 0.25/0.5/0.75/1.0, linear between
+them): ``overhead_pct = plan_us / C_verify(bs, K of the plan)``, verify time only (no draft), so the
+percentage is an upper bound. Goal (issue 6): <= 50 us at bs = 64 on numpy/CPU, < 1% of the step.
+
+    PYTHONPATH=. python analysis/bench_controller.py --out analysis/bench_controller.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import timeit
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dcut_sched import CostCurve, RatioController  # noqa: E402
+from dcut_sched.atomic import atomic_write_text  # noqa: E402
+
+B = 16
+# DESIGN.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
+H20_VERIFY_MS = {4: (8.2, 8.7, 9.7, 10.9), 16: (16.0, 22.7, 29.8, 35.8), 64: (55.2, 82.2, 107.9, 133.9)}
+
+
+def h20_curve() -> CostCurve:
+    """The published H20 buckets as a cost curve, plus the autoregressive point (num_tokens = bs)
+    taken equal to the rho = 0.25 bucket (a lower bound on no cost information), and a draft
+    row of 10% of full verification (only ``fine`` uses it)."""
+    verify, draft = [], []
+    for bs, ms in H20_VERIFY_MS.items():
+        ks = [int(np.ceil(r * bs * B)) for r in (0.25, 0.5, 0.75, 1.0)]
+        verify.append({"batch_size": bs, "num_tokens": bs, "median_ms": ms[0], "provenance": "published"})
+        for k, m in zip(ks, ms):
+            verify.append({"batch_size": bs, "num_tokens": k, "median_ms": m, "provenance": "published"})
+        draft.append({"batch_size": bs, "median_ms": 0.1 * ms[-1], "provenance": "fitted"})
+    return CostCurve(
+        hardware={"device_name": "NVIDIA H20", "backend": "analytic"},
+        model={"name": "Qwen3-8B", "config": {}},
+        block_size=B, context_len=0, verify=verify, draft=draft,
+        source="DESIGN.md §4 (D-Cut docs); draft row assumed 10% of full verification",
+    )
+
+
+def bench(curve, policy, bs, kind, calibrate, number, repeats, seed):
+    rng = np.random.default_rng(seed)
+    conf_np = rng.beta(4.0, 1.0, size=(bs, B - 1)).astype(np.float32)
+    if kind == "numpy":
+        conf = conf_np
+    else:
+        conf = torch.from_numpy(conf_np).to("cuda" if kind == "cuda" else "cpu")
+    ctrl = RatioController(curve, B, policy=policy, calibrate=calibrate)
+    plan = ctrl.plan(conf)  # warm-up: caches the policy's candidate table
+    if calibrate:  # a fitted (non-identity) map, as in steady state
+        for _ in range(8):
+            p = ctrl.plan(conf)
+            accept = np.minimum(rng.integers(0, B, size=bs), np.asarray(p.lengths.tolist()) - 1)
+            ctrl.observe(accept if kind == "numpy" else torch.as_tensor(accept, device=conf.device))
+        ctrl.calibrator.refit()
+
+    def step():
+        ctrl.plan(conf)
+        if kind == "cuda":
+            torch.cuda.synchronize()
+
+    times = timeit.Timer(step).repeat(repeat=repeats, number=number)
+    plan_us = statistics.median(times) / number * 1e6
+    step_ms = curve.verify_ms(bs, plan.num_tokens)
+    return {
+        "policy": policy, "batch_size": bs, "kind": kind, "calibrate": calibrate,
+        "plan_us": round(plan_us, 1), "num_tokens": plan.num_tokens, "verify_ms": round(step_ms, 2),
+        "overhead_pct": round(100 * plan_us / (step_ms * 1e3), 3),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch-sizes", default="4,16,64", help="comma-separated (default 4,16,64)")
+    ap.add_argument("--policies", default="dcut,fine,topk", help="comma-separated registry names")
+    ap.add_argument("--number", type=int, default=200, help="calls per timing run (default 200)")
+    ap.add_argument("--repeats", type=int, default=7, help="timing runs; the median is reported (default 7)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="write the table (.csv or .json)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    kinds = ["numpy", "torch-cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    curve = h20_curve()
+    rows = []
+    for policy in args.policies.split(","):
+        for bs in (int(b) for b in args.batch_sizes.split(",")):
+            for kind in kinds:
+                for calibrate in (False, True):
+                    rows.append(bench(curve, policy, bs, kind, calibrate, args.number, args.repeats, args.seed))
+    frame = pd.DataFrame(rows)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"RatioController.plan() overhead, B={B} (median of {args.repeats} x {args.number} calls)")
+    for col in frame.columns:
+        table.add_column(col, justify="right")
+    for row in frame.itertuples(index=False):
+        table.add_row(*[str(v) for v in row])
+    Console().print(table)
+    # Machine-load reference: the one sort every global top-K plan does, timed alone.
+    x = -np.random.default_rng(args.seed).random(64 * B).astype(np.float32)
+    sort_us = min(timeit.Timer(lambda: np.argsort(x, kind="stable")).repeat(repeat=args.repeats, number=args.number))
+    print(f"reference: numpy stable argsort of {64 * B} float32 = {sort_us / args.number * 1e6:.1f} us "
+          f"(scale the figures above by how much slower this is than on your machine)")
+    if args.out:
+        text = frame.to_csv(index=False) if args.out.endswith(".csv") else frame.to_json(orient="records", indent=1) + "\n"
+        atomic_write_text(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

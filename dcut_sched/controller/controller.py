@@ -1,0 +1,339 @@
+"""The online ratio controller: one verification plan per engine step, over the policy registry.
+
+>>> from dcut_sched import RatioController, CostCurve
+>>> ctrl = RatioController(curve, block_size=16, policy="fine")      # doctest: +SKIP
+>>> plan = ctrl.plan(conf)          # conf: [bs, B-1] torch tensor (CPU or CUDA)  # doctest: +SKIP
+>>> plan.lengths, plan.num_tokens, plan.ratio, plan.draft_next, plan.cu_num_draft_tokens  # doctest: +SKIP
+>>> ctrl.observe(accept_len)        # [bs]: drafts accepted this step            # doctest: +SKIP
+
+What it adds to a :class:`~dcut_sched.policies.Policy` (which it calls, never re-implements):
+
+- **Sanitising on the device.** A request whose confidence row holds NaN, +-inf or a value outside
+  [0, 1] never makes ``plan`` raise: its row is replaced by zeros on the device (its drafts score 0,
+  so every score-driven policy ranks them last and verifies only its anchor unless the budget
+  exceeds the batch's positive-score slots; fixed-length policies such as ``full``/``uniform`` keep
+  their lengths, which is harmless because greedy verification is lossless). The number of such rows
+  is accumulated on the device and read only when :attr:`RatioController.metrics` is read. The
+  policy is then called with ``validate=False``.
+- **Calibration** (``calibrate=True``): the confidences go through an
+  :class:`~dcut_sched.calibration.OnlineCalibrator` before the policy scores them, and
+  :meth:`RatioController.observe` feeds it the step's outcomes.
+- **Layouts** for the verification forward and a ragged rejection sampler
+  (:mod:`dcut_sched.controller.layouts`), and the graph cell to replay when a
+  :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank` is attached.
+
+Host syncs: the policy's own (at most one per step: the budget decision); sanitising, calibration
+and layouts add none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import policies as _policies
+from ..calibration import OnlineCalibrator
+from ..cost_curve import CostCurve
+from ..policies import VerifyPlan
+from ..scores import Array
+from .layouts import SlotLayout, slot_layout
+
+__all__ = ["ControllerPlan", "RatioController"]
+
+
+@dataclass(frozen=True)
+class ControllerPlan:
+    """One step's verification plan with the layouts engines use.
+
+    Attributes:
+        lengths: ``[bs]`` int64 slots verified per request (on the confidences' device), in [1, B].
+        num_tokens: ``K = sum(lengths)``, host int.
+        block_size: B.
+        expected_tokens: expected tokens this step produces (sum of the verified slot scores,
+            DESIGN.md §1; with ``calibrate=True`` the scores of calibrated confidences).
+        draft_next: whether the next step should run the draft model.
+        drafted: whether this step had a draft.
+        slot_mask: ``[bs, B]`` bool, ``slot_mask[i, k] = k < lengths[i]``.
+        gather_indices: ``[K]`` int64 flat request-major indices ``i * B + k`` of the kept slots.
+        num_draft_tokens: ``[bs]`` int32, ``lengths - 1``.
+        cu_num_draft_tokens: ``[bs]`` int32, inclusive cumulative sum of ``num_draft_tokens``.
+        graph_cell: ``(batch_size, num_tokens)`` of the captured cell to replay (the token count
+            padded up to the nearest captured one); ``(bs, K)`` without a graph bank.
+        policy_plan: the policy's own :class:`~dcut_sched.policies.VerifyPlan`.
+    """
+
+    lengths: Array
+    num_tokens: int
+    block_size: int
+    expected_tokens: float
+    draft_next: bool
+    drafted: bool
+    slot_mask: Array
+    gather_indices: Array
+    num_draft_tokens: Array
+    cu_num_draft_tokens: Array
+    graph_cell: tuple[int, int]
+    policy_plan: VerifyPlan = field(repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def ratio(self) -> float:
+        """Verification ratio rho = num_tokens / (bs * B)."""
+        return self.num_tokens / (self.batch_size * self.block_size)
+
+
+def _to_torch(plan: ControllerPlan) -> ControllerPlan:
+    """The same plan with its numpy arrays wrapped as CPU tensors (shared memory, no copy)."""
+    vp = plan.policy_plan
+    lengths = torch.from_numpy(np.ascontiguousarray(plan.lengths))
+    return replace(
+        plan,
+        lengths=lengths,
+        slot_mask=torch.from_numpy(plan.slot_mask),
+        gather_indices=torch.from_numpy(plan.gather_indices),
+        num_draft_tokens=torch.from_numpy(plan.num_draft_tokens),
+        cu_num_draft_tokens=torch.from_numpy(plan.cu_num_draft_tokens),
+        policy_plan=replace(vp, lengths=lengths),
+    )
+
+
+class RatioController:
+    """Chooses each step's verification through a registered policy (module docstring).
+
+    Args:
+        cost: the cost curve (required by ``dcut``/``fine``; may be ``None`` for policies that do
+            not need one). Must have been measured for ``block_size``.
+        block_size: B, slots per request (confidences are ``[bs, B-1]``).
+        policy: a registered policy name (``dcut_sched.policies.names()``).
+        calibrate: learn a confidence-to-acceptance map online and score calibrated confidences.
+        graph_bank: a :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank`; plans then carry
+            the cell to replay, and ``fine`` (unless given ``allowed_num_tokens``) only considers
+            the bank's captured token counts.
+        calibrator: a ready :class:`~dcut_sched.calibration.OnlineCalibrator` (implies
+            ``calibrate=True``); default: a fresh one for ``block_size``.
+        **policy_params: passed to ``dcut_sched.policies.get(policy, ...)``.
+
+    Raises:
+        KeyError: unknown policy name.
+        CostCurveError: the curve was measured for another block size.
+        ValueError: the policy needs a cost curve and none was given; bad policy parameters.
+    """
+
+    def __init__(
+        self,
+        cost: CostCurve | None,
+        block_size: int,
+        policy: str = "fine",
+        calibrate: bool = False,
+        graph_bank: Any = None,
+        calibrator: OnlineCalibrator | None = None,
+        **policy_params: Any,
+    ):
+        self.block_size = int(block_size)
+        if self.block_size < 1:
+            raise ValueError(f"RatioController: block_size={block_size} must be >= 1")
+        if cost is not None:
+            cost.require_block_size(self.block_size)
+        self.graph_bank = graph_bank
+        if graph_bank is not None and policy == "fine" and "allowed_num_tokens" not in policy_params:
+            policy_params["allowed_num_tokens"] = graph_bank.token_counts()
+        self.policy = _policies.get(policy, **policy_params)
+        if self.policy.needs_cost and cost is None:
+            raise ValueError(
+                f"RatioController: policy {policy!r} needs a cost curve (CostCurve.load(...)); got cost=None"
+            )
+        self.cost = cost
+        self.calibrate = bool(calibrate or calibrator is not None)
+        self.calibrator = calibrator if calibrator is not None else (
+            OnlineCalibrator(self.block_size) if self.calibrate else None
+        )
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Start a new run: the policy's running state and the metrics (not the calibration)."""
+        self.policy.reset()
+        self._last: tuple[Array, Array] | None = None
+        # Counters that may live on the device (a torch scalar per device, or a host int): summed
+        # lazily, so counting costs no host sync.
+        self._device_counters: dict[str, dict[Any, Any]] = {"bad_conf_requests": {}, "accepted_drafts": {}}
+        self._steps = self._drafted_steps = 0
+        self._num_tokens = 0
+        self._expected = 0.0
+        self._observed_steps = 0
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Counters since :meth:`reset` (reading them syncs device counters once).
+
+        Keys: ``steps``, ``drafted_steps``, ``plain_steps``, ``num_tokens`` (slots verified),
+        ``expected_tokens`` (sum of plan expectations), ``bad_conf_requests`` (request-steps whose
+        confidences held NaN/inf/out-of-range values and were zeroed), ``observed_steps``,
+        ``accepted_drafts`` (sum of observed accepted drafts).
+        """
+        bad = self._read_counter("bad_conf_requests")
+        accepted = self._read_counter("accepted_drafts")
+        return {
+            "steps": self._steps,
+            "drafted_steps": self._drafted_steps,
+            "plain_steps": self._steps - self._drafted_steps,
+            "num_tokens": self._num_tokens,
+            "expected_tokens": self._expected,
+            "bad_conf_requests": bad,
+            "observed_steps": self._observed_steps,
+            "accepted_drafts": accepted,
+        }
+
+    def _count(self, name: str, value: Any) -> None:
+        per_device = self._device_counters[name]
+        key = value.device if isinstance(value, torch.Tensor) else "host"
+        held = per_device.get(key)
+        per_device[key] = value if held is None else held + value
+
+    def _read_counter(self, name: str) -> int:
+        return sum(int(v) for v in self._device_counters[name].values())
+
+    # ------------------------------------------------------------------ planning
+    def _sanitize(self, conf: Array) -> Array:
+        if isinstance(conf, torch.Tensor):
+            if not conf.is_floating_point():
+                conf = conf.to(torch.float32)
+            ok = (conf == conf.clamp(0.0, 1.0)).all(dim=1)  # False on NaN, +-inf and out of range
+            self._count("bad_conf_requests", (~ok).sum())
+            return conf.where(ok[:, None], 0.0)
+        conf = np.asarray(conf)
+        if conf.dtype.kind != "f":
+            conf = conf.astype(np.float32)
+        # Fast path: NaN makes min/max NaN and every comparison with NaN is False.
+        if conf.min() >= 0 and conf.max() <= 1:
+            return conf
+        with np.errstate(invalid="ignore"):
+            ok = ((conf >= 0) & (conf <= 1)).all(axis=1)
+        self._count("bad_conf_requests", int((~ok).sum()))
+        return np.where(ok[:, None], conf, conf.dtype.type(0))
+
+    def _check_shape(self, conf: Array) -> None:
+        shape = tuple(conf.shape)
+        if len(shape) != 2 or shape[0] < 1 or shape[1] != self.block_size - 1:
+            raise ValueError(
+                f"RatioController: conf must have shape [batch_size >= 1, {self.block_size - 1}] "
+                f"(block size {self.block_size}); got {shape}"
+            )
+
+    def _finish(self, vp: VerifyPlan) -> ControllerPlan:
+        bs = vp.batch_size
+        layout: SlotLayout = slot_layout(vp.lengths, self.block_size, vp.num_tokens)
+        cell = (bs, vp.num_tokens) if self.graph_bank is None else self.graph_bank.cell_for(bs, vp.num_tokens)
+        self._steps += 1
+        self._drafted_steps += int(vp.drafted)
+        self._num_tokens += vp.num_tokens
+        self._expected += vp.expected_tokens
+        return ControllerPlan(
+            lengths=vp.lengths,
+            num_tokens=vp.num_tokens,
+            block_size=self.block_size,
+            expected_tokens=vp.expected_tokens,
+            draft_next=vp.draft_next,
+            drafted=vp.drafted,
+            slot_mask=layout.slot_mask,
+            gather_indices=layout.gather_indices,
+            num_draft_tokens=layout.num_draft_tokens,
+            cu_num_draft_tokens=layout.cu_num_draft_tokens,
+            graph_cell=cell,
+            policy_plan=vp,
+        )
+
+    def plan(self, conf: Array, *, accept_len: Array | None = None) -> ControllerPlan:
+        """Plan one drafted step.
+
+        Args:
+            conf: ``[bs, B-1]`` draft confidences (torch tensor on any device, or numpy array).
+                Rows with NaN/inf/out-of-range values are zeroed (module docstring), never raised on.
+            accept_len: ``[bs]`` true accepted drafts, only for the ``oracle`` policy.
+
+        Returns:
+            The :class:`ControllerPlan` (tensors on ``conf``'s device).
+
+        Raises:
+            ValueError: ``conf`` of the wrong shape (not ``[bs, B-1]``).
+            CostCurveRangeError: the batch size is outside the cost curve.
+        """
+        self._check_shape(conf)
+        if isinstance(conf, torch.Tensor) and conf.device.type == "cpu":
+            # CPU tensors share memory with numpy arrays: plan on the numpy views (the same policy
+            # code, numpy kind; about 10x fewer microseconds than many tiny torch CPU ops) and hand
+            # back tensors that share the results' memory.
+            arr = conf.detach()
+            if arr.dtype not in (torch.float32, torch.float64):
+                arr = arr.to(torch.float32)
+            if accept_len is not None and isinstance(accept_len, torch.Tensor):
+                accept_len = accept_len.cpu().numpy()
+            return _to_torch(self._plan(arr.numpy(), accept_len))
+        return self._plan(conf, accept_len)
+
+    def _plan(self, conf: Array, accept_len: Array | None) -> ControllerPlan:
+        conf = self._sanitize(conf)
+        scored = self.calibrator.transform(conf) if self.calibrate else conf
+        vp = self.policy.plan(scored, self.cost, accept_len=accept_len, validate=False)
+        self._last = (conf, vp.lengths)
+        return self._finish(vp)
+
+    def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
+        """Plan a step that ran no draft (every request verifies its anchor): plain decoding.
+
+        Args:
+            batch_size: requests in the step.
+            device: put the layouts on this torch device; ``None`` gives numpy arrays.
+        """
+        vp = self.policy.plan_without_draft(int(batch_size), self.block_size, self.cost)
+        if device is not None:
+            vp = VerifyPlan(
+                torch.as_tensor(vp.lengths, device=device), vp.num_tokens, vp.block_size,
+                vp.expected_tokens, vp.draft_next, vp.drafted,
+            )
+        self._last = None
+        return self._finish(vp)
+
+    def observe(self, accept_len: Array) -> None:
+        """Feed back the outcome of the last planned step.
+
+        Args:
+            accept_len: ``[bs]`` ints, drafts accepted per request this step (clipped to the plan's
+                ``lengths - 1``), same kind/device as the confidences given to :meth:`plan`.
+
+        After a plan without draft nothing is learnt (there were no drafts). Raises ``ValueError``
+        on a shape that does not match the last plan.
+        """
+        self._observed_steps += 1
+        if self._last is None:
+            return
+        conf, lengths = self._last
+        if tuple(accept_len.shape) != (int(lengths.shape[0]),):
+            raise ValueError(
+                f"RatioController.observe: accept_len must have shape [{int(lengths.shape[0])}] (the last "
+                f"plan's batch size); got {tuple(accept_len.shape)}"
+            )
+        if isinstance(lengths, torch.Tensor):
+            accept = torch.as_tensor(accept_len, device=lengths.device).to(torch.int64)
+            num_accepted = torch.minimum(accept, lengths - 1)
+        else:
+            if isinstance(accept_len, torch.Tensor):
+                accept_len = accept_len.cpu().numpy()
+            accept = np.asarray(accept_len, dtype=np.int64)
+            num_accepted = np.minimum(accept, lengths - 1)
+        self._count("accepted_drafts", num_accepted.sum())
+        if self.calibrate:
+            self.calibrator.observe(conf, num_accepted, lengths)
+        self._last = None
+
+    def __repr__(self) -> str:
+        return (
+            f"RatioController(policy={self.policy!r}, block_size={self.block_size}, calibrate={self.calibrate}, "
+            f"graph_bank={self.graph_bank!r})"
+        )

@@ -1,0 +1,193 @@
+"""A bank of CUDA graphs of the verification forward, one per (batch size, token count) cell.
+
+D-Cut replays one pre-captured CUDA graph per verification ratio; here a cell is any
+``(batch_size, num_tokens)`` the cost curve measured, so every budget the controller can choose has
+a graph. The bank:
+
+- captures one ``torch.cuda.CUDAGraph`` per cell, largest first, all in one shared memory pool
+  (``torch.cuda.graph_pool_handle()``): the largest cell's allocations are reused by the smaller
+  ones, as vLLM and SGLang do for their decode graphs;
+- keeps static input buffers per cell, shaped by ``make_inputs(batch_size, num_tokens)``;
+- on a call, pads the request up to the nearest captured cell (smallest captured batch size >= the
+  request's, then the smallest captured token count >= its), copies each input into the leading
+  corner of its static buffer (the rest filled with that input's pad value), replays, and returns
+  the cell's static outputs;
+- without CUDA, or with ``enabled=False``, runs ``fn`` eagerly on the same padded buffers: the same
+  interface and the same values, so engines and tests need no second code path.
+
+Outputs are the cell's static buffers (in both modes): valid until the next call of the bank.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+__all__ = ["VerifyGraphBank", "cells_from_curve"]
+
+Cell = tuple[int, int]
+
+
+def cells_from_curve(curve: Any, batch_sizes: Iterable[int] | None = None) -> list[Cell]:
+    """The measured ``(batch_size, num_tokens)`` cells of a :class:`~dcut_sched.CostCurve`
+    (optionally only those at ``batch_sizes``), ascending."""
+    wanted = None if batch_sizes is None else {int(b) for b in batch_sizes}
+    cells = [(int(r.batch_size), int(r.num_tokens)) for r in curve.verify]
+    return sorted(c for c in cells if wanted is None or c[0] in wanted)
+
+
+class VerifyGraphBank:
+    """One CUDA graph (or eager call) per verification cell (module docstring).
+
+    Args:
+        fn: the verification callable, ``fn(*inputs) -> Tensor | tuple[Tensor, ...]``; inputs and
+            outputs are tensors whose shapes depend only on the cell. It must be capturable (no host
+            syncs, no data-dependent shapes) for the CUDA path.
+        cells: ``(batch_size, num_tokens)`` pairs to capture (duplicates ignored), e.g.
+            :func:`cells_from_curve`.
+        make_inputs: ``make_inputs(batch_size, num_tokens) -> tuple of tensors``: the static input
+            buffers of a cell (their device decides where ``fn`` runs; their contents are used for
+            the warm-up and capture, so make them valid inputs).
+        enabled: capture CUDA graphs; ``None`` = when CUDA is available and the buffers of the
+            largest cell are on a CUDA device.
+        pad_values: the value that fills the padded part of each input: one scalar for all, or one
+            per input (``None`` for an input = leave whatever the buffer held).
+        warmup_iters: eager calls on a side stream before each capture (lazy initialisation, cuBLAS
+            workspaces).
+
+    Raises:
+        ValueError: no cells, a cell with num_tokens < batch_size, ``enabled=True`` without CUDA.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        cells: Iterable[Sequence[int]],
+        *,
+        make_inputs: Callable[[int, int], Sequence[torch.Tensor]],
+        enabled: bool | None = None,
+        pad_values: Any = 0,
+        warmup_iters: int = 2,
+    ):
+        cell_set = sorted({(int(c[0]), int(c[1])) for c in cells})
+        if not cell_set:
+            raise ValueError("VerifyGraphBank: no cells to capture")
+        for bs, k in cell_set:
+            if bs < 1 or k < bs:
+                raise ValueError(f"VerifyGraphBank: cell (batch_size={bs}, num_tokens={k}) needs 1 <= batch_size <= num_tokens")
+        self.fn = fn
+        self.make_inputs = make_inputs
+        self.cells: list[Cell] = cell_set
+        self.pad_values = pad_values
+        self.warmup_iters = int(warmup_iters)
+        self._tokens_by_bs: dict[int, list[int]] = {}
+        for bs, k in cell_set:
+            self._tokens_by_bs.setdefault(bs, []).append(k)
+        self._batch_sizes = sorted(self._tokens_by_bs)
+        self._inputs: dict[Cell, tuple[torch.Tensor, ...]] = {}
+        self._outputs: dict[Cell, Any] = {}
+        self._graphs: dict[Cell, Any] = {}
+        self.pool = None
+        largest = cell_set[-1]
+        if enabled is None or enabled:
+            self._inputs[largest] = tuple(make_inputs(*largest))
+        on_cuda = bool(self._inputs) and all(t.is_cuda for t in self._inputs[largest])
+        if enabled is None:
+            enabled = torch.cuda.is_available() and on_cuda
+        elif enabled and not (torch.cuda.is_available() and on_cuda):
+            raise ValueError(
+                "VerifyGraphBank: enabled=True needs CUDA and make_inputs returning CUDA tensors; "
+                "use enabled=False (eager) on CPU"
+            )
+        self.enabled = bool(enabled)
+        if self.enabled:
+            self._capture_all()
+
+    # ------------------------------------------------------------------ cells
+    def token_counts(self, batch_size: int | None = None) -> list[int]:
+        """Captured token counts (ascending) at ``batch_size``, or of every cell when ``None``."""
+        if batch_size is None:
+            return sorted({k for _, k in self.cells})
+        return list(self._tokens_by_bs.get(int(batch_size), []))
+
+    def cell_for(self, batch_size: int, num_tokens: int) -> Cell:
+        """The captured cell a request of ``(batch_size, num_tokens)`` replays: the smallest captured
+        batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``.
+
+        Raises:
+            ValueError: no captured cell is that large (names the largest ones).
+        """
+        j = bisect.bisect_left(self._batch_sizes, int(batch_size))
+        for bs in self._batch_sizes[j:]:
+            tokens = self._tokens_by_bs[bs]
+            t = bisect.bisect_left(tokens, int(num_tokens))
+            if t < len(tokens):
+                return bs, tokens[t]
+        raise ValueError(
+            f"VerifyGraphBank: no captured cell holds batch_size={batch_size}, num_tokens={num_tokens}; "
+            f"largest cells: {self.cells[-3:]} (capture larger cells or lower the budget)"
+        )
+
+    # ------------------------------------------------------------------ capture
+    def _capture_all(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+        for cell in reversed(self.cells):  # largest first: the pool grows once
+            inputs = self._inputs.get(cell)
+            if inputs is None:
+                inputs = self._inputs[cell] = tuple(self.make_inputs(*cell))
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(self.warmup_iters):
+                    self.fn(*inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.fn(*inputs)
+            self._graphs[cell] = graph
+            self._outputs[cell] = out
+        torch.cuda.synchronize()
+
+    # ------------------------------------------------------------------ calls
+    def _pad_value(self, n: int) -> Any:
+        if isinstance(self.pad_values, (list, tuple)):
+            return self.pad_values[n]
+        return self.pad_values
+
+    def _load(self, cell: Cell, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        static = self._inputs.get(cell)
+        if static is None:
+            static = self._inputs[cell] = tuple(self.make_inputs(*cell))
+        if len(inputs) != len(static):
+            raise ValueError(f"VerifyGraphBank: got {len(inputs)} inputs, the cell's buffers take {len(static)}")
+        for n, (buf, x) in enumerate(zip(static, inputs)):
+            if x.dim() != buf.dim() or any(a > b for a, b in zip(x.shape, buf.shape)):
+                raise ValueError(
+                    f"VerifyGraphBank: input {n} of shape {tuple(x.shape)} does not fit the static buffer "
+                    f"{tuple(buf.shape)} of cell {cell}"
+                )
+            if tuple(x.shape) != tuple(buf.shape):
+                pad = self._pad_value(n)
+                if pad is not None:
+                    buf.fill_(pad)
+            buf[tuple(slice(0, s) for s in x.shape)].copy_(x)
+        return static
+
+    def __call__(self, batch_size: int, num_tokens: int, *inputs: torch.Tensor) -> Any:
+        """Run the verification for ``(batch_size, num_tokens)`` on ``inputs``.
+
+        Each input may be smaller than the cell's buffer along any dimension (it is padded).
+        Returns the outputs of ``fn`` at the padded cell (static buffers; valid until the next call).
+        """
+        cell = self.cell_for(batch_size, num_tokens)
+        static = self._load(cell, inputs)
+        if self.enabled:
+            self._graphs[cell].replay()
+            return self._outputs[cell]
+        return self.fn(*static)
+
+    def __repr__(self) -> str:
+        mode = "cuda-graph" if self.enabled else "eager"
+        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self._batch_sizes})"

@@ -1,0 +1,61 @@
+"""The cost curve the engine uses when the user passes none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cost_curve import CostCurve
+
+__all__ = ["DEFAULT_PROFILE_TEMPLATE", "builtin_cpu_curve", "default_cost_curve"]
+
+#: Recorded CPU profile of the engine's own forward, relative to the repository root.
+DEFAULT_PROFILE_TEMPLATE = "profiler/profiles/cpu-smollm2-135m-b{block_size}.json"
+
+# Linear fit of eager fp32 SmolLM2-135M forwards ([8, T] tokens, T = 1, 4, 8, 16; kv_len 64) on the
+# project's 2-core development machine, one torch thread, while other jobs ran: 196, 354, 543,
+# 967 ms for 8, 32, 64, 128 tokens  ->  about 130 ms + 6.4 ms per token.
+_BASE_MS = 130.0
+_PER_TOKEN_MS = 6.4
+_DRAFTER_LAYER_FRACTION = 28 / 30  # self-speculative drafter: 28 of the 30 layers
+
+
+def builtin_cpu_curve(block_size: int, max_batch_size: int) -> CostCurve:
+    """An analytic linear CPU curve for SmolLM2-135M: ``C_verify = 130 + 6.4 * num_tokens`` ms,
+    ``C_draft(bs) = (B-1) * 28/30 * (130 + 6.4 * bs)`` ms (B-1 sequential one-token forwards of the
+    28-layer drafter), on every token count of batch sizes ``1..max_batch_size``.
+
+    A rough stand-in (source: the comment above) until a measured profile exists; pass a measured
+    curve with ``--cost`` for meaningful policy decisions.
+    """
+    verify, draft = [], []
+    for bs in range(1, max_batch_size + 1):
+        for k in range(bs, bs * block_size + 1):
+            verify.append({"batch_size": bs, "num_tokens": k, "median_ms": _BASE_MS + _PER_TOKEN_MS * k,
+                           "provenance": "analytic"})
+        draft_ms = (block_size - 1) * _DRAFTER_LAYER_FRACTION * (_BASE_MS + _PER_TOKEN_MS * bs)
+        draft.append({"batch_size": bs, "median_ms": draft_ms, "provenance": "analytic"})
+    return CostCurve(
+        hardware={"device_name": "cpu (2 cores, development machine)", "backend": "analytic"},
+        model={"name": "SmolLM2-135M-Instruct", "config": {"preset": "smollm2-135m"}},
+        block_size=int(block_size),
+        context_len=64,
+        verify=verify,
+        draft=draft,
+        source=(
+            f"dcut_sched.engine.default_cost.builtin_cpu_curve: linear fit {_BASE_MS} ms + {_PER_TOKEN_MS} "
+            f"ms/token of eager fp32 CPU forwards; draft = (B-1) x 28/30 of a one-token-per-request forward"
+        ),
+    )
+
+
+def default_cost_curve(block_size: int, max_batch_size: int) -> tuple[CostCurve, str]:
+    """``(curve, description)``: the recorded CPU profile
+    ``profiler/profiles/cpu-smollm2-135m-b{B}.json`` of this repository when it exists and covers
+    ``max_batch_size``, else :func:`builtin_cpu_curve`."""
+    root = Path(__file__).resolve().parents[2]
+    path = root / DEFAULT_PROFILE_TEMPLATE.format(block_size=block_size)
+    if path.is_file():
+        curve = CostCurve.load(path, check_hardware=False)
+        if curve.block_size == block_size and curve.batch_sizes[0] <= 1 and curve.batch_sizes[-1] >= max_batch_size:
+            return curve, f"recorded CPU profile {path.relative_to(root)}"
+    return builtin_cpu_curve(block_size, max_batch_size), "built-in linear CPU estimate (130 ms + 6.4 ms/token)"
