@@ -24,6 +24,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    # mkstemp creates the file 0600; give the result the permissions a plain open() would.
+    os.chmod(tmp_path, 0o666 & ~_umask())
     try:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
@@ -32,6 +34,12 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -139,3 +139,14 @@ def test_linear_fixture_values(curve4):
     assert curve.verify_ms(4, 10) == pytest.approx(15.0)
     assert curve.ar_ms(8) == pytest.approx(14.0)
     assert curve.draft_ms(4) == pytest.approx(3.0)
+
+
+def test_saved_file_has_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    path = tmp_path / "c.json"
+    CostCurve.from_dict(_doc()).save(path)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
