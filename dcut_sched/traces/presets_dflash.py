@@ -1,0 +1,1 @@
+DFLASH_FITS = {}
