@@ -31,6 +31,7 @@ Recording is resumable: after each finished request the trace so far is written 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -340,6 +341,21 @@ class HFBackend:
         self.device = torch.device(device)
         self.eos_id = getattr(self.tokenizer, "eos_token_id", None)
         self._cache_cls = transformers.DynamicCache
+        # transformers renamed ``past_key_values`` to ``cache`` and made ``crop`` take a (negative)
+        # number of tokens to remove; support both generations of the API.
+        forward_params = inspect.signature(type(self.target).forward).parameters
+        self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        crop_params = list(inspect.signature(self._cache_cls.crop).parameters)
+        self._crop_removes = len(crop_params) > 1 and crop_params[1] == "tokens_to_remove"
+
+    def _crop(self, cache: Any, keep: int) -> None:
+        """Keep the first ``keep`` cached tokens."""
+        if self._crop_removes:
+            drop = cache.get_seq_length() - keep
+            if drop > 0:
+                cache.crop(-drop)
+        else:
+            cache.crop(keep)
 
     def encode_prompt(self, text: str) -> list[int]:
         tok = self.tokenizer
@@ -353,7 +369,7 @@ class HFBackend:
     def _step(self, model: Any, ids: list[int], start: int, cache: Any) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos = torch.arange(start, start + len(ids), device=self.device)[None]
-        out = model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True)
+        out = model(input_ids=x, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
         return out.logits[0, -1].float()
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -387,7 +403,7 @@ class HFBackend:
                 confs[p, j] = float(_confidence(logits))
                 if j + 1 < num_draft:
                     logits = self._step(self.draft, [int(toks[p, j])], anchor + 1 + j, cache)
-            cache.crop(anchor + 1)
+            self._crop(cache, anchor + 1)
         return toks, confs
 
     def describe(self) -> dict[str, Any]:

@@ -13,8 +13,8 @@ Definitions (DESIGN.md §1, §3):
   ``accept_len >= t-1``) at every position, its confidence against whether it was accepted
   (``accept_len >= t``). Reliability table on equal-width confidence bins; ECE = sum over bins of
   ``count/total * |accept_rate - mean_conf|`` (Guo et al. 2017).
-- **Selection curve**: mean tokens produced by a batch of ``bs`` requests (each at one of its
-  replay steps) when a policy verifies K slots, computed with the project's policies
+- **Selection curve**: mean tokens produced by a batch of ``bs`` replay steps (drawn uniformly
+  from all steps, so step-weighted like a running batch) when a policy verifies K slots, computed with the project's policies
   (``dcut_sched.policies``), so it is the simulator's own selection.
 """
 
@@ -161,9 +161,11 @@ def selection_curve(trace: Trace, batch_size: int = 32, ratios: Sequence[float] 
                     steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Mean tokens a batch produces when each policy verifies at each ratio.
 
-    Each batch takes ``batch_size`` distinct requests (with replacement only if the trace has fewer)
-    and one random replay step of each; each policy ``policies.get(name, rho=ratio)`` plans it and
-    the batch produces ``sum(1 + min(accept_len, L - 1))`` tokens.
+    Each batch takes ``batch_size`` distinct replay steps drawn uniformly from all requests' steps
+    (with replacement only if the trace has fewer): in a running batch a request that accepts little
+    stays for more steps, so batches are step-weighted, and at rho = 1 the mean tokens per request
+    is the trace's tau. Each policy ``policies.get(name, rho=ratio)`` plans the batch and it
+    produces ``sum(1 + min(accept_len, L - 1))`` tokens.
 
     Returns:
         ``{policy name: [len(ratios)] float64 mean tokens per batch}`` plus ``"num_tokens"``: the
@@ -171,18 +173,11 @@ def selection_curve(trace: Trace, batch_size: int = 32, ratios: Sequence[float] 
     """
     rng = np.random.default_rng(seed)
     steps = replay_rows(trace) if steps is None else steps
-    req_of_step = np.searchsorted(trace.starts, steps, side="right") - 1
-    order = np.argsort(req_of_step, kind="stable")
-    steps, req_of_step = steps[order], req_of_step[order]
-    first = np.searchsorted(req_of_step, np.arange(trace.num_requests))
-    count = np.diff(np.concatenate([first, [len(steps)]]))
-    live = np.flatnonzero(count > 0)
     plans = {name: [policies.get(name, rho=r) for r in ratios] for name in policy_names}
     totals = {name: np.zeros(len(ratios)) for name in policy_names}
     conf_all, acc_all = trace.conf, trace.accept_len.astype(np.int64)
     for _ in range(num_batches):
-        reqs = rng.choice(live, size=batch_size, replace=len(live) < batch_size)
-        rows = steps[first[reqs] + (rng.random(batch_size) * count[reqs]).astype(np.int64)]
+        rows = rng.choice(steps, size=batch_size, replace=len(steps) < batch_size)
         conf, acc = conf_all[rows], acc_all[rows]
         for name in policy_names:
             for j, pol in enumerate(plans[name]):

@@ -3,7 +3,8 @@
 Generative model (one trace = R requests; request i has n_i output positions):
 
 - Output length: ``n_i = clip(round(exp(N(log length_median, length_sd))), min_length, max_length)``.
-- Difficulty: request shift ``z_i ~ N(0, request_sd)``, position shift ``e_{i,p} ~ N(0, position_sd)``.
+- Difficulty: request shift ``z_i ~ N(0, request_sd)`` (stratified over the R requests: one draw per
+  1/R quantile slice), position shift ``e_{i,p} ~ N(0, position_sd)``.
 - Acceptance: draft t (t = 1..B-1) at position p is right, given drafts 1..t-1 were, with probability
   ``q = sigmoid(accept_logit - depth_decay * (t - 1) + z_i + e_{i,p})``; ``X ~ Bernoulli(q)``.
   ``accept_len[p]`` = number of leading right drafts, capped at ``n_i - p - 1`` (DESIGN.md §3).
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.special import expit, logit
+from scipy.special import expit, ndtri
 
 from ..atomic import atomic_write_text
 from .format import Trace
@@ -209,7 +210,10 @@ def generate(params: SynthParams, num_requests: int = 32, seed: int = 0, dataset
         raise SynthParamsError(f"num_requests={num_requests} must be >= 1")
     rng = np.random.default_rng(seed)
     lengths = _sample_lengths(params, rng, num_requests)
-    z = rng.normal(0.0, 1.0, size=num_requests) * params.request_sd
+    # Stratified: one draw from each 1/R quantile slice of N(0, 1), in random order, so that even a
+    # small trace spans the difficulty distribution instead of a lucky or unlucky handful of draws.
+    strata = (rng.permutation(num_requests) + rng.random(num_requests)) / num_requests
+    z = ndtri(strata) * params.request_sd
     req = np.repeat(np.arange(num_requests, dtype=np.int32), lengths)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     pos = (np.arange(len(req)) - np.repeat(starts, lengths)).astype(np.int32)
