@@ -13,7 +13,7 @@ def test_fit_recovers_acceptance_and_separation():
     target = moments(generate(truth, num_requests=64, seed=11), num_batches=60, seed=11)
     start = truth.replace(accept_logit=0.0, separation=0.2)
     res = fit_moments({k: target[k] for k in ("hist", "conf", "topk", "uniform")}, start,
-                      ["accept_logit", "separation"], num_requests=64, num_batches=60, seed=5, max_evals=60)
+                      ["accept_logit", "separation"], num_requests=64, num_batches=60, seed=5, max_evals=150)
     assert res.params.accept_logit == pytest.approx(1.5, abs=0.3)
     assert res.params.separation == pytest.approx(1.5, abs=0.4)
     assert abs(res.rel_errors["tau"][0]) < 0.05
