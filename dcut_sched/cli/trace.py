@@ -1,0 +1,280 @@
+"""``dcut-trace``: record, synthesise, validate, summarise and fit acceptance traces.
+
+Subcommands (``dcut-trace SUBCOMMAND --help`` for each):
+
+- ``record``   run a real target/draft pair greedily and write a position-indexed trace
+- ``synth``    generate a synthetic trace from a preset or fitted parameters
+- ``validate`` check trace files; one line per fault, exit 2 if any file is bad
+- ``stats``    tau, per-depth acceptance, acceptance-length histogram, calibration (table or --json)
+- ``fit``      fit the synthetic generator's parameters to a trace (scipy.optimize)
+
+Exit codes: 0 success, 2 bad input (one clear line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["build_parser", "main"]
+
+
+class CliError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace("-", ",").split(",") if x.strip()) if text else ()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer indices") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dcut-trace",
+        description="Acceptance traces for block speculative decoding: record from a real model pair, "
+                    "synthesise, validate, summarise and fit (format: shared/DESIGN.md §3).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+
+    # ---------------------------------------------------------------- record
+    rec = sub.add_parser("record", help="record a position-indexed trace from a real target/draft pair",
+                         description="Greedy-decode every prompt with the target, then record the draft's B-1 "
+                                     "proposals and confidences from every output position and how many match. "
+                                     "Resumable: finished requests are kept in OUT's .partial.parquet.")
+    rec.add_argument("--prompts", default="traces/prompts.jsonl", help="prompt file (JSON lines: id, category, prompt)")
+    rec.add_argument("--out", required=True, help="output trace (.parquet)")
+    rec.add_argument("--backend", choices=("native", "hf"), default="native",
+                     help="native: SmolLM2-135M-Instruct + self-speculative drafter (default); "
+                          "hf: a local Hugging Face checkpoint pair (--target, --draft)")
+    rec.add_argument("--block-size", type=int, default=16, help="B: draft slots per block incl. anchor (default 16)")
+    rec.add_argument("--max-new-tokens", type=int, default=256, help="longest target output per prompt (default 256)")
+    rec.add_argument("--skip-layers", type=_ints, default=(14, 15),
+                     help="native: decoder layers the self-speculative drafter skips, e.g. 14,15 (default)")
+    rec.add_argument("--target", help="hf: local checkpoint directory of the target model")
+    rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model")
+    rec.add_argument("--dtype", default="float32", help="hf: torch dtype (float32, bfloat16, float16)")
+    rec.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
+    rec.add_argument("--threads", type=int, help="torch CPU threads (use 1 on a busy shared machine)")
+    rec.add_argument("--limit", type=int, help="use only the first N prompts")
+    rec.add_argument("--max-positions", type=int, help="stop after the request that reaches this many positions")
+    rec.add_argument("--generate-batch", type=int, default=16, help="native: prompts the target decodes together")
+    rec.add_argument("--dataset", help="dataset label for the metadata (default: the prompt file's name)")
+    rec.add_argument("--fresh", action="store_true", help="discard a partial recording instead of resuming it")
+    rec.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    # ---------------------------------------------------------------- synth
+    syn = sub.add_parser("synth", help="generate a synthetic trace (preset or fitted parameters)",
+                         description="Sample a position-indexed trace from the synthetic generator "
+                                     "(dcut_sched.traces.synth).")
+    src = syn.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="preset name (see --list)")
+    src.add_argument("--params", help="JSON file of generator parameters (as written by `fit --out`)")
+    src.add_argument("--list", action="store_true", help="list presets with their source figures and exit")
+    syn.add_argument("--out", help="output trace (.parquet)")
+    syn.add_argument("--num-requests", type=int, default=32, help="requests to generate (default 32)")
+    syn.add_argument("--block-size", type=int, help="override B (default: the preset's)")
+    syn.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+    # ---------------------------------------------------------------- validate
+    val = sub.add_parser("validate", help="check trace files (exit 2 on any fault)",
+                         description="Check every fault of DESIGN.md §3; print one line per fault naming the "
+                                     "file, row, request, position and field.")
+    val.add_argument("files", nargs="+", help="trace files (.parquet)")
+    val.add_argument("--max-faults", type=int, default=50, help="faults listed per file (default 50)")
+    val.add_argument("--quiet", action="store_true", help="print faults only, not the OK lines")
+
+    # ---------------------------------------------------------------- stats
+    st = sub.add_parser("stats", help="tau, per-depth acceptance, histogram, calibration",
+                        description="Summarise a trace: mean acceptance length tau (incl. the bonus token), "
+                                    "per-depth acceptance rate, acceptance-length histogram, reliability "
+                                    "table and expected calibration error.")
+    st.add_argument("file", help="trace file (.parquet)")
+    st.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    st.add_argument("--bins", type=int, default=10, help="confidence bins of the reliability table (default 10)")
+    st.add_argument("--out", help="also write the JSON to this file")
+
+    # ---------------------------------------------------------------- fit
+    ft = sub.add_parser("fit", help="fit the synthetic generator to a trace",
+                        description="Fit the generator's parameters (difficulty spread, acceptance decay, "
+                                    "confidence separation, calibration) so that a synthetic trace matches the "
+                                    "given trace's statistics (scipy.optimize); report the fit error.")
+    ft.add_argument("file", help="trace file (.parquet)")
+    ft.add_argument("--out", help="write the fitted parameters as JSON (usable with `synth --params`)")
+    ft.add_argument("--json", action="store_true", help="print the result as JSON")
+    ft.add_argument("--seed", type=int, default=0, help="random seed of the simulated moments (default 0)")
+    ft.add_argument("--max-evals", type=int, default=400, help="objective evaluations (default 400)")
+    return parser
+
+
+# ============================================================================ record
+def _cmd_record(args: argparse.Namespace) -> int:
+    import torch
+
+    from dcut_sched.traces.prompts import PromptError, load_prompts
+    from dcut_sched.traces.record import HFBackend, NativeBackend, RecordError, record_trace
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        prompts = load_prompts(args.prompts)
+    except PromptError as exc:
+        raise CliError(str(exc)) from None
+    if args.limit is not None:
+        if args.limit < 1:
+            raise CliError(f"--limit {args.limit} must be >= 1")
+        prompts = prompts[: args.limit]
+    if args.block_size < 2:
+        raise CliError(f"--block-size {args.block_size} must be >= 2")
+    if not args.out.endswith(".parquet"):
+        raise CliError(f"--out {args.out}: a trace file must end in .parquet")
+    t0 = time.perf_counter()
+    try:
+        if args.backend == "hf":
+            if not args.target or not args.draft:
+                raise CliError("--backend hf needs --target DIR and --draft DIR (local checkpoints)")
+            for p in (args.target, args.draft):
+                if not Path(p).exists():
+                    raise CliError(f"{p}: no such checkpoint directory")
+            backend = HFBackend(args.target, args.draft, device=args.device, dtype=args.dtype)
+            extra = {}
+        else:
+            backend = NativeBackend(skip_layers=args.skip_layers, device=args.device,
+                                    generate_batch=args.generate_batch)
+            extra = {}
+    except (ImportError, FileNotFoundError, ValueError, RecordError) as exc:
+        raise CliError(f"cannot load the model pair: {exc}") from None
+    load_s = time.perf_counter() - t0
+    try:
+        trace = record_trace(backend, prompts, args.out, block_size=args.block_size,
+                             max_new_tokens=args.max_new_tokens, dataset=args.dataset or Path(args.prompts).stem,
+                             resume=not args.fresh, progress=not args.no_progress,
+                             max_positions=args.max_positions, extra_metadata=extra)
+    except RecordError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {args.out}: {trace.num_requests} requests, {trace.num_rows} positions, B={trace.block_size}, "
+          f"model load {load_s:.1f} s, recording {trace.metadata.get('record_seconds')} s")
+    return 0
+
+
+# ============================================================================ synth
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from dcut_sched.traces import synth
+
+    if args.list:
+        for name, preset in synth.PRESETS.items():
+            print(f"{name}: B={preset.params.block_size}, target tau={preset.target_tau:.2f} -- {preset.source}")
+        return 0
+    if not args.out:
+        raise CliError("synth needs --out FILE.parquet")
+    if not args.out.endswith(".parquet"):
+        raise CliError(f"--out {args.out}: a trace file must end in .parquet")
+    if args.num_requests < 1:
+        raise CliError(f"--num-requests {args.num_requests} must be >= 1")
+    try:
+        if args.preset:
+            params, name = synth.get_preset(args.preset).params, args.preset
+        else:
+            params, name = synth.SynthParams.load(args.params), Path(args.params).stem
+    except (KeyError, synth.SynthParamsError) as exc:
+        raise CliError(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+    if args.block_size is not None:
+        if args.block_size < 2:
+            raise CliError(f"--block-size {args.block_size} must be >= 2")
+        params = params.replace(block_size=args.block_size)
+    trace = synth.generate(params, num_requests=args.num_requests, seed=args.seed, dataset=name)
+    trace.save(args.out)
+    print(f"wrote {args.out}: {trace.num_requests} requests, {trace.num_rows} positions, B={trace.block_size}")
+    return 0
+
+
+# ============================================================================ validate
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from dcut_sched.traces.stats import validate_file
+
+    bad = 0
+    for f in args.files:
+        faults, summary = validate_file(f, max_faults=args.max_faults)
+        if faults:
+            bad += 1
+            for fault in faults:
+                print(fault)
+        elif not args.quiet:
+            print(f"{f}: OK ({summary})")
+    if bad:
+        print(f"{bad} of {len(args.files)} file(s) invalid", file=sys.stderr)
+        return 2
+    return 0
+
+
+# ============================================================================ stats
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from dcut_sched.traces import Trace, TraceError
+    from dcut_sched.traces.stats import print_stats, trace_stats
+
+    if args.bins < 1:
+        raise CliError(f"--bins {args.bins} must be >= 1")
+    try:
+        trace = Trace.load(args.file)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    stats = trace_stats(trace, bins=args.bins)
+    if args.out:
+        from dcut_sched.atomic import atomic_write_text
+
+        atomic_write_text(args.out, json.dumps(stats, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        print_stats(stats)
+    return 0
+
+
+# ============================================================================ fit
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from dcut_sched.traces import Trace, TraceError
+    from dcut_sched.traces.fit import fit_trace, print_fit
+
+    try:
+        trace = Trace.load(args.file)
+    except TraceError as exc:
+        raise CliError(str(exc)) from None
+    if not trace.exact_replay:
+        raise CliError(f"{args.file}: fit needs a position-indexed trace (indexing=position)")
+    result = fit_trace(trace, seed=args.seed, max_evals=args.max_evals)
+    if args.out:
+        result.params.save(args.out)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print_fit(result)
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0
+
+
+_COMMANDS = {"record": _cmd_record, "synth": _cmd_synth, "validate": _cmd_validate, "stats": _cmd_stats,
+             "fit": _cmd_fit}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dcut-trace``; returns the exit code (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"dcut-trace {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dcut-trace {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

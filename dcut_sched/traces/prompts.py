@@ -1,0 +1,70 @@
+"""Prompt sets for trace recording: a JSON-lines file, one prompt per line.
+
+Each line is an object ``{"id": str, "category": str, "prompt": str}``. The project's set is
+``traces/prompts.jsonl`` (80 prompts written for the project, 20 in each of the categories ``math``,
+``code``, ``chat`` and ``rewrite``, interleaved so that any prefix of the file is balanced).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Prompt", "PromptError", "load_prompts", "prompts_digest"]
+
+
+class PromptError(ValueError):
+    """A prompt file is missing or malformed; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: a unique ``id``, a ``category`` label and the user ``text``."""
+
+    id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: str | os.PathLike) -> list[Prompt]:
+    """Read a prompt file (JSON lines; blank lines ignored).
+
+    Raises:
+        PromptError: missing file, a line that is not a JSON object, a missing or non-string field,
+            an empty prompt or a duplicate id (the message names file, line and field).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PromptError(f"{path}: no such prompt file")
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptError(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise PromptError(f"{path}, line {lineno}: expected a JSON object with id, category, prompt")
+        for key in ("id", "category", "prompt"):
+            if not isinstance(obj.get(key), str) or not obj[key].strip():
+                raise PromptError(f"{path}, line {lineno}, field {key!r}: missing or not a non-empty string")
+        if obj["id"] in seen:
+            raise PromptError(f"{path}, line {lineno}, field 'id': duplicate id {obj['id']!r}")
+        seen.add(obj["id"])
+        prompts.append(Prompt(obj["id"], obj["category"], obj["prompt"]))
+    if not prompts:
+        raise PromptError(f"{path}: the prompt file has no prompts")
+    return prompts
+
+
+def prompts_digest(prompts: list[Prompt]) -> str:
+    """SHA-256 (hex, first 16 characters) of the prompt set, to tie a trace to its prompts."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(json.dumps([p.id, p.category, p.text]).encode())
+    return h.hexdigest()[:16]

