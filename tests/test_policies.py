@@ -81,8 +81,30 @@ def test_fine_hand_computed_and_skips_drafting(make_curve):
     assert plan.draft_next is False
     flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(3)]
     assert flags == [False, False, True]  # probe after 3 plain steps
+    # the probe finds plain decoding still better: the interval doubles to 6
+    assert fine.plan(CONF, curve).draft_next is False and fine.current_probe_interval == 6
+    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(6)]
+    assert flags == [False] * 5 + [True]
     plain = fine.plan_without_draft(2, 4, curve)
     assert plain.lengths.tolist() == [1, 1] and not plain.drafted and plain.num_tokens == 2
+    # a probe that resumes drafting resets the interval
+    sure = np.full((2, 3), 0.999)
+    fine.plan_without_draft(2, 4, curve)
+    assert fine.plan(sure, curve).draft_next is True and fine.current_probe_interval == 3
+
+
+def test_fine_probe_backoff_is_capped(make_curve):
+    curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0, draft_per_request_ms=0.5)
+    fine = d.policies.get("fine", granularity=1, probe_interval=2, max_probe_interval=8)
+    fine.plan(CONF, curve)
+    intervals = []
+    for _ in range(5):
+        steps = 1
+        while not fine.plan_without_draft(2, 4, curve).draft_next:
+            steps += 1
+        intervals.append(steps)
+        fine.plan(CONF, curve)  # failed probe
+    assert intervals == [2, 4, 8, 8, 8]
     # a cheap draft makes speculation worth it
     cheap = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=0.2, draft_base_ms=0.1, draft_per_request_ms=0.0)
     assert d.policies.get("fine", granularity=1).plan(CONF, cheap).draft_next is True

@@ -20,8 +20,12 @@ Beyond D-Cut in two ways:
    so the choice is taken one step ahead: the plan's ``draft_next`` compares an exponential moving
    average of the best expected tokens per ms of recent drafted steps with a plain autoregressive
    step (``bs`` tokens in ``C_verify(bs, bs)``). While not drafting, no confidences arrive, so the
-   policy drafts again every ``probe_interval`` steps to re-measure; the first drafted step after a
-   pause restarts the average.
+   policy drafts again after ``probe_interval`` plain steps to re-measure; the first drafted step
+   after a pause (a probe) restarts the average. A probe that finds plain decoding still better
+   doubles the interval (up to ``max_probe_interval``); one that resumes drafting resets it. The
+   back-off bounds what probing costs where a draft step is much dearer than a plain one (on a CPU a
+   self-speculative draft step can cost 13 plain steps; probing every 16 steps would then waste
+   almost half the time, every 1024 steps about 1 %).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ class Fine(Policy):
             in ``[bs, bs*B]`` and in the cost curve's range are used.
         objective: ``"ratio"`` or ``"marginal"`` (module docstring).
         ema_decay: weight of the history in the running utility, in [0, 1).
-        probe_interval: plain steps between two probing drafted steps (>= 1).
+        probe_interval: plain steps before the first probing drafted step (>= 1).
+        max_probe_interval: the back-off's cap on the plain steps between two probes.
         speculate_margin: draft only when the running utility beats autoregressive decoding by this
             relative margin (0 = any gain).
     """
@@ -63,6 +68,7 @@ class Fine(Policy):
         objective: str = "ratio",
         ema_decay: float = 0.8,
         probe_interval: int = 16,
+        max_probe_interval: int = 1024,
         speculate_margin: float = 0.0,
     ):
         if granularity < 1:
@@ -71,13 +77,16 @@ class Fine(Policy):
             raise ValueError(f"fine: objective={objective!r} must be one of {OBJECTIVES}")
         if not (0.0 <= ema_decay < 1.0):
             raise ValueError(f"fine: ema_decay={ema_decay} must be in [0, 1)")
-        if probe_interval < 1:
-            raise ValueError(f"fine: probe_interval={probe_interval} must be >= 1")
+        if probe_interval < 1 or max_probe_interval < probe_interval:
+            raise ValueError(
+                f"fine: need 1 <= probe_interval <= max_probe_interval; got {probe_interval}, {max_probe_interval}"
+            )
         self.granularity = int(granularity)
         self.allowed_num_tokens = None if allowed_num_tokens is None else tuple(int(k) for k in allowed_num_tokens)
         self.objective = objective
         self.ema_decay = float(ema_decay)
         self.probe_interval = int(probe_interval)
+        self.max_probe_interval = int(max_probe_interval)
         self.speculate_margin = float(speculate_margin)
         self._candidates: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, float, float]] = {}
         self._candidate_costs: dict[int, CostCurve] = {}
@@ -90,12 +99,15 @@ class Fine(Policy):
             "objective": self.objective,
             "ema_decay": self.ema_decay,
             "probe_interval": self.probe_interval,
+            "max_probe_interval": self.max_probe_interval,
             "speculate_margin": self.speculate_margin,
         }
 
     def reset(self) -> None:
         self.rate: float | None = None  # running best expected tokens per ms of drafted steps
         self._plain_steps = 0
+        self.current_probe_interval = self.probe_interval  # grows by back-off, see module docstring
+        self._probing = False  # the next drafted step is a probe after a plain stretch
 
     def candidates(self, batch_size: int, block_size: int, cost: CostCurve) -> np.ndarray:
         """Candidate budgets (ascending int64) for this batch shape and curve."""
@@ -148,6 +160,12 @@ class Fine(Policy):
             self.rate = self.ema_decay * self.rate + (1.0 - self.ema_decay) * best
         self._plain_steps = 0
         draft_next = self.rate > (1.0 + self.speculate_margin) * ar_rate
+        if self._probing:
+            self._probing = False
+            self.current_probe_interval = (
+                self.probe_interval if draft_next
+                else min(2 * self.current_probe_interval, self.max_probe_interval)
+            )
         k = int(ks[j])
         return self._make_plan(
             scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
@@ -156,5 +174,6 @@ class Fine(Policy):
     def plan_without_draft(self, batch_size: int, block_size: int, cost: CostCurve | None = None) -> VerifyPlan:
         self._plain_steps += 1
         plan = super().plan_without_draft(batch_size, block_size, cost)
-        probe = self._plain_steps >= self.probe_interval
+        probe = self._plain_steps >= self.current_probe_interval
+        self._probing = probe
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
