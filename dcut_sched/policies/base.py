@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -133,6 +133,20 @@ class Policy(ABC):
         return VerifyPlan(lengths, batch_size, block_size, float(batch_size), draft_next=True, drafted=False)
 
     # -- helpers for subclasses -------------------------------------------------------------
+    def _per_shape(self, batch_size: int, block_size: int, cost: CostCurve, build: Callable[[], Any]) -> Any:
+        """``build()``'s result, cached per (batch size, block size, cost curve).
+
+        Cost-curve lookups are the slow part of a plan and depend only on the batch shape, so a
+        serving loop pays them once per shape. The cache holds the curve itself, so the ``id`` in
+        the key cannot be reused by another curve while its entries live.
+        """
+        cache = self.__dict__.setdefault("_shape_cache", {})
+        key = (int(batch_size), int(block_size), id(cost))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not cost:
+            hit = cache[key] = (cost, build())
+        return hit[1]
+
     def _scores(self, conf: Array, validate: bool) -> Array:
         return slot_scores(conf, validate=validate)
 

@@ -34,8 +34,6 @@ class DCut(Policy):
         for r in ratios:
             budget_from_ratio(r, 1, 1)
         self.ratios = tuple(sorted(set(ratios)))
-        self._buckets: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._bucket_costs: dict[int, CostCurve] = {}
 
     def params(self) -> dict:
         return {"ratios": self.ratios}
@@ -46,13 +44,12 @@ class DCut(Policy):
 
     def _table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray]:
         """(bucket budgets, C_verify at each), cached per batch shape and curve."""
-        key = (bs, block, id(cost))
-        hit = self._buckets.get(key)
-        if hit is None or self._bucket_costs.get(id(cost)) is not cost:
-            self._bucket_costs[id(cost)] = cost  # hold the curve so its id cannot be reused
+
+        def build() -> tuple[np.ndarray, np.ndarray]:
             ks = self.budgets(bs, block)
-            hit = self._buckets[key] = (ks, np.asarray(cost.verify_ms(bs, ks), dtype=np.float64))
-        return hit
+            return ks, np.asarray(cost.verify_ms(bs, ks), dtype=np.float64)
+
+        return self._per_shape(bs, block, cost, build)
 
     def plan(
         self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True

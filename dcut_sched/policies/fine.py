@@ -88,8 +88,6 @@ class Fine(Policy):
         self.probe_interval = int(probe_interval)
         self.max_probe_interval = int(max_probe_interval)
         self.speculate_margin = float(speculate_margin)
-        self._candidates: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, float, float]] = {}
-        self._candidate_costs: dict[int, CostCurve] = {}
         self.reset()
 
     def params(self) -> dict:
@@ -115,11 +113,9 @@ class Fine(Policy):
 
     def _table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray, float, float]:
         """(candidates, C_verify at each, C_draft, autoregressive tokens/ms), cached per shape."""
-        key = (bs, block, id(cost))
-        hit = self._candidates.get(key)
-        if hit is not None and self._candidate_costs.get(id(cost)) is cost:
-            return hit
-        self._candidate_costs[id(cost)] = cost  # hold the curve so its id cannot be reused
+        return self._per_shape(bs, block, cost, lambda: self._build_table(bs, block, cost))
+
+    def _build_table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray, float, float]:
         hi = bs * block
         if self.allowed_num_tokens is not None:
             ks = np.array(sorted(set(self.allowed_num_tokens)), dtype=np.int64)
@@ -134,9 +130,7 @@ class Fine(Policy):
                 f"not meet the cost curve's range {lo_curve}..{hi_curve} within [{bs}, {hi}]"
             )
         verify = np.asarray(cost.verify_ms(bs, ks), dtype=np.float64)
-        entry = (ks, verify, cost.draft_ms(bs), bs / cost.ar_ms(bs))
-        self._candidates[key] = entry
-        return entry
+        return ks, verify, cost.draft_ms(bs), bs / cost.ar_ms(bs)
 
     def plan(
         self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True

@@ -65,9 +65,11 @@ def test_plan_invariants_and_policy_equivalence(curve8, name, rows):
     ctrl = RatioController(curve8 if policies.get(name).needs_cost else None, B, policy=name)
     plan = ctrl.plan(conf)
     check_invariants(plan, bs)
-    # the controller adds nothing to the policy's decision: same lengths as the registry policy
-    direct = policies.get(name).plan(conf, curve8)
-    assert torch.equal(plan.lengths, direct.lengths)
+    # the controller adds nothing to the policy's decision: same lengths as the registry policy on
+    # the same arithmetic (a CPU tensor is planned through its numpy view; torch and numpy float32
+    # products can differ in the subnormal range, which reorders near-zero ties)
+    direct = policies.get(name).plan(conf.numpy(), curve8)
+    assert torch.equal(plan.lengths, torch.as_tensor(direct.lengths))
     assert plan.num_tokens == direct.num_tokens
     assert plan.draft_next == direct.draft_next
     assert math.isclose(plan.expected_tokens, direct.expected_tokens, rel_tol=1e-5)  # float32 sums
