@@ -124,7 +124,7 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     w("Both verify a global top-K of slot scores; they differ in how K is chosen. `dcut` picks among 4 captured "
       "ratios (rho = 0.25/0.5/0.75/1.0) by expected tokens per *verify* ms; `fine` picks among every multiple of "
       "8 slots by expected tokens per *full step* ms (draft + verify), and stops drafting when a drafted step is "
-      "expected to produce fewer tokens per ms than a plain autoregressive one (re-probing every 16 steps).\n")
+      "expected to produce fewer tokens per ms than a plain autoregressive one (re-probing after 16 plain steps, with the wait doubling after each probe that finds plain decoding still faster).\n")
     show = bsum.copy()
     show = show[["trace_name", "cost", "batch_size", "policy", "tokens_per_s", "vs_dcut", "tokens_per_step",
                  "ms_per_step", "mean_ratio", "distinct_budgets", "skipped_draft_frac"]]

@@ -1,18 +1,12 @@
 """Report section: the selection curve (accepted tokens vs verification budget), uniform vs top-K.
 
-Two weightings of the sampled batches, both planning with the registry's ``uniform`` and ``topk`` at
-``rho = K / (bs * B)``:
+Batches are step-weighted (:func:`dcut_sched.selection_curve`, what ``dcut-sim --selection-curve``
+plots): their rows are the positions a full-verification replay visits, as a running engine meets
+them, and the registry's ``uniform`` and ``topk`` plan them at ``rho = K / (bs * B)``.
 
-- ``step-weighted`` (:func:`dcut_sched.traces.stats.selection_curve`): batch rows are the positions a
-  full-verification replay visits, as a running engine meets them (the curve the presets were fitted
-  with);
-- ``row-uniform`` (:func:`dcut_sched.selection_curve`, what ``dcut-sim --selection-curve`` plots):
-  batch rows drawn uniformly from all trace positions, which over-weights positions inside long
-  accepted runs.
-
-Both are set next to the published D-Cut figures for DFlash on GSM8K at bs = 32,
-B = 16 (tokens per batch step at 128/256/384/512 verified slots; the numbers this project's GSM8K
-preset was fitted to, traces/README.md).
+The curve is set next to the published D-Cut figures for DFlash on GSM8K at bs = 32, B = 16 (tokens
+per batch step at 128/256/384/512 verified slots; the numbers this project's GSM8K preset was fitted
+to, traces/README.md).
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ import pandas as pd
 
 import dcut_sched as d
 from dcut_sched.traces import Trace
-from dcut_sched.traces import stats as trace_stats
 from report_figures import figure_module, save_figure
 
 __all__ = ["PUBLISHED_BATCH_SIZE", "PUBLISHED_BUDGETS", "PUBLISHED_GSM8K", "plot_selection", "selection_table"]
@@ -61,14 +54,7 @@ def selection_table(
     for path in traces:
         trace = Trace.load(path)
         df = d.selection_curve(trace, batch_size, budgets=list(budgets), num_batches=num_batches, seed=seed)
-        df.insert(1, "weighting", "row-uniform")
-        ratios = [k / (batch_size * trace.block_size) for k in budgets]
-        stepw = trace_stats.selection_curve(trace, batch_size, ratios=ratios, num_batches=num_batches, seed=seed)
-        df = pd.concat([pd.DataFrame([
-            {"policy": name, "weighting": "step-weighted", "batch_size": batch_size, "budget": int(k), "ratio": r,
-             "accepted_tokens": float(v), "expected_tokens": np.nan}
-            for name in ("uniform", "topk") for k, r, v in zip(stepw["num_tokens"], ratios, stepw[name])]), df],
-            ignore_index=True)
+        df.insert(1, "weighting", "step-weighted")
         df.insert(0, "trace_name", os.path.splitext(os.path.basename(str(path)))[0])
         df["published_tokens"] = np.nan
         if published is not None and path == published_trace:

@@ -4,10 +4,12 @@ For a budget K (slots verified per step, ``2*bs <= K <= bs*B``; at bs = 64, B = 
 published 128..1024), each policy plans lengths on sampled batches of trace rows, and the replay rule
 ``1 + min(accept_len, L - 1)`` says what they produce. ``uniform`` runs at ``rho = K / (bs*B)``
 (every request verifies ``ceil(K / bs)`` slots) and ``topk`` at the same rho (a global top-K over
-the batch). The policies come from the registry; nothing here selects slots itself.
+the batch). The policies come from the registry and the computation is the trace library's
+(:func:`dcut_sched.traces.stats.selection_frame`); this module picks the budgets and the batches.
 
-A sampled batch is ``bs`` rows drawn uniformly (seeded) from all trace rows, i.e. requests at random
-output positions; every policy and budget sees the same batches.
+A sampled batch is ``bs`` distinct steps of a full-verification replay (step-weighted, as a running
+engine meets them, :func:`dcut_sched.traces.stats.sample_replay_batches`); every policy and budget
+sees the same batches.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .. import policies as policy_registry
 from ..traces import Trace
+from ..traces.stats import sample_replay_batches, selection_frame
 
 __all__ = ["default_budgets", "selection_curve"]
 
@@ -63,41 +65,11 @@ def selection_curve(
     """
     if not isinstance(trace, Trace):
         trace = Trace.load(trace)
-    block = trace.block_size
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
-    budgets = default_budgets(batch_size, block) if budgets is None else [int(k) for k in budgets]
-    bad = [k for k in budgets if not batch_size <= k <= batch_size * block]
-    if bad:
-        raise ValueError(f"budget {bad[0]} is outside [{batch_size}, {batch_size * block}] (bs={batch_size}, B={block})")
+    budgets = default_budgets(batch_size, trace.block_size) if budgets is None else [int(k) for k in budgets]
     if batches is None:
-        if num_batches < 1:
-            raise ValueError(f"num_batches={num_batches} must be >= 1")
-        rows_idx = np.random.default_rng(seed).integers(0, trace.num_rows, size=(num_batches, batch_size))
-    else:
-        rows_idx = np.asarray(batches, dtype=np.int64)
-        if rows_idx.ndim != 2 or rows_idx.shape[1] != batch_size or rows_idx.min() < 0 or rows_idx.max() >= trace.num_rows:
-            raise ValueError(f"batches must be [num_batches, {batch_size}] row indices in [0, {trace.num_rows})")
-        num_batches = rows_idx.shape[0]
-    accept = trace.accept_len.astype(np.int64)
-    out = []
-    for name in policies:
-        for k in budgets:
-            policy = policy_registry.get(name, rho=k / (batch_size * block))
-            verified = produced = drafts = expected = 0.0
-            for rows in rows_idx:
-                acc = accept[rows]
-                kwargs = {"accept_len": acc} if policy.needs_accept_len else {}
-                plan = policy.plan(trace.conf[rows], None, validate=False, **kwargs)
-                accepted = np.minimum(acc, np.asarray(plan.lengths) - 1)
-                verified += plan.num_tokens
-                drafts += accepted.sum()
-                produced += batch_size + accepted.sum()
-                expected += plan.expected_tokens
-            out.append({
-                "policy": name, "batch_size": batch_size, "budget": k, "ratio": k / (batch_size * block),
-                "num_tokens": verified / num_batches, "accepted_tokens": produced / num_batches,
-                "accepted_drafts": drafts / num_batches, "expected_tokens": expected / num_batches,
-                "approximate": not trace.exact_replay,
-            })
-    return pd.DataFrame(out)
+        batches = sample_replay_batches(trace, batch_size, num_batches, seed)
+    elif np.asarray(batches).ndim != 2 or np.asarray(batches).shape[1] != batch_size:
+        raise ValueError(f"batches must be [num_batches, {batch_size}] row indices")
+    return selection_frame(trace, batches, budgets, policies)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 from scipy.stats import binned_statistic
 
 from .. import policies
@@ -32,7 +33,9 @@ __all__ = [
     "print_stats",
     "reliability",
     "replay_rows",
+    "sample_replay_batches",
     "selection_curve",
+    "selection_frame",
     "trace_stats",
     "validate_file",
 ]
@@ -156,35 +159,91 @@ def print_stats(stats: dict[str, Any]) -> None:
     console.print(rel)
 
 
+def sample_replay_batches(trace: Trace, batch_size: int, num_batches: int = 200, seed: int = 0,
+                          steps: np.ndarray | None = None) -> np.ndarray:
+    """``[num_batches, batch_size]`` int64 trace rows, each batch ``batch_size`` distinct replay steps.
+
+    Rows are drawn uniformly from the positions a full-verification replay visits (with replacement
+    only if the trace has fewer): in a running batch a request that accepts little stays for more
+    steps, so batches are step-weighted, and at rho = 1 the mean tokens per request is the trace's
+    tau. (Drawing uniformly from all rows would over-weight positions inside long accepted runs.)
+    """
+    if num_batches < 1 or batch_size < 1:
+        raise ValueError(f"need num_batches >= 1 and batch_size >= 1; got {num_batches}, {batch_size}")
+    rng = np.random.default_rng(seed)
+    steps = replay_rows(trace) if steps is None else steps
+    return np.stack([rng.choice(steps, size=batch_size, replace=len(steps) < batch_size) for _ in range(num_batches)])
+
+
+def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
+                    policy_names: Sequence[str] = ("uniform", "topk")) -> pd.DataFrame:
+    """Mean tokens per step when each policy verifies each budget on the given batches of trace rows.
+
+    Each policy runs as ``policies.get(name, rho=K / (bs * B))`` (so ``uniform`` verifies
+    ``ceil(K / bs)`` slots per request and ``topk`` the global top-K), plans every batch, and the
+    batch produces ``sum(1 + min(accept_len, L - 1))`` tokens (DESIGN.md §1).
+
+    Args:
+        trace: the trace.
+        batches: ``[num_batches, bs]`` row indices (e.g. :func:`sample_replay_batches`).
+        budgets: verification budgets K in slots, each in ``[bs, bs*B]``.
+        policy_names: registry names that take a ``rho`` parameter.
+
+    Returns:
+        One row per (policy, budget): ``policy, batch_size, budget, ratio, num_tokens`` (mean slots
+        verified), ``accepted_tokens`` (mean tokens per step, bonus included), ``accepted_drafts``,
+        ``expected_tokens`` (the plans' estimate), ``approximate`` (step-indexed trace).
+
+    Raises:
+        ValueError: bad batches or a budget outside ``[bs, bs*B]``.
+    """
+    batches = np.asarray(batches, dtype=np.int64)
+    block = trace.block_size
+    if batches.ndim != 2 or batches.size == 0 or batches.min() < 0 or batches.max() >= trace.num_rows:
+        raise ValueError(f"batches must be [num_batches, bs] row indices in [0, {trace.num_rows})")
+    bs, num_batches = batches.shape[1], batches.shape[0]
+    bad = [k for k in budgets if not bs <= k <= bs * block]
+    if bad:
+        raise ValueError(f"budget {bad[0]} is outside [{bs}, {bs * block}] (bs={bs}, B={block})")
+    accept = trace.accept_len.astype(np.int64)
+    out = []
+    for name in policy_names:
+        for k in budgets:
+            policy = policies.get(name, rho=k / (bs * block))
+            verified = drafts = expected = 0.0
+            for rows in batches:
+                acc = accept[rows]
+                kwargs = {"accept_len": acc} if policy.needs_accept_len else {}
+                plan = policy.plan(trace.conf[rows], None, validate=False, **kwargs)
+                verified += plan.num_tokens
+                drafts += float(np.minimum(acc, np.asarray(plan.lengths) - 1).sum())
+                expected += plan.expected_tokens
+            out.append({
+                "policy": name, "batch_size": bs, "budget": int(k), "ratio": k / (bs * block),
+                "num_tokens": verified / num_batches, "accepted_tokens": bs + drafts / num_batches,
+                "accepted_drafts": drafts / num_batches, "expected_tokens": expected / num_batches,
+                "approximate": not trace.exact_replay,
+            })
+    return pd.DataFrame(out)
+
+
 def selection_curve(trace: Trace, batch_size: int = 32, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
                     policy_names: Sequence[str] = ("uniform", "topk"), num_batches: int = 200, seed: int = 0,
                     steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Mean tokens a batch produces when each policy verifies at each ratio.
+    """Mean tokens a step-weighted batch produces when each policy verifies at each ratio.
 
-    Each batch takes ``batch_size`` distinct replay steps drawn uniformly from all requests' steps
-    (with replacement only if the trace has fewer): in a running batch a request that accepts little
-    stays for more steps, so batches are step-weighted, and at rho = 1 the mean tokens per request
-    is the trace's tau. Each policy ``policies.get(name, rho=ratio)`` plans the batch and it
-    produces ``sum(1 + min(accept_len, L - 1))`` tokens.
+    The array form of :func:`selection_frame` on :func:`sample_replay_batches` batches, with
+    ``K = ceil(rho * bs * B)`` per ratio (what the preset fit compares with published figures).
 
     Returns:
         ``{policy name: [len(ratios)] float64 mean tokens per batch}`` plus ``"num_tokens"``: the
-        verified slots of each ratio (``ceil(rho * bs * B)``).
+        verified slots of each ratio.
     """
-    rng = np.random.default_rng(seed)
-    steps = replay_rows(trace) if steps is None else steps
-    plans = {name: [policies.get(name, rho=r) for r in ratios] for name in policy_names}
-    totals = {name: np.zeros(len(ratios)) for name in policy_names}
-    conf_all, acc_all = trace.conf, trace.accept_len.astype(np.int64)
-    for _ in range(num_batches):
-        rows = rng.choice(steps, size=batch_size, replace=len(steps) < batch_size)
-        conf, acc = conf_all[rows], acc_all[rows]
-        for name in policy_names:
-            for j, pol in enumerate(plans[name]):
-                lengths = pol.plan(conf, validate=False).lengths
-                totals[name][j] += float(np.sum(1 + np.minimum(acc, lengths - 1)))
-    out = {name: totals[name] / num_batches for name in policy_names}
-    out["num_tokens"] = np.array([policies.budget_from_ratio(r, batch_size, trace.block_size) for r in ratios])
+    budgets = [policies.budget_from_ratio(r, batch_size, trace.block_size) for r in ratios]
+    batches = sample_replay_batches(trace, batch_size, num_batches, seed, steps)
+    df = selection_frame(trace, batches, budgets, policy_names)
+    out = {name: df.loc[df["policy"] == name, "accepted_tokens"].to_numpy(np.float64) for name in policy_names}
+    out["num_tokens"] = np.array(budgets)
     return out
 
 

@@ -76,7 +76,7 @@ def test_selection_table_published_error_and_full_budget(inputs):
     published = {"uniform": (5.0, 8.0), "topk": (6.0, 8.0)}
     df = selection_table(traces[:1], batch_size=bs, budgets=budgets, num_batches=20, published=published,
                          published_trace=traces[0])
-    assert set(df["weighting"]) == {"step-weighted", "row-uniform"}
+    assert set(df["weighting"]) == {"step-weighted"}
     assert np.allclose(df["rel_error"], df["accepted_tokens"] / df["published_tokens"] - 1)
     full = df[df["budget"] == bs * block].pivot_table(index="weighting", columns="policy", values="accepted_tokens")
     assert np.allclose(full["uniform"], full["topk"])  # verifying every slot: the selection does not matter
