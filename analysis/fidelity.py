@@ -1,10 +1,10 @@
 """Simulator fidelity on this CPU: the real SpecEngine vs dcut_sched.simulator on the same runs.
 
-One command regenerates everything (about 25 minutes on a quiet 2-core machine)::
+One command regenerates everything (about 32 minutes on a quiet 2-core machine)::
 
     PYTHONPATH=. nohup nice -n -5 python analysis/fidelity.py all > analysis/results/fidelity.log 2>&1 &
 
-Stages (each can be run alone; ``all`` = profile, overhead, engine, predict):
+Stages (each can be run alone; ``all`` = profile, overhead, engine, timing-profile, predict):
 
 - ``profile``: re-measure the CPU cost curve of SmolLM2-135M with ``dcut-profile --cpu`` (B = 8,
   bs 1,2,3,4,6,8,12,16, dense grid step 8, self-speculative draft step skipping layers 14-15, one
@@ -17,6 +17,9 @@ Stages (each can be run alone; ``all`` = profile, overhead, engine, predict):
 - ``engine``: the real engine (`SpecEngine`, real SmolLM2-135M-Instruct weights, greedy) for every
   policy at bs 1, 2, 4, 8, 16 on the first 16 prompts of ``traces/prompts.jsonl`` (24 new tokens,
   B = 8), one torch thread, forwards timed as above; per-step records to ``fidelity_engine_steps.parquet``.
+- ``timing-profile``: a second curve at every bs 1..16 and the engine's measured decode context (88)
+  into ``profiler/profiles/cpu-smollm2-135m-b8-allbs.json``; ``predict`` times the simulated steps
+  with it (and plans with the engine's curve, so both take the same decisions).
 - ``predict``: the engine-matched position-indexed trace (the shipped
   ``traces/smollm2-135m-skip14-15-b8.parquet`` cut to the engine's output lengths, position 0
   dropped because the engine's first token comes from prefill; verified against the engine's
