@@ -359,7 +359,8 @@ def run_open_loop(
 
     def arrivals():
         for j in range(n):
-            yield env.timeout(arrival_ms[j] - env.now)
+            if arrival_ms[j] > env.now:  # simultaneous arrivals are queued together, so the engine
+                yield env.timeout(arrival_ms[j] - env.now)  # admits them all at the same boundary
             queue.put(j)
 
     def prefill_cost(k: int) -> float:
