@@ -80,12 +80,12 @@ class ControllerPlan:
 
     @property
     def batch_size(self) -> int:
-        return int(self.lengths.shape[0])
+        return self.policy_plan.batch_size
 
     @property
     def ratio(self) -> float:
-        """Verification ratio rho = num_tokens / (bs * B)."""
-        return self.num_tokens / (self.batch_size * self.block_size)
+        """Verification ratio rho = num_tokens / (bs * B) (the policy plan's)."""
+        return self.policy_plan.ratio
 
 
 def _to_torch(plan: ControllerPlan) -> ControllerPlan:
