@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["atomic_path", "atomic_write_text"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_with", "check_writable"]
 
 
 @contextlib.contextmanager
@@ -20,8 +20,11 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     for writers that choose a format by it (e.g. ``.parquet``).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     # mkstemp creates the file 0600; give the result the permissions a plain open() would.
@@ -52,3 +55,13 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None], s
     """Call ``writer(tmp_path)`` and move the result to ``path`` atomically."""
     with atomic_path(path, suffix=suffix) as tmp:
         writer(tmp)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise ``OSError`` naming ``path`` unless a file can be written there (before long work).
+
+    Creates missing parent folders, as the atomic writers do, and leaves no file behind.
+    """
+    with atomic_path(path):
+        pass
+    Path(path).unlink()

@@ -235,8 +235,8 @@ class CostCurve:
         return int(math.ceil(per_lo * batch_size - 1e-9)), int(math.floor(per_hi * batch_size + 1e-9))
 
     def _bracket(self, batch_size: int) -> tuple[int, int, float]:
-        bs = int(batch_size)
         sizes = self._batch_sizes
+        bs = int(batch_size) if np.isfinite(batch_size) else -1
         if bs != batch_size or bs < sizes[0] or bs > sizes[-1]:
             raise CostCurveRangeError(
                 f"{self._where()}: batch_size={batch_size} is outside the measured batch sizes "
@@ -270,6 +270,8 @@ class CostCurve:
         """
         scalar = np.isscalar(num_tokens)
         tokens = np.asarray(num_tokens, dtype=np.float64)
+        if not np.isfinite(tokens).all():
+            raise CostCurveRangeError(f"{self._where()}: num_tokens must be finite; got {num_tokens!r}")
         lo_tok, hi_tok = self.token_range(batch_size)
         if tokens.size and (tokens.min() < lo_tok or tokens.max() > hi_tok):
             bad = tokens[(tokens < lo_tok) | (tokens > hi_tok)].ravel()[0]

@@ -150,3 +150,11 @@ def test_saved_file_has_ordinary_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
+def test_nan_lookups_raise():
+    curve = CostCurve.from_dict(_doc())
+    with pytest.raises(CostCurveRangeError, match="finite"):
+        curve.verify_ms(16, float("nan"))
+    with pytest.raises(CostCurveRangeError, match="outside the measured batch sizes"):
+        curve.verify_ms(float("nan"), 64)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..atomic import check_writable
+
 PROG = "dcut-engine"
 TABLE_SUFFIXES = (".csv", ".json", ".parquet")
 
@@ -95,8 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_suffix(path: str | None, allowed: Sequence[str], flag: str) -> None:
-    if path is not None and Path(path).suffix.lower() not in allowed:
+    if path is None:
+        return
+    if Path(path).suffix.lower() not in allowed:
         raise UsageError(f"{flag} {path}: unknown suffix; use one of {', '.join(allowed)}")
+    if not Path(path).exists():  # an existing file is replaced atomically at the end
+        try:
+            check_writable(path)
+        except OSError as exc:
+            raise UsageError(f"{flag} {exc}") from None
 
 
 def _write_table(path: str, frame) -> None:
@@ -240,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except UsageError as exc:
+    except (UsageError, OSError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 

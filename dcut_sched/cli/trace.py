@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except CliError as exc:
+    except (CliError, OSError) as exc:
         print(f"dcut-trace {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -60,3 +60,13 @@ def test_small_real_run(tmp_path, capsys):
     from dcut_sched.traces import Trace
 
     assert Trace.load(trace).indexing == "step"
+
+
+def test_unwritable_steps_path_fails_before_the_run(tmp_path, capsys):
+    from dcut_sched.cli.engine import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code = main(["--policy", "fine", "--steps", str(blocker / "s.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--steps" in err and "cannot write" in err

@@ -110,3 +110,15 @@ def test_fit_writes_params_that_synth_reads(tmp_path, capsys):
     assert result["params"]["block_size"] == 6 and "tau" in result["rel_errors"]
     assert main(["synth", "--params", str(params), "--num-requests", "3", "--out", str(tmp_path / "o.parquet")]) == 0
     assert Trace.load(tmp_path / "o.parquet").block_size == 6
+
+
+def test_unwritable_output_is_one_line_exit_2(tmp_path, capsys):
+    from dcut_sched.cli.trace import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code = main(["synth", "--preset", "dflash-qwen3-8b-gsm8k", "--num-requests", "2",
+                 "--out", str(blocker / "sub" / "t.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write" in err and str(blocker / "sub" / "t.parquet") in err
+    assert "Traceback" not in err
