@@ -33,6 +33,22 @@ DRAFTER_PRESETS: dict[str, tuple[int, ...]] = {
 }
 
 
+def drafter_layers(num_layers: int, skip_layers: Iterable[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(sorted skipped layers, layers the drafter runs) of a self-speculative drafter.
+
+    Raises:
+        ValueError: a skipped layer index outside ``[0, num_layers)``, or every layer skipped.
+    """
+    skipped = tuple(sorted(set(int(i) for i in skip_layers)))
+    bad = [i for i in skipped if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"self-speculative drafter: skip_layers {bad} out of range [0, {num_layers})")
+    layers = tuple(i for i in range(num_layers) if i not in skipped)
+    if not layers:
+        raise ValueError("self-speculative drafter: cannot skip every layer")
+    return skipped, layers
+
+
 def confidence(logits: torch.Tensor) -> torch.Tensor:
     """Max softmax probability exp(max_logit - logsumexp(logits)) over the last axis, float32."""
     logits = logits.float()
@@ -56,14 +72,7 @@ class SelfSpecDrafter:
                  max_batch_size: int = 1, max_seq_len: int = 2048):
         if isinstance(skip_layers, str):
             skip_layers = DRAFTER_PRESETS[skip_layers]
-        L = model.config.num_layers
-        self.skip_layers = tuple(sorted(set(int(i) for i in skip_layers)))
-        bad = [i for i in self.skip_layers if not 0 <= i < L]
-        if bad:
-            raise ValueError(f"SelfSpecDrafter: skip_layers {bad} out of range [0, {L})")
-        self.layers = tuple(i for i in range(L) if i not in self.skip_layers)
-        if not self.layers:
-            raise ValueError("SelfSpecDrafter: cannot skip every layer")
+        self.skip_layers, self.layers = drafter_layers(model.config.num_layers, skip_layers)
         self.model = model
         self.max_seq_len = int(max_seq_len)
         self.scratch_slot = self.max_seq_len  # padding writes go here; no query ever sees it

@@ -42,6 +42,7 @@ from typing import Any, Iterable, Protocol, Sequence
 import numpy as np
 import torch
 
+from ..model.drafter import confidence, drafter_layers
 from .format import Trace, TraceError
 from .prompts import Prompt, prompts_digest
 
@@ -82,12 +83,6 @@ def accept_lengths(draft_tokens: np.ndarray, output_ids: Sequence[int]) -> np.nd
     window = np.where(idx < n, y[np.minimum(idx, n - 1)], -1)
     matched = np.cumprod(draft_tokens == window, axis=1).sum(axis=1)
     return np.minimum(matched, n - 1 - np.arange(n)).astype(np.int8)
-
-
-def _confidence(logits: torch.Tensor) -> torch.Tensor:
-    """Max softmax probability over the last axis (DESIGN.md §1), float32."""
-    logits = logits.float()
-    return torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1))
 
 
 @torch.inference_mode()
@@ -138,7 +133,7 @@ def draft_all_positions(model: Any, layers: Sequence[int], prompt_ids: Sequence[
     logits = model(committed[None], torch.arange(S, device=dev)[None], prefill_cache, layers=layers,
                    logits_at=anchors_all[None], kv_len=S)[0]
     first_tok = logits.argmax(-1).cpu().numpy()
-    first_conf = _confidence(logits).cpu().numpy()
+    first_conf = confidence(logits).cpu().numpy()
     del logits
 
     # 2. Fresh chains and the run of derived positions each one serves.
@@ -176,7 +171,7 @@ def draft_all_positions(model: Any, layers: Sequence[int], prompt_ids: Sequence[
             new_tok = logits.argmax(-1)
             act = active.cpu().numpy()
             chain_tok[act, j] = new_tok.cpu().numpy()
-            chain_conf[act, j] = _confidence(logits).cpu().numpy()
+            chain_conf[act, j] = confidence(logits).cpu().numpy()
             tok = tok.clone()
             tok[active] = new_tok
     del prefill_cache
@@ -263,14 +258,7 @@ class NativeBackend:
 
             tokenizer = load_smollm2_tokenizer()
         self.model, self.tokenizer = model, tokenizer
-        num_layers = model.config.num_layers
-        self.skip_layers = tuple(sorted(set(int(i) for i in skip_layers)))
-        bad = [i for i in self.skip_layers if not 0 <= i < num_layers]
-        if bad:
-            raise ValueError(f"skip layers {bad} out of range [0, {num_layers}) for this model")
-        self.layers = tuple(i for i in range(num_layers) if i not in self.skip_layers)
-        if not self.layers:
-            raise ValueError("the drafter cannot skip every layer")
+        self.skip_layers, self.layers = drafter_layers(model.config.num_layers, skip_layers)
         self.eos_id = getattr(tokenizer, "eos_id", None)
         self.generate_batch = int(generate_batch)
         self.target_name = target_name or getattr(model.config, "name", "llama")
@@ -400,7 +388,7 @@ class HFBackend:
             logits = self._step(self.draft, [committed[anchor]], anchor, cache)
             for j in range(num_draft):
                 toks[p, j] = int(logits.argmax())
-                confs[p, j] = float(_confidence(logits))
+                confs[p, j] = float(confidence(logits))
                 if j + 1 < num_draft:
                     logits = self._step(self.draft, [int(toks[p, j])], anchor + 1 + j, cache)
             self._crop(cache, anchor + 1)
