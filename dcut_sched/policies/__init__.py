@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import Policy, VerifyPlan, budget_from_ratio, get, names, register
+from .base import Policy, VerifyPlan, budget_from_ratio, check_params, get, names, param_defaults, param_help, register
 
 # Registration order = the order of DESIGN.md §2 (the order tables list policies in).
 _ORDER = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
@@ -24,4 +24,5 @@ for _mod in pkgutil.iter_modules(__path__):
     if _mod.name not in _ORDER and _mod.name != "base":
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults", "param_help",
+           "register"]
