@@ -292,6 +292,8 @@ class RatioController:
             device: put the layouts on this torch device; ``None`` gives numpy arrays.
         """
         vp = self.policy.plan_without_draft(int(batch_size), self.block_size, self.cost)
+        if self.calibrate:
+            self.calibrator.observe_plain(int(batch_size))  # the decay clock of unobserved ranges
         if device is not None:
             vp = VerifyPlan(
                 torch.as_tensor(vp.lengths, device=device), vp.num_tokens, vp.block_size,

@@ -39,7 +39,7 @@ import numpy as np
 from scipy.special import expit, ndtri
 
 from ..atomic import atomic_write_text
-from .format import Trace
+from .format import Trace, accept_len_dtype
 
 __all__ = [
     "PRESETS",
@@ -229,7 +229,7 @@ def generate(params: SynthParams, num_requests: int = 32, seed: int = 0, dataset
     right, conf = sample_rows(params, rng, z[req])
     accept = np.cumprod(right, axis=1).sum(axis=1)
     remaining = np.repeat(lengths, lengths) - pos - 1
-    accept = np.minimum(accept, remaining).astype(np.int8)
+    accept = np.minimum(accept, remaining).astype(accept_len_dtype(params.block_size))
     meta = {
         "indexing": "position", "source": "synthetic", "block_size": str(params.block_size),
         "dataset": dataset, "temperature": "0", "generator": GENERATOR,
