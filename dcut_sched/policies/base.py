@@ -170,7 +170,7 @@ class Policy(ABC):
         if num_tokens is None:
             num_tokens = int(lengths.sum())
         if expected is None:
-            expected = expected_tokens(scores, lengths)
+            expected = expected_tokens(scores, lengths, validate=False)
         return VerifyPlan(lengths, int(num_tokens), int(scores.shape[1]), float(expected), draft_next=draft_next)
 
     def __repr__(self) -> str:
