@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dcut_sched import CostCurve, CostCurveError
-from dcut_sched.cli.args import check_paths, int_at_least
+from dcut_sched.cli.args import check_json_input, check_paths, int_at_least
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 
 __all__ = ["build_parser", "main"]
@@ -316,6 +316,7 @@ def _main(argv: list[str], console) -> int:
     check_paths({"--fit": args.fit, "--model": model_file,
                  "--out's resumable partial": str(partial) if args.mode != "analytic" else None},
                 {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES)})
+    check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
     shape, cfg, draft = _resolve(args)
     if args.mode == "analytic":
         curve, _ = _run_analytic(args, shape, draft, console)

@@ -126,3 +126,18 @@ def read_text_input(path: str | os.PathLike, flag: str, what: str) -> str:
         return read_text(path, what)
     except InputFileError as exc:
         raise UsageError(f"{flag} {exc}") from None
+
+
+def check_json_input(path: str | os.PathLike | None, flag: str, what: str) -> None:
+    """Refuse before any work a JSON input that is missing, binary, not UTF-8, not JSON or nested
+    too deeply to parse, with a :class:`UsageError` naming ``flag`` and the file (the loader then
+    checks the fields)."""
+    if path is None:
+        return
+    from ..inputs import InputFileError, parse_json
+
+    text = read_text_input(path, flag, what)
+    try:
+        parse_json(text, str(path))
+    except InputFileError as exc:
+        raise UsageError(f"{flag} {exc}; give {what}") from None

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_paths, int_at_least
+from .args import check_json_input, check_paths, int_at_least
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-engine"
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     check_paths({"--prompts": args.prompts, "--cost": args.cost},
                 {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
                  "--trace": (args.trace, (".parquet",))})
+    check_json_input(args.cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     params = dict(args.param)
     try:
         policies.check_params(args.policy, params)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_paths, finite_float, int_at_least
+from .args import check_json_input, check_paths, finite_float, int_at_least
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-sim"
@@ -233,6 +233,8 @@ def _run(args, console) -> None:
     # Check every output path before simulating anything.
     check_paths({"--trace": traces, "--cost": costs},
                 {"--out": (args.out, TABLE_SUFFIXES), "--plot": (args.plot, PLOT_SUFFIXES)})
+    for cost in costs:
+        check_json_input(cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     params = _policy_params(args.param, args.policies)
     kwargs = dict(
         policies=args.policies, policy_params=params, mode=args.mode, num_steps=args.steps,
