@@ -53,9 +53,11 @@ class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; ``signum`` says which. A ``KeyboardInterrupt``, so code that
     keeps resumable state on Ctrl-C does the same on SIGTERM."""
 
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
+    def __init__(self, signum: int | str = signal.SIGINT):
+        # Also rebuilt from its args (copy, pickle, re-raise as type(exc)(*exc.args)): the name.
+        sig = signal.Signals[signum] if isinstance(signum, str) else signal.Signals(signum)
+        super().__init__(sig.name)
+        self.signum = int(sig)
 
 
 def _raise_interrupted(signum, _frame) -> None:
