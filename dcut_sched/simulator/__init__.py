@@ -18,7 +18,7 @@ from .results import speedup_table
 from .selection_curve import selection_curve
 from .simulate import SimulationError, check_simulation, resolve_policies, simulate
 from .step_cost import StepCosts
-from .sweep import sweep, sweep_job
+from .sweep import dask_executor, sweep, sweep_job
 
 __all__ = [
     "DEFAULT_BATCH_SIZES",
@@ -34,6 +34,7 @@ __all__ = [
     "StepRecord",
     "check_output_path",
     "check_simulation",
+    "dask_executor",
     "output_lengths",
     "plot_selection_curve",
     "plot_speedup",
