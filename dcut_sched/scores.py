@@ -19,12 +19,17 @@ Terms (``shared/DESIGN.md`` §1):
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Union
+import sys
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import numpy as np
-import torch
 
-Array = Union[np.ndarray, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# numpy array or torch tensor. torch is never imported here: a tensor can only exist once the
+# caller has imported torch, so the numpy paths (the simulator) run without it.
+Array = Union[np.ndarray, "torch.Tensor"]
 
 __all__ = [
     "Array",
@@ -32,12 +37,18 @@ __all__ = [
     "check_confidences",
     "expected_tokens",
     "global_topk",
+    "is_tensor",
     "slot_scores",
 ]
 
 
-def _is_torch(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch (no tensor exists before it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+_is_torch = is_tensor
 
 
 def check_confidences(conf: Array, *, name: str = "conf") -> None:
@@ -63,6 +74,8 @@ def check_confidences(conf: Array, *, name: str = "conf") -> None:
             f"{name} has no draft slots (shape {shape}); block_size must be >= 2 for speculation"
         )
     if _is_torch(conf):
+        import torch
+
         if not conf.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor; got dtype {conf.dtype}")
         bad = ~((conf >= 0) & (conf <= 1))  # False for NaN too, and +-inf fails one side
@@ -107,6 +120,8 @@ def slot_scores(conf: Array, *, validate: bool = True) -> Array:
     if validate:
         check_confidences(conf)
     if _is_torch(conf):
+        import torch
+
         ones = torch.ones((conf.shape[0], 1), dtype=conf.dtype, device=conf.device)
         return torch.cat([ones, torch.cumprod(conf, dim=1)], dim=1)
     conf = np.asarray(conf)
@@ -144,6 +159,8 @@ class ScoreRanking:
         self._order: Any = None
         self._cumsum: Any = None
         if self._torch:
+            import torch
+
             flat = scores.t().reshape(-1)
             sorted_neg, order = torch.sort(-flat, stable=True)
             self._order = order
@@ -200,6 +217,8 @@ class ScoreRanking:
             bad = [k for k in ks_list if not (self.batch_size <= k <= self.max_tokens)][0]
             self.check_budget(bad)
         if self._torch:
+            import torch
+
             idx = torch.as_tensor(ks_arr - 1, device=self._cumsum.device)
             return self._cumsum[idx].cpu().numpy()
         if self._order is None and 0 < len(ks_list) <= self.PARTITION_MAX_BUDGETS:
@@ -219,6 +238,8 @@ class ScoreRanking:
         """
         k = self.check_budget(k)
         if self._torch:
+            import torch
+
             chosen = self._order[:k] % self.batch_size
             # scatter-add into zeros(bs): torch.bincount would read max() on the host (a CUDA sync)
             counts = torch.zeros(self.batch_size, dtype=torch.int64, device=chosen.device)
@@ -281,6 +302,8 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False)
     """
     block = scores.shape[1]
     if _is_torch(scores):
+        import torch
+
         lengths = torch.as_tensor(lengths, device=scores.device)
         mask = torch.arange(block, device=scores.device)[None, :] < lengths[:, None]
         per = (scores * mask).sum(dim=1)
