@@ -74,14 +74,12 @@ def all_or_none() -> Iterator[OutputSet]:
     token = _CURRENT.set(outputs)
     try:
         yield outputs
-    except BaseException:
         _CURRENT.reset(token)
-        outputs.discard()
-        raise
-    _CURRENT.reset(token)
-    try:
+        token = None
         outputs.commit()
     except BaseException:
+        if token is not None:
+            _CURRENT.reset(token)
         outputs.discard()
         raise
 
@@ -99,15 +97,20 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         OSError: the folder cannot be created or written (the message names ``path``).
     """
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
-    except OSError as exc:
-        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
     outputs = _CURRENT.get()
+    tmp_path: Path | None = None
     try:
+        # Signals are held from the temp file's creation until its name is known, so an interrupt
+        # can never leave a nameless temp file behind; one that arrives meanwhile is raised right
+        # after, inside this try, and the file is removed.
+        with _signals_held():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+            except OSError as exc:
+                raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+            tmp_path = Path(tmp)
+            os.close(fd)
         # mkstemp creates the file 0600; give the result the permissions a plain open() would.
         os.chmod(tmp_path, 0o666 & ~_umask())
         yield tmp_path
@@ -118,7 +121,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         else:
             outputs.staged.append((tmp_path, path))
     except BaseException:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None and (outputs is None or (tmp_path, path) not in outputs.staged):
+            tmp_path.unlink(missing_ok=True)
         raise
 
 

@@ -19,7 +19,7 @@ from dcut_sched.model import smollm2_available
         (["--trace", "{tmp}/x.csv"], "--trace {tmp}/x.csv: unknown output format"),
         (["--policy", "topk", "--param", "nope=1"], "policy topk"),
         (["--policy", "uniform", "--param", "rho=2"], "rho=2"),
-        (["--policy", "dcut", "--cost", "{tmp}/missing.json"], "cannot read"),
+        (["--policy", "dcut", "--cost", "{tmp}/missing.json"], "--cost {tmp}/missing.json: no such file"),
         (["--batch-size", "0"], "--batch-size"),
         (["--num-prompts", "0"], "--num-prompts"),
     ],

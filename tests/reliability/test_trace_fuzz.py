@@ -54,6 +54,8 @@ def _cast(table: pa.Table, name: str, typ: pa.DataType) -> pa.Table:
 
 def _set_cell(table: pa.Table, name: str, row: int, value) -> pa.Table:
     values = table[name].to_pylist()
+    if not values:
+        return table
     values[row % len(values)] = value
     try:
         arr = pa.array(values, type=table[name].type)
