@@ -115,9 +115,32 @@ def run_cli(prog: str, body: Callable[[], int | None], *, errors: tuple[type[Bas
         print(f"{prog}: error: an input file is nested too deeply to read (RecursionError); check the files given",
               file=sys.stderr)
         return EXIT_USAGE
-    except bad_input as exc:
+    except Exception as exc:
+        # A signal that lands inside a C extension's import or a library's except-and-reraise comes
+        # back as another exception (ImportError: initialization failed, ValueError ... from None)
+        # with the Interrupted in its chain: it is still an interruption.
+        interrupt = _interrupt_in_chain(exc)
+        if interrupt is not None:
+            print(f"{prog}: interrupted ({signal.Signals(exit_status_of(interrupt) - 128).name})", file=sys.stderr)
+            return exit_status_of(interrupt)
+        if not isinstance(exc, bad_input):
+            raise
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     return 0 if status is None else int(status)
+
+
+def _interrupt_in_chain(exc: BaseException) -> KeyboardInterrupt | None:
+    seen: set[int] = set()
+    todo = [exc.__cause__, exc.__context__]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        todo += [e.__cause__, e.__context__]
+    return None
 
 

@@ -150,6 +150,7 @@ def test_dcut_trace_record_output_all_or_none_and_keeps_its_partial(tmp_path, ca
 CHILD = """
 import sys
 from dcut_sched.cli.sim import main
+from dcut_sched.simulator import simulate, sweep  # the lazy imports, before "ready"
 print("ready", flush=True)
 sys.exit(main(sys.argv[1:]))
 """
@@ -171,3 +172,27 @@ def test_dcut_sim_sweep_child_process_exits_cleanly(tmp_path, sig):
     assert err.strip() == f"dcut-sim: interrupted ({signal.Signals(sig).name})", err
     assert not out.exists()
     _no_temp_files(tmp_path)
+
+
+def test_an_interrupt_converted_by_a_library_is_still_an_interrupt(capsys):
+    """A signal inside a C extension's import comes back as ImportError with the Interrupted in its
+    chain (seen under load: scipy's highspy 'initialization failed'); a loader's ``raise ... from
+    None`` keeps it as ``__context__``. Both exit 128 + signal, one line."""
+    from dcut_sched.cli.errors import Interrupted, run_cli
+
+    def converted():
+        try:
+            raise Interrupted(signal.SIGTERM)
+        except KeyboardInterrupt as exc:
+            raise ImportError("initialization failed") from exc
+
+    def suppressed():
+        try:
+            raise Interrupted(signal.SIGINT)
+        except KeyboardInterrupt:
+            raise ValueError("bad file") from None
+
+    assert run_cli("prog", converted) == 143
+    assert run_cli("prog", suppressed) == 130
+    assert capsys.readouterr().err == "prog: interrupted (SIGTERM)\nprog: interrupted (SIGINT)\n"
+    assert run_cli("prog", lambda: (_ for _ in ()).throw(ValueError("bad --flag"))) == 2
