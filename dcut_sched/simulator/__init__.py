@@ -5,15 +5,17 @@
 
 Modules: ``replay`` (vectorised trace cursor), ``step_cost`` (step times from the cost curve),
 ``engine`` (simpy processes, closed and open loop), ``results`` (figures and the DataFrame),
-``simulate`` (the public entry point), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
+``simulate`` (the public entry point), ``protocol`` (several benchmarks, mean speedup over them:
+the published protocol), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
 ``output`` (result files), ``defaults`` (default inputs). See docs/simulator.md.
 """
 
-from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_COST, DEFAULT_TRACE
+from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_COST, DEFAULT_TRACE, DEFAULT_TRACES
 from .engine import Calibrator, ClosedLoopRun, OpenLoopRun, StepRecord, run_closed_loop, run_open_loop
 from .output import check_output_path, write_frame
 from .plot import plot_selection_curve, plot_speedup
 from .replay import ReplayBatch, RequestFeed, output_lengths
+from .protocol import benchmark_table, simulate_benchmarks
 from .results import speedup_table
 from .selection_curve import selection_curve
 from .simulate import SimulationError, check_simulation, resolve_policies, simulate
@@ -24,6 +26,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_COST",
     "DEFAULT_TRACE",
+    "DEFAULT_TRACES",
     "Calibrator",
     "ClosedLoopRun",
     "OpenLoopRun",
@@ -32,6 +35,7 @@ __all__ = [
     "SimulationError",
     "StepCosts",
     "StepRecord",
+    "benchmark_table",
     "check_output_path",
     "check_simulation",
     "output_lengths",
@@ -42,6 +46,7 @@ __all__ = [
     "run_open_loop",
     "selection_curve",
     "simulate",
+    "simulate_benchmarks",
     "speedup_table",
     "sweep",
     "sweep_job",
