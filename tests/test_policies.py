@@ -82,11 +82,13 @@ def test_fine_hand_computed_and_skips_drafting(make_curve):
     assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
     assert fine.rate == pytest.approx(3.62 / 8)
     assert plan.draft_next is False
-    # that step lost 8 - 3.62 / .5 = 0.76 ms against plain decoding: the estimate of a probe's loss
-    assert fine.next_probe_loss_ms == pytest.approx(0.76)
-    # first probe once 0.76 ms fits in 1 % of the stretch: 0.76 / 0.01 = 76 ms = 19 plain steps of 4 ms
-    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(19)]
-    assert flags == [False] * 18 + [True]
+    # that step lost 8 - 3.62 / .5 = 0.76 ms against plain decoding: the account, and the estimate of
+    # a probe's loss
+    assert fine.debt_ms == pytest.approx(0.76) and fine.next_probe_loss_ms == pytest.approx(0.76)
+    # first probe once 0.76 + 0.76 ms fit in 1 % of the run: 152 ms = the 8 ms step + 36 plain steps of 4 ms
+    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(36)]
+    assert flags == [False] * 35 + [True]
+    assert fine.elapsed_ms == pytest.approx(152.0)
     p = d.policies.get("fine").plan_without_draft(2, 4, curve)
     assert p.lengths.tolist() == [1, 1] and not p.drafted and p.num_tokens == 2
 
@@ -102,11 +104,11 @@ def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
             steps += 1
         intervals.append(steps)
         assert fine.plan(CONF, curve).draft_next is False  # failed probe, loses 0.76 ms
-        # the probes' losses never exceed the budget's share of the stretch
-        assert fine.stretch_loss_ms <= 0.01 * fine.stretch_ms + 1e-9
+        # what drafting lost never exceeds the budget's share of the run
+        assert fine.debt_ms <= 0.01 * fine.elapsed_ms + 1e-9
     # 0.76 ms per probe in 1 % of the time: 76 ms per cycle = one 8 ms probe + 17 plain steps of 4 ms
-    assert intervals == [19, 17, 17, 17, 17]
-    assert fine.stretch_loss_ms == pytest.approx(5 * 0.76)
+    assert intervals == [36, 17, 17, 17, 17]
+    assert fine.debt_ms == pytest.approx(6 * 0.76)
     # drafting starts to pay: the next probe (at most 17 plain steps away) resumes drafting
     steps = 1
     while not fine.plan_without_draft(2, 4, curve).draft_next:
