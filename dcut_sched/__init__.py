@@ -8,7 +8,7 @@ terms and formulas and README.md for the tools.
 from . import policies, simulator
 from .calibration import OnlineCalibrator
 from .controller import ControllerPlan, RatioController, VerifyGraphBank
-from .cost_curve import CostCurve, CostCurveError, CostCurveRangeError
+from .cost_curve import AssumedArWarning, CostCurve, CostCurveError, CostCurveRangeError
 from .policies import Policy, VerifyPlan
 from .scores import ScoreRanking, check_confidences, expected_tokens, global_topk, slot_scores
 from .simulator import SimulationError, selection_curve, simulate, sweep
@@ -16,6 +16,7 @@ from .simulator import SimulationError, selection_curve, simulate, sweep
 __version__ = "0.1.0"
 
 __all__ = [
+    "AssumedArWarning",
     "ControllerPlan",
     "CostCurve",
     "CostCurveError",
