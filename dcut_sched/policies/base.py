@@ -9,7 +9,7 @@ online controller: there is no second implementation of any policy.
 Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`: a policy is given a
 :class:`CostCurve` (the controller) or the simulator's :class:`StepCosts` (so it sees exactly the
 times the simulator charges: draft scale and controller overhead included), and reads every step
-time through :meth:`Policy._require_cost`.
+time through :meth:`Policy._step_costs`.
 
 Inputs may be numpy arrays or torch tensors (CPU or CUDA); ``lengths`` in the plan is of the same kind
 and on the same device. A policy syncs with the host at most once per step (the budget decision).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
@@ -146,8 +146,9 @@ class Policy(ABC):
     def _scores(self, conf: Array, validate: bool) -> Array:
         return slot_scores(conf, validate=validate)
 
-    def _require_cost(self, cost: CostLike | None, conf: Array) -> StepCosts:
-        """The step times for this batch's block size (:func:`~dcut_sched.step_costs.step_costs`).
+    def _step_costs(self, cost: CostLike | None, conf: Array) -> StepCosts:
+        """The step times for this batch's block size (:func:`~dcut_sched.step_costs.step_costs`): what
+        a policy asks for every "what does this step cost" question (verify, draft, plain step).
 
         Raises:
             ValueError: no cost given; CostCurveError: the curve is for another block size.
@@ -155,6 +156,29 @@ class Policy(ABC):
         if cost is None:
             raise ValueError(f"policy {self.name!r} needs a cost curve (cost=CostCurve.load(...))")
         return step_costs(cost, conf.shape[1] + 1)
+
+    def _require_cost(self, cost: CostLike | None, conf: Array) -> CostCurve:
+        """The cost curve itself (unwrapped from a :class:`StepCosts`), block size checked.
+
+        For policies that read the curve directly; new code should use :meth:`_step_costs`, which
+        also carries the simulator's draft scale and controller overhead.
+        """
+        return self._step_costs(cost, conf).cost
+
+    def _per_shape(self, batch_size: int, block_size: int, cost: CostLike, build: Callable[[], Any]) -> Any:
+        """``build()``'s result, cached per (batch size, block size, cost curve) on this instance.
+
+        Kept for policies that tabulate straight from the curve; :class:`StepCosts` already caches
+        every step time per batch size, so policies that use :meth:`_step_costs` need no cache of
+        their own.
+        """
+        curve = cost.cost if isinstance(cost, StepCosts) else cost
+        cache = self.__dict__.setdefault("_shape_cache", {})
+        key = (int(batch_size), int(block_size), id(curve))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not curve:
+            hit = cache[key] = (curve, build())
+        return hit[1]
 
     def _make_plan(
         self,

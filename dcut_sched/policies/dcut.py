@@ -53,7 +53,7 @@ class DCut(Policy):
         self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._require_cost(cost, conf)
+        costs = self._step_costs(cost, conf)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         ks = self.budgets(bs, block)

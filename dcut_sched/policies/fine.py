@@ -149,7 +149,7 @@ class Fine(Policy):
         self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._require_cost(cost, conf)
+        costs = self._step_costs(cost, conf)
         ks = self._candidates(bs, block, *costs.token_range(bs))
         verify_ms = costs.verify_ms_at(bs, ks)
         plain_rate = costs.plain_tokens_per_ms(bs)
