@@ -238,7 +238,8 @@ def _render_benchmarks(df, console, args, cost: str) -> None:
         f"cells: mean over the benchmarks of the {what}; below, the lowest-highest benchmark; "
         f"geomean over all {len(names) * len(sizes)} (benchmark, batch size) settings",
         f"benchmarks: {', '.join(names)}",
-        f"cost {cost}" + (f" (draft step x{args.draft_scale:g})" if args.draft_scale != 1.0 else ""),
+        f"cost {cost}" + (f" (draft step x{args.draft_scale:g})" if args.draft_scale != 1.0 else "")
+        + f"; plain step C_ar: {df['plain_step'].iat[0]}",
         f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}; "
         f"--out keeps one row per (trace, policy, batch size)",
     ]
@@ -379,7 +380,7 @@ def _run(args, console) -> None:
             what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
                     else "cells: speedup over ar (ar mean TPOT / mean TPOT), TPOT p50 in ms below")
             title = f"{PROG} {loop}: speedup over ar{approx}"
-            notes = [what, f"trace {trace}", f"cost {cost}"]
+            notes = [what, f"trace {trace}", f"cost {cost}; plain step C_ar: {part['plain_step'].iat[0]}"]
             if args.mode == "closed":
                 notes.append(f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}")
             else:

@@ -252,7 +252,8 @@ def simulate(
     Returns:
         One row per (policy, batch_size) with the columns of :data:`~.results.CLOSED_COLUMNS` first
         (plus :data:`~.results.OPEN_COLUMNS` in open loop), then run details (steps, trace_cycles,
-        ``approximate`` = step-indexed trace, ``trace``, ``cost``, ``mode``, ``seed``, ``prefill``).
+        ``approximate`` = step-indexed trace, ``trace``, ``cost``, ``mode``, ``seed``, ``draft_scale``,
+        ``plain_step`` = provenance of ``C_ar``, ``prefill``).
         ``df.attrs`` holds the same run-level facts (``approximate``, ``mode``, ``warmup_steps``, ...).
 
     Raises:
@@ -300,6 +301,7 @@ def simulate(
     df["mode"] = mode
     df["seed"] = seed
     df["draft_scale"] = float(draft_scale)
+    df["plain_step"] = cost.ar_provenance  # where C_ar comes from ("assumed: ..." for a curve without ar rows)
     if mode == "open":
         df["prefill"] = (f"C_verify(k, k*{prompt_len})" if prompt_len is not None
                          else f"{prefill_ms} ms/request" if prefill_ms is not None else "none (free)")
@@ -313,6 +315,8 @@ def simulate(
         "trace": str(df["trace"].iat[0]),
         "cost": str(df["cost"].iat[0]),
         "seed": seed,
+        "draft_scale": float(draft_scale),
+        "plain_step": cost.ar_provenance,
         "num_steps": num_steps if mode == "closed" else None,
         "warmup_steps": warmup_steps if mode == "closed" else None,
         "trace_cycles": int(df["trace_cycles"].max()),

@@ -46,6 +46,13 @@ def test_simulator_charges_c_ar_for_plain_steps(make_curve):
     assert run.steps.step_ms.tolist() == [3.0] * 10
     df = simulate(trace, curve, policies=["ar"], batch_sizes=[2], num_steps=10, warmup_steps=0)
     assert df["tokens_per_s"].iat[0] == pytest.approx(1000 * 2 / 3.0)
+    assert df["plain_step"].iat[0] == "measured" and df.attrs["plain_step"] == "measured"
+    # a curve without ar rows: the plain step is assumed C_verify(2, 2) = 12 ms, with one warning, and said so
+    bare = make_curve(batch_sizes=(2,), base_ms=10.0, per_token_ms=1.0, ar_ms=False)
+    with pytest.warns(UserWarning, match="ASSUMED"):
+        df = simulate(trace, bare, policies=["ar"], batch_sizes=[2], num_steps=10, warmup_steps=0)
+    assert df["tokens_per_s"].iat[0] == pytest.approx(1000 * 2 / 12.0)
+    assert df["plain_step"].iat[0].startswith("assumed")
 
 
 def test_fine_decides_against_c_ar(make_curve):
