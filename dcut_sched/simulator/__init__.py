@@ -16,6 +16,8 @@ CLIs need to build their ``--help``) loads neither simpy, pandas nor matplotlib.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # public name -> submodule that defines it
@@ -53,6 +55,22 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: a submodule named like the function it defines (``simulate``,
+    ``selection_curve``, ``sweep``) does not replace the function as the package attribute when it is
+    first imported (the import system sets ``package.<child> = module``), so ``simulator.simulate`` is
+    the function whichever module imported ``.simulate`` first. The submodules stay in ``sys.modules``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (isinstance(value, types.ModuleType) and name in _EXPORTS
+                and value.__name__ == f"{__name__}.{name}" and _EXPORTS[name] == f".{name}"):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -100,3 +100,16 @@ def test_fine_resumes_within_the_bound_on_a_two_phase_trace(make_curve):
     resume = switch + int(np.flatnonzero(drafted[switch:])[0])
     assert resume - switch <= 200 + 1
     assert drafted[resume:resume + 50].all()
+
+
+def test_simulate_stays_a_function_whichever_module_loads_it_first():
+    # the simulator package has submodules named like its functions; importing one of them first (as
+    # the protocol module does) must not turn dcut_sched.simulate into a module
+    import subprocess
+    import sys
+
+    code = ("from dcut_sched.simulator import benchmark_table\n"
+            "import dcut_sched as d, dcut_sched.simulator as s\n"
+            "assert callable(d.simulate) and callable(s.simulate) and callable(s.sweep) and callable(d.sweep)\n"
+            "assert callable(s.selection_curve)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
