@@ -212,8 +212,7 @@ def render_section(res: dict[str, pd.DataFrame], number: str = "0") -> str:
         fva = res["fine_vs_ar"]
         worst = fva.loc[fva["fine_over_ar"].idxmin()]
         pairs = fva.groupby(["trace", "cost"]).ngroups
-        w("### `fine` never loses to plain decoding
-")
+        w("### `fine` never loses to plain decoding\n")
         w(f"Over every shipped trace x cost curve pair of the same block size ({pairs} pairs, {len(fva)} "
           f"(pair, batch size) settings, {int(fva['steps'].iat[0]):,} steps per run, nothing left out as warm-up), "
           f"`fine`'s tokens/s over `ar`'s is at least **{worst['fine_over_ar']:.4f}** (lowest: `{worst['trace']}` on "
