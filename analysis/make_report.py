@@ -207,8 +207,11 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: f
 def fidelity_sentence(summary: dict) -> str:
     """The fidelity figures the README and docs/fidelity.md quote, from ``fidelity_summary.json``."""
     before, after, sp = summary["tokens_per_s_before"], summary["tokens_per_s_after"], summary["speedup_after"]
-    return (f"The simulator as is over-predicts the engine's decode tokens/s by a median **{100 * before['median_abs']:.1f} %** "
-            f"(max {100 * before['max_abs']:.0f} %); counting the drafter's lazy prompt prefill as prefill and adding "
+    way = "over" if before["mean_signed"] > 0 else "under"
+    return (f"The simulator as is (timed with the curve the engine planned with, `profiler/profiles/"
+            f"cpu-smollm2-135m-b8.json`; see its recorded load) {way}-predicts the engine's decode tokens/s by a "
+            f"median **{100 * before['median_abs']:.1f} %** (max {100 * before['max_abs']:.0f} %); timed with the "
+            "all-bs curve at the engine's context and counting the drafter's lazy prompt prefill as prefill and adding "
             "the engine's per-step time outside the model forwards (measured on held-out prompts), the **median "
             f"absolute error is {100 * after['median_abs']:.1f} %** (mean {100 * after['mean_abs']:.1f} %, max "
             f"{100 * after['max_abs']:.0f} %) over every (policy, bs) run, and {100 * sp['median_abs']:.1f} % on "
