@@ -40,6 +40,7 @@ def good_cost() -> CostCurve:
               for bs in (1, 2, 4) for k in range(bs, bs * B + 1)]
     return CostCurve(hardware={"device_name": "test", "backend": "analytic"}, model={"name": "linear-test", "config": {}},
                      block_size=B, context_len=0, verify=verify,
+                     ar=[{"batch_size": bs, "median_ms": 9.0 + 0.5 * bs} for bs in (1, 2, 4)],
                      draft=[{"batch_size": bs, "median_ms": 2.0 + 0.25 * bs} for bs in (1, 2, 4)])
 
 

@@ -78,7 +78,7 @@ def test_simulator_threshold_recovers_after_a_stretch_with_nothing_accepted():
 def test_simulator_fine_recovers_after_a_stretch_with_nothing_accepted():
     locked = _phase_two_tokens_per_step("fine", OnlineCalibrator(B, unobserved_half_life=None))
     recovered = _phase_two_tokens_per_step("fine", OnlineCalibrator(B, unobserved_half_life=128.0))
-    assert locked == pytest.approx(1.0, abs=0.01)
+    assert locked < 1.1  # plain steps, a drafting probe now and then
     assert recovered > 2.5
 
 
@@ -104,5 +104,5 @@ def test_ratio_controller_recovers(policy, half_life):
             draft = plan.draft_next
             tokens.append(made.mean())
         results[hl] = float(np.mean(tokens[-300:]))
-    assert results[None] == pytest.approx(1.0)
+    assert results[None] < 1.1  # anchors only (fine: a drafting probe now and then)
     assert results[half_life] > 3.0
