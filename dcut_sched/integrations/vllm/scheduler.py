@@ -126,6 +126,8 @@ class DCutScheduler(Scheduler):
             "num_tokens": int(lengths.sum()) if req_ids else 0, "plan_ms": plan_ms,
             "expected_tokens": float(plan.expected_tokens) if req_ids else None,
         }
+        if self._dcut_record is not None:  # the step-indexed trace a benchmark replays
+            self._dcut_pending["conf"] = [[round(float(x), 6) for x in c] for c in conf_rows]
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, *args: Any, **kwargs: Any):
@@ -172,6 +174,8 @@ class DCutScheduler(Scheduler):
                 "ratio": plan["ratio"], "num_tokens": plan["num_tokens"], "plan_ms": plan["plan_ms"],
                 "expected_tokens": plan["expected_tokens"],
             })
+            if "conf" in plan:
+                record["conf"] = dict(zip(plan["req_ids"], plan["conf"]))
             w = self._dcut_window
             w["plan_ms"] += plan["plan_ms"]
             if plan["drafted"]:
