@@ -303,7 +303,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     curve = profile_runner(runner, args.block_size, batch_sizes, args.context_len, args.warmups, args.repeats,
                            draft=bool(args.draft), model_name=Path(args.model).name, progress=print)
-    curve.hardware["profile_command"] = "python -m dcut_sched.integrations.vllm.profile " + " ".join(argv or [])
+    import shlex
+    import sys
+
+    given = list(sys.argv[1:] if argv is None else argv)
+    curve.hardware["profile_command"] = "python -m dcut_sched.integrations.vllm.profile " + shlex.join(given)
     curve.save(args.out)
     print(f"wrote {args.out} in {curve.profile_seconds:.1f} s")
     del llm
