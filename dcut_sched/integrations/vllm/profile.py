@@ -218,7 +218,7 @@ def profile_runner(runner, block_size: int, batch_sizes: Sequence[int], context_
         k: getattr(hf, k, None) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
                                           "num_attention_heads", "num_key_value_heads", "vocab_size")}}
     if has_spec:
-        model["draft"] = str(runner.speculative_config.model)
+        model["draft"] = Path(str(runner.speculative_config.model)).name
     return CostCurve(hardware=hardware, model=model, block_size=int(block_size), context_len=int(context_len),
                      verify=verify, ar=ar, draft=drafts, graph_mode=None if mc.enforce_eager else "piecewise",
                      profile_seconds=time.perf_counter() - t_start,
