@@ -64,8 +64,14 @@ def stage_profile(args, out: Path) -> None:
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def _rel(path) -> str:
+    """``path`` relative to the repository (the driver runs there), so committed job files name no
+    machine's folders."""
+    return os.path.relpath(Path(path).resolve(), REPO)
+
+
 def stage_engine(args, out: Path) -> None:
-    target, draft = write_pair()
+    target, draft = (_rel(p) for p in write_pair())
     rows = []
     for bs in args.batch_sizes:
         runs = []
@@ -73,24 +79,24 @@ def stage_engine(args, out: Path) -> None:
             if policy == "nospec":
                 runs.append({"name": policy, "dcut": None})
                 continue
-            dcut = {"policy": policy, "record_path": str(out / "records" / f"{policy}-bs{bs}.jsonl"),
+            dcut = {"policy": policy, "record_path": _rel(out / "records" / f"{policy}-bs{bs}.jsonl"),
                     "log_interval_s": 60.0}
             if policy in ("dcut", "fine"):
-                dcut["cost_curve"] = str(out / CURVE_NAME)
+                dcut["cost_curve"] = _rel(out / CURVE_NAME)
             runs.append({"name": policy, "dcut": dcut})
         for r in runs:
             if r["dcut"]:
-                Path(r["dcut"]["record_path"]).unlink(missing_ok=True)
-                Path(r["dcut"]["record_path"] + ".worker.jsonl").unlink(missing_ok=True)
+                (REPO / r["dcut"]["record_path"]).unlink(missing_ok=True)
+                (REPO / (r["dcut"]["record_path"] + ".worker.jsonl")).unlink(missing_ok=True)
         job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE,
-               "prompts": {"file": str(REPO / "traces" / "prompts.jsonl"), "n": bs, "chat": True},
+               "prompts": {"file": "traces/prompts.jsonl", "n": bs, "chat": True},
                "max_tokens": args.max_tokens, "max_num_seqs": bs, "max_model_len": 1024, "runs": runs}
         (out / "records").mkdir(parents=True, exist_ok=True)
         jf, rf = out / "records" / f"job-bs{bs}.json", out / "records" / f"result-bs{bs}.json"
         jf.write_text(json.dumps(job))
         load0 = os.getloadavg()[0]
         subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(jf), "--out", str(rf)],
-                       check=True, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         res = json.loads(rf.read_text())
         base = res["runs"][0]["token_ids"]
         for r in res["runs"]:
