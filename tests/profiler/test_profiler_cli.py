@@ -29,6 +29,12 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
     assert json.loads(out.read_text())["schema"] == "dcut.cost-curve/2"
     load = curve.hardware["load_average"]
     assert load["cpu_count"] >= 1 and load["end_1min"] >= 0 and load["start_1min"] >= 0
+    from profiler.cli import _load_warnings, _spread_warnings
+
+    from profiler.cli import _monotone_warnings
+
+    expected = _load_warnings(load, load["cpu_count"], 1) + _spread_warnings(curve) + _monotone_warnings(curve)
+    assert curve.hardware.get("warnings", []) == expected  # what was warned is kept in the file
     assert not (tmp_path / "X.json.partial").exists()
     text = capsys.readouterr().out
     assert "wrote" in text and "4 ar" in text and "p20-p80 spread median" in text and "plain step: measured" in text
@@ -138,3 +144,31 @@ def test_existing_partial_needs_resume(tmp_path, capsys):
 def test_gpu_without_cuda(tmp_path, capsys):
     assert main(["--gpu", "--model", "tiny", "--out", str(tmp_path / "g.json")]) == 2
     assert "--gpu needs a CUDA device" in capsys.readouterr().err
+
+
+def test_load_and_spread_warnings_by_hand():
+    from profiler.cli import _load_warnings, _spread_warnings
+
+    quiet = {"start_1min": 0.9, "end_1min": 1.1, "end_5min": 1.0}
+    assert _load_warnings(quiet, cpu_count=2, threads=1) == []
+    busy = {"start_1min": 0.5, "end_1min": 7.5, "end_5min": 6.0}
+    (msg,) = _load_warnings(busy, cpu_count=2, threads=1)
+    assert "load average reached 7.5 on 2 cores" in msg and "inflated" in msg
+
+    def curve(p20, p80):
+        return CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=2, context_len=0,
+                         verify=[{"batch_size": 1, "num_tokens": k, "median_ms": 10.0, "p20_ms": p20, "p80_ms": p80}
+                                 for k in (1, 2)],
+                         ar=[{"batch_size": 1, "median_ms": 10.0, "p20_ms": 9.9, "p80_ms": 10.1}])
+
+    assert _spread_warnings(curve(9.8, 10.2)) == []  # 4 % spread
+    (msg,) = _spread_warnings(curve(8.0, 12.0))  # 40 % on both verify cells, median over the 3 cells 40 %
+    assert "median 40.0%, max 40.0%" in msg and "verify:1:1" in msg
+
+    from profiler.cli import _monotone_warnings
+
+    c = CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=1, context_len=0,
+                  verify=[{"batch_size": b, "num_tokens": b, "median_ms": 1.0} for b in (4, 8)],
+                  ar=[{"batch_size": 4, "median_ms": 11.9}, {"batch_size": 8, "median_ms": 9.9}])
+    assert _monotone_warnings(c) == ["ar step not monotone in batch size (bs 4 11.9 ms > bs 8 9.9 ms): noise or load "
+                                     "drift; the lookup interpolates these medians as they are"]
