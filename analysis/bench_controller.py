@@ -4,7 +4,7 @@ For each batch size (default 4, 16, 64), B = 16, each policy (default dcut, fine
 input kind (numpy, CPU torch; CUDA torch when available), times ``plan(conf)`` on random DFlash-like
 confidences (Beta(4, 1), seeded) with ``timeit`` (median of ``--repeats`` runs of ``--number`` calls),
 with and without online calibration. The simulated step it is compared with is the published Qwen3-8B
-H20 verification curve of DESIGN.md §4 (D-Cut buckets at rho = 0.25/0.5/0.75/1.0, linear between
+H20 verification curve of docs/design.md §4 (D-Cut buckets at rho = 0.25/0.5/0.75/1.0, linear between
 them): ``overhead_pct = plan_us / C_verify(bs, K of the plan)``, verify time only (no draft), so the
 percentage is an upper bound. Goal (issue 6): <= 50 us at bs = 64 on numpy/CPU, < 1% of the step.
 
@@ -29,7 +29,7 @@ from dcut_sched import CostCurve, RatioController  # noqa: E402
 from dcut_sched.atomic import atomic_write_text  # noqa: E402
 
 B = 16
-# DESIGN.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
+# docs/design.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
 H20_VERIFY_MS = {4: (8.2, 8.7, 9.7, 10.9), 16: (16.0, 22.7, 29.8, 35.8), 64: (55.2, 82.2, 107.9, 133.9)}
 
 
@@ -48,7 +48,7 @@ def h20_curve() -> CostCurve:
         hardware={"device_name": "NVIDIA H20", "backend": "analytic"},
         model={"name": "Qwen3-8B", "config": {}},
         block_size=B, context_len=0, verify=verify, draft=draft,
-        source="DESIGN.md §4 (D-Cut docs); draft row assumed 10% of full verification",
+        source="docs/design.md §4 (D-Cut docs); draft row assumed 10% of full verification",
     )
 
 

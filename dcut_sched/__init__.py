@@ -1,7 +1,7 @@
 """dcut-sched: batch-aware verification budgets for block speculative decoding (D-Cut).
 
 The pure core (scores, selection, policies) works on numpy arrays and torch tensors alike; the cost
-curve, traces, simulator and online controller are thin layers over it. See ``shared/DESIGN.md`` for
+curve, traces, simulator and online controller are thin layers over it. See ``docs/design.md`` for
 terms and formulas and README.md for the tools.
 """
 

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("inputs")
     g.add_argument("--trace", action="append", metavar="FILE",
-                   help=f"acceptance trace (Parquet, DESIGN.md §3); repeat with --sweep (default: {defaults.DEFAULT_TRACE})")
+                   help=f"acceptance trace (Parquet, docs/design.md §3); repeat with --sweep (default: {defaults.DEFAULT_TRACE})")
     g.add_argument("--cost", action="append", metavar="FILE",
                    help=f"cost curve (JSON, dcut.cost-curve/1); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcut-trace",
         description="Acceptance traces for block speculative decoding: record from a real model pair, "
-                    "synthesise, validate, summarise and fit (format: shared/DESIGN.md §3).",
+                    "synthesise, validate, summarise and fit (format: docs/design.md §3).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # ---------------------------------------------------------------- validate
     val = sub.add_parser("validate", help="check trace files (exit 2 on any fault)",
-                         description="Check every fault of DESIGN.md §3; print one line per fault naming the "
+                         description="Check every fault of docs/design.md §3; print one line per fault naming the "
                                      "file, row, request, position and field.")
     val.add_argument("files", nargs="+", help="trace files (.parquet)")
     val.add_argument("--max-faults", type=int, default=50, help="faults listed per file (default 50)")

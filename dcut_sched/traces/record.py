@@ -4,11 +4,11 @@ For each prompt the target decodes greedily (up to ``max_new_tokens``, stopping 
 output ``y_0..y_{n-1}``. Then, for **every** output position p (the request has produced
 ``y_0..y_{p-1}``; the anchor is the last committed token, ``y_{p-1}`` or the prompt's last token), the
 draft proposes B-1 tokens greedily from the committed prefix, ``d_1..d_{B-1}``, with confidences
-``c_t = exp(max_logit - logsumexp(logits))`` (DESIGN.md §1), and
+``c_t = exp(max_logit - logsumexp(logits))`` (docs/design.md §1), and
 
     accept_len[p] = min(#leading t with d_t == y_{p+t-1}, n - p - 1)
 
-(the cap keeps ``p + 1 + accept_len`` inside the output; DESIGN.md §3). The draft's proposals after
+(the cap keeps ``p + 1 + accept_len`` inside the output; docs/design.md §3). The draft's proposals after
 its first wrong token are recorded too: they decide what a policy verifies.
 
 Backends:
@@ -73,7 +73,7 @@ def accept_lengths(draft_tokens: np.ndarray, output_ids: Sequence[int]) -> np.nd
 
     Returns:
         ``[n]`` int8: the number of leading ``t`` with ``draft_tokens[p, t-1] == y[p+t-1]``, capped at
-        ``n - p - 1`` so the bonus token stays inside the output (DESIGN.md §3).
+        ``n - p - 1`` so the bonus token stays inside the output (docs/design.md §3).
     """
     y = np.asarray(output_ids, dtype=np.int64)
     n, k = draft_tokens.shape
