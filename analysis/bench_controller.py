@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                 for calibrate in (False, True):
                     rows.append(bench(curve, policy, bs, kind, calibrate, args.number, args.repeats, args.seed))
     frame = pd.DataFrame(rows)
-    from rich.console import Console
+    from dcut_sched.console import make_console
     from rich.table import Table
 
     table = Table(title=f"RatioController.plan() overhead, B={B} (median of {args.repeats} x {args.number} calls)")
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         table.add_column(col, justify="right")
     for row in frame.itertuples(index=False):
         table.add_row(*[str(v) for v in row])
-    Console().print(table)
+    make_console().print(table)
     # Machine-load reference: the one sort every global top-K plan does, timed alone.
     x = -np.random.default_rng(args.seed).random(64 * B).astype(np.float32)
     sort_us = min(timeit.Timer(lambda: np.argsort(x, kind="stable")).repeat(repeat=args.repeats, number=args.number))

@@ -81,12 +81,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the figures as JSON")
     args = p.parse_args(argv)
 
-    from rich.console import Console
+    from dcut_sched.console import make_console
     from rich.table import Table
 
     trace = Trace.load(args.trace) if args.trace else synthetic_trace()
     cost = CostCurve.load(args.cost, check_hardware=False) if args.cost else analytic_curve()
-    console = Console()
+    console = make_console()
     console.print(f"trace: {trace.describe()}\ncost: {cost!r}")
 
     names = policies.names()

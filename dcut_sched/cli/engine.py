@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from ..progress import RunProgress, format_duration
-    from .console import make_console
+    from ..console import make_console
 
     console = make_console()
     max_tokens = len(prompt_ids) * args.max_new_tokens

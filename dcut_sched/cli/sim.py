@@ -207,6 +207,8 @@ def _run_selection_curve(args, console) -> None:
         plot_selection_curve(df, args.selection_curve)
     else:
         write_frame(df, args.selection_curve)
+    _wrote(args.selection_curve, f"selection curve at bs {args.selection_bs}, {len(df)} rows" if suffix not in
+           PLOT_SUFFIXES else f"selection curve plot at bs {args.selection_bs}")
 
 
 def _defaults():
@@ -281,17 +283,24 @@ def _run(args, console) -> None:
             _render_table(part, console, title, "\n".join(notes))
     if args.out:
         write_frame(df, args.out)
+        _wrote(args.out, f"{len(df)} rows, one per ({'trace, cost, ' if args.sweep else ''}policy, batch size)")
     if args.plot:
         plot_speedup(df, args.plot)
+        _wrote(args.plot, "speedup plot")
+
+
+def _wrote(path: str, what: str) -> None:
+    """Say which file a run wrote (stderr, so stdout stays the table; also with --quiet)."""
+    print(f"{PROG}: wrote {path} ({what})", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-sim``; returns the exit status."""
-    from rich.console import Console
+    from ..console import make_console
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console(stderr=False)
+    console = make_console()
     try:
         _run(args, console)
     except ValueError as exc:

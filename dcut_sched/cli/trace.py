@@ -254,7 +254,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     else:
         print_fit(result)
         if args.out:
-            print(f"wrote {args.out}")
+            print(f"wrote {args.out}: the fitted generator parameters (dcut-trace synth --params {args.out})")
     return 0
 
 

@@ -125,10 +125,11 @@ def trace_stats(trace: Trace, bins: int = 10) -> dict[str, Any]:
 
 def print_stats(stats: dict[str, Any]) -> None:
     """Print :func:`trace_stats` as rich tables."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from ..console import make_console
+
+    console = make_console()
     console.print(f"[bold]{stats['file']}[/bold]: {stats['num_requests']} requests, {stats['num_positions']} "
                   f"positions, B={stats['block_size']}, source={stats['source']}")
     console.print(f"tau (full-verification replay, incl. bonus) = [bold]{stats['tau']:.3f}[/bold] over "
