@@ -178,6 +178,32 @@ def _render_table(df, console, title: str, caption: str) -> None:
     console.print(caption, highlight=False, soft_wrap=True)
 
 
+def _render_open_table(df, console, title: str, caption: str) -> None:
+    """Open loop: one row per (max batch size, policy) with what the speedup ratio hides."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, justify in (("max bs", "right"), ("arrivals req/s", "right"), ("policy", "left"),
+                          ("TPOT speedup", "right"),
+                          ("mean batch", "right"), ("goodput tok/s", "right"), ("TPOT p50 ms", "right"),
+                          ("TPOT p90 ms", "right"), ("TPOT p99 ms", "right"), ("TTFT p50 ms", "right"),
+                          ("TTFT p99 ms", "right"), ("SLO met", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for i, (bs, rows) in enumerate(df.groupby("batch_size", sort=True)):
+        if i:
+            table.add_section()
+        for r in rows.itertuples(index=False):
+            s = float(r.speedup_vs_ar)
+            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
+            speed = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+            slo = "-" if r.slo_tpot_ms != r.slo_tpot_ms else f"{r.slo_met_frac:.0%}"  # NaN: no SLO given
+            table.add_row(str(bs), f"{r.rate_rps:.2f}", r.policy, speed, f"{r.mean_batch_size:.1f}", f"{r.goodput_tokens_per_s:,.0f}",
+                          f"{r.tpot_ms_p50:.2f}", f"{r.tpot_ms_p90:.2f}", f"{r.tpot_ms_p99:.2f}",
+                          f"{r.ttft_ms_p50:.1f}", f"{r.ttft_ms_p99:.1f}", slo)
+    console.print(table)
+    console.print(caption, highlight=False, soft_wrap=True)
+
+
 def _run_selection_curve(args, console) -> None:
     from ..simulator import plot_selection_curve, selection_curve, write_frame
     from ..simulator.output import check_output_path
@@ -268,7 +294,12 @@ def _run(args, console) -> None:
             part = part.copy()
             part.attrs = dict(df.attrs, approximate=bool(part["approximate"].any()))
             what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
-                    else "cells: speedup over ar (ar mean TPOT / mean TPOT), TPOT p50 in ms below")
+                    else "TPOT speedup = ar's mean TPOT / the policy's mean TPOT at the same arrivals (the rate "
+                         "is --load x ar's capacity at each max bs): how much faster each request decodes, not "
+                         "more throughput. Faster policies finish requests sooner, so they run smaller batches "
+                         "(mean batch), and below saturation every policy's goodput is about the offered load "
+                         "(goodput: output tokens/s of measured requests that meet --slo-tpot-ms, all without "
+                         "it). TTFT includes queueing.")
             title = f"{PROG} {loop}: speedup over ar{approx}"
             notes = [what, f"trace {trace}", f"cost {cost}"]
             if args.mode == "closed":
@@ -280,7 +311,11 @@ def _run(args, console) -> None:
             if cycles:
                 notes.append(f"note: the trace ran out and was cycled {cycles} time(s) with a fresh offset "
                              f"(requests replayed more than once)")
-            _render_table(part, console, title, "\n".join(notes))
+            if args.mode == "open":
+                _render_open_table(part, console, f"{PROG} {loop}: latency and goodput per max batch size{approx}",
+                                   "\n".join(notes))
+            else:
+                _render_table(part, console, title, "\n".join(notes))
     if args.out:
         write_frame(df, args.out)
         _wrote(args.out, f"{len(df)} rows, one per ({'trace, cost, ' if args.sweep else ''}policy, batch size)")

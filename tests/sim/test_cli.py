@@ -200,3 +200,23 @@ def test_help_lists_flags(capsys):
     for flag in ("--trace", "--cost", "--policies", "--batch-sizes", "--mode", "--out", "--plot", "--sweep",
                  "--selection-curve", "--calibrate"):
         assert flag in text
+
+
+def test_open_loop_table_shows_batch_goodput_and_percentiles(files, tmp_path, capsys):
+    """The open-loop table prints, per (max bs, policy), the frame's mean batch, goodput and latencies."""
+    trace, cost = files
+    out = tmp_path / "open.json"
+    rc, text, err = run(["--trace", trace, "--cost", cost, "--mode", "open", "--batch-sizes", "4",
+                         "--policies", "dcut", "--requests", "40", "--out", out], capsys)
+    assert rc == 0, err
+    assert f"wrote {out}" in err
+    df = pd.DataFrame(json.loads(out.read_text())["rows"])
+    header = next(line for line in text.splitlines() if "mean batch" in line)
+    for col in ("TPOT speedup", "goodput tok/s", "TPOT p50 ms", "TPOT p99 ms", "TTFT p99 ms"):
+        assert col in header  # whole headers: piped output is not cut at 80 columns
+    assert "TPOT speedup = ar's mean TPOT / the policy's mean TPOT" in text
+    for r in df.itertuples():
+        row = next(line for line in text.splitlines() if f" {r.policy} " in line)
+        cells = [c.strip() for c in row.strip("│ ").split("│")]
+        assert cells[:4] == ["4", f"{r.rate_rps:.2f}", r.policy, f"{r.speedup_vs_ar:.2f}x"]
+        assert cells[4:7] == [f"{r.mean_batch_size:.1f}", f"{r.goodput_tokens_per_s:,.0f}", f"{r.tpot_ms_p50:.2f}"]
