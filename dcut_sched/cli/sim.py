@@ -65,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "examples:\n"
             "  dcut-sim\n"
-            "  dcut-sim --trace t.parquet --cost c.json --policies ar,full,dcut,fine --out results.csv --plot speedup.png\n"
-            "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out open.json\n"
-            "  dcut-sim --selection-curve selection.png --selection-bs 64\n"
-            "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out sweep.parquet\n"
+            "  dcut-sim --trace t.parquet --cost c.json --policies ar,full,dcut,fine --out out/results.csv --plot out/speedup.png\n"
+            "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out out/open.json\n"
+            "  dcut-sim --selection-curve out/selection.png --selection-bs 64\n"
+            "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out out/sweep.parquet\n"
             "exit status: 0 ok, 2 bad input (no partial output file is left)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
