@@ -212,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(up to {max_tokens:,} tokens), bs {args.batch_size}, B {args.block_size}, policy "
                   f"{args.policy}, torch threads {torch.get_num_threads()}; an estimate of the run time follows "
                   f"the first {ESTIMATE_AFTER_STEPS} steps")
+    progress.update(detail="prefill and first step (the first drafted step includes the drafter's prefill)")
     with progress:
         result = engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
                                  on_step=on_step)
@@ -219,7 +220,20 @@ def run(args: argparse.Namespace) -> int:
 
     mismatched: list[int] = []
     if args.check:
-        reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, batch_size=args.batch_size)
+        num_batches = -(-len(prompt_ids) // args.batch_size)
+        check = RunProgress(f"{PROG} --check (plain greedy reference)", num_batches * args.max_new_tokens,
+                            "steps", enabled=not args.quiet)
+        done_batches = [0]
+
+        def on_ref_step(done: int, total: int) -> None:
+            if done == 1 and check.completed > 0:
+                done_batches[0] += 1
+            check.update(completed=done_batches[0] * total + done,
+                         detail=f"batch {done_batches[0] + 1}/{num_batches}")
+
+        with check:
+            reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
+                                        batch_size=args.batch_size, on_step=on_ref_step)
         mismatched = [i for i, (a, b) in enumerate(zip(result.outputs, reference)) if a != b]
         summary["check"] = "identical to greedy" if not mismatched else f"differs for prompts {mismatched}"
 
