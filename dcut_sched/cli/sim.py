@@ -230,7 +230,7 @@ def _run_selection_curve(args, console) -> None:
             table.add_row(str(k), f"{rows['ratio'].iat[0]:.3f}", *[f"{by.loc[n, 'accepted_tokens']:.1f}" for n in policies])
         console.print(table)
     if suffix in PLOT_SUFFIXES:
-        plot_selection_curve(df, args.selection_curve)
+        plot_selection_curve(df, args.selection_curve, trace=trace)
     else:
         write_frame(df, args.selection_curve)
     _wrote(args.selection_curve, f"selection curve at bs {args.selection_bs}, {len(df)} rows" if suffix not in

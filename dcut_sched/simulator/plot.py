@@ -144,18 +144,27 @@ def plot_speedup(df: pd.DataFrame, path: str | os.PathLike, title: str | None = 
         plt.close(fig)
 
 
-def plot_selection_curve(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    """Accepted tokens per step vs verification budget, one line per policy."""
+def plot_selection_curve(df: pd.DataFrame, path: str | os.PathLike, trace: str | os.PathLike | None = None) -> None:
+    """Accepted tokens per step vs verification budget, one line per policy.
+
+    Args:
+        df: a frame of :func:`~.selection_curve.selection_curve`.
+        path: output file (format by suffix).
+        trace: the trace the curve was sampled from (named in the title).
+    """
     plt = _figure()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for policy, rows in df.groupby("policy", sort=False):
-        ax.plot(rows["budget"], rows["accepted_tokens"], marker="o", label=policy)
+    for i, (policy, rows) in enumerate(df.groupby("policy", sort=False)):
+        marker, line, color = _style(policy, i)
+        ax.plot(rows["budget"], rows["accepted_tokens"], marker=marker, linestyle=line, color=color, label=policy)
     bs = int(df["batch_size"].iat[0])
     ax.set_xlabel("verification budget K (slots per step)")
     ax.set_ylabel("accepted tokens per step")
     title = f"selection curve at batch size {bs}"
     if bool(df["approximate"].any()):
         title += " (approximate: step-indexed trace)"
+    if trace is not None:
+        title += f"\ntrace {Path(trace).stem}"
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
