@@ -47,7 +47,10 @@ def status_line(label: str, completed: float, total: float | None, unit: str, el
              else f"{completed:,.0f} {unit}"]
     rate = (completed - initial) / elapsed_s if elapsed_s > 0 else 0.0
     if completed > initial:
-        parts.append(f"{rate:,.2f} {unit}/s" if rate < 10 else f"{rate:,.0f} {unit}/s")
+        if rate < 0.1:  # slow work (a request per minute): per minute reads better than 0.01/s
+            parts.append(f"{60 * rate:,.2f} {unit}/min")
+        else:
+            parts.append(f"{rate:,.2f} {unit}/s" if rate < 10 else f"{rate:,.0f} {unit}/s")
     parts.append(f"elapsed {format_duration(elapsed_s)}")
     if total and rate > 0:
         parts.append(f"ETA ~{format_duration((total - completed) / rate)}")

@@ -22,7 +22,8 @@ def test_status_line_rate_and_eta():
 
 def test_status_line_resumed_and_unknown_total():
     # Resumed at 10 of 20 requests, 2 more in 60 s: rate 1/30 per s, 8 left -> 240 s.
-    assert status_line("rec", 12, 20, "requests", 60.0, initial=10).endswith("elapsed 1m00s, ETA ~4m00s")
+    assert status_line("rec", 12, 20, "requests", 60.0, initial=10) == (
+        "rec: 12/20 requests (60%), 2.00 requests/min, elapsed 1m00s, ETA ~4m00s")
     # Nothing done yet: no rate, no ETA.
     assert status_line("rec", 0, 20, "requests", 5.0) == "rec: 0/20 requests (0%), elapsed 5s"
     assert status_line("x", 7, None, "steps", 7.0) == "x: 7 steps, 1.00 steps/s, elapsed 7s"

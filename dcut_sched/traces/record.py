@@ -556,7 +556,7 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
                 if not estimated:
                     estimated = True
                     draft_s = time.perf_counter() - t_draft
-                    guess = num_batches * decode_s + len(todo) * draft_s
+                    guess = (num_batches - 1) * decode_s + (len(todo) - 1) * draft_s  # what is left
                     bar.note(f"dcut-trace record: estimate ~{format_duration(guess)} to go (target decode "
                              f"{format_duration(decode_s)} per batch, drafting {format_duration(draft_s)} per "
                              f"request, from the first ones)")
