@@ -44,6 +44,13 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
+def _paragraphs(*texts: str) -> str:
+    """Help paragraphs wrapped to 100 columns, one after the other (the epilog is raw text)."""
+    import textwrap
+
+    return "".join(textwrap.fill(t, 100, subsequent_indent="  ", break_on_hyphens=False) + "\n" for t in texts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import policies
     from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE
@@ -63,16 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
             "  dcut-engine --policy dcut --batch-size 8 --prompts prompts.jsonl --cost curve.json --check\n"
             "  dcut-engine --policy topk --param rho=0.5 --block-size 8 --steps out/steps.csv --out out/summary.json\n"
             "  dcut-engine --policy full --trace out/recorded.parquet --num-prompts 64\n"
-            "cost curve: --cost FILE, else the recorded CPU profile "
-            f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
-            "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).\n"
-            "run time: on a 2-core CPU a drafted step of bs 8, B 16 takes seconds (B-1 sequential drafter "
-            "forwards); all 80 prompts of traces/prompts.jsonl at the defaults took 29 minutes on a busy "
-            "machine. The run prints its size and an estimate after the first steps; progress is a bar on a "
-            "terminal and one status line (rate, ETA) every 30 s otherwise (DCUT_PROGRESS_INTERVAL_S).\n"
-            "busy machine: pass --threads 1 when other jobs share the cores (two torch threads that wait "
-            "on each other made single forwards 10-100x slower here).\n"
-            "exit status: 0 ok, 1 --check found a difference from greedy decoding, 2 bad input."
+            + _paragraphs(
+                "cost curve: --cost FILE, else the recorded CPU profile "
+                f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
+                "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).",
+                "run time: on a 2-core CPU a drafted step of bs 8, B 16 takes seconds (B-1 sequential drafter "
+                "forwards): --policy dcut on 8 prompts of traces/prompts.jsonl took 2 minutes, on all 80 of "
+                "them 29 minutes, on a busy machine. The run prints its size, an estimate after the first "
+                "steps, and progress: a bar on a terminal, otherwise one status line (rate, ETA) every 30 s "
+                "(DCUT_PROGRESS_INTERVAL_S).",
+                "busy machine: pass --threads 1 when other jobs share the cores (two torch threads that wait "
+                "on each other made single forwards 10-100x slower here).",
+            )
+            + "exit status: 0 ok, 1 --check found a difference from greedy decoding, 2 bad input."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
