@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts", metavar="FILE",
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
     g.add_argument("--num-prompts", type=int, metavar="N", help="use the first N prompts only")
-    g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/1) for the block size")
+    g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")
     g.add_argument("--threads", type=int, metavar="N",
                    help="torch CPU threads (default: torch's choice; use 1 on a busy shared machine)")
     g.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="acceptance trace (Parquet, docs/design.md §3); repeat it for the mean over several benchmarks, "
                         "or with --sweep (default: the five DFlash benchmark traces)")
     g.add_argument("--cost", action="append", metavar="FILE",
-                   help=f"cost curve (JSON, dcut.cost-curve/1); repeat with --sweep (default: {defaults.DEFAULT_COST})")
+                   help=f"cost curve (JSON, dcut.cost-curve/2, docs/design.md §4; /1 still loads); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")
     g.add_argument("--policies", type=_name_list, default=None, metavar="LIST",
                    help=f"comma-separated policies, or 'all' ({','.join(policies.names())}); ar is always run as the "
