@@ -153,7 +153,7 @@ def _launch(step: Step, out: Path, dry_run: bool, hidden: list[str], limit: floa
                PYTHONUNBUFFERED="1")
     if dry_run:
         env.setdefault("OMP_NUM_THREADS", "1")
-    print(f"[gpu-check] {step.name}: {step.title} (limit {limit:.0f} s)", flush=True)
+    print(f"[gpu-check] {step.name}: {step.title} (limit {limit:g} s)", flush=True)
     t0 = time.perf_counter()
     timed_out = False
     with open(log, "w", encoding="utf-8") as fh:
@@ -192,7 +192,7 @@ def _launch(step: Step, out: Path, dry_run: bool, hidden: list[str], limit: floa
     rel_log = os.path.relpath(log, out)
     tail = _tail(log) or "(empty: the step printed nothing; it was still importing or building its model)"
     if timed_out:
-        doc["checks"].append({"name": f"step finished within its {limit:.0f} s limit", "status": "error",
+        doc["checks"].append({"name": f"step finished within its {limit:g} s limit", "status": "error",
                               "kind": "check", "value": round(seconds, 1), "unit": "s", "goal": None,
                               "detail": f"killed after {seconds:.0f} s; the last lines of {rel_log}:\n{tail}",
                               "hint": f"rerun it alone with a longer limit: scripts/gpu_check.sh --only {step.name} "

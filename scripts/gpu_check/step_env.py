@@ -61,9 +61,13 @@ def run_env(res: StepResult, cfg: Settings) -> None:
             res.check(f"free GPU memory >= {MIN_FREE_GIB:.0f} GiB", free / 2**30 >= MIN_FREE_GIB,
                       value=round(free / 2**30, 1), unit="GiB",
                       detail=f"of {total / 2**30:.1f} GiB; another process may hold the rest (see nvidia-smi)")
-    rc, text = _nvidia_smi([f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader,nounits"])
+    fields = NVIDIA_SMI_FIELDS
+    rc, text = _nvidia_smi([f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
+    if rc > 0:  # an older driver without one of the fields: ask for the basic ones
+        fields = NVIDIA_SMI_FIELDS[:4]
+        rc, text = _nvidia_smi([f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
     if rc == 0:
-        rows = [dict(zip(NVIDIA_SMI_FIELDS, (x.strip() for x in line.split(",")))) for line in text.splitlines()]
+        rows = [dict(zip(fields, (x.strip() for x in line.split(",")))) for line in text.splitlines()]
         res.figure("nvidia_smi", rows)
         rc_apps, apps = _nvidia_smi(["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"])
         res.figure("gpu_processes", apps.splitlines() if rc_apps == 0 else apps)
