@@ -21,11 +21,17 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
     assert curve.hardware["backend"] == "cpu-eager" and curve.hardware["threads"] == 1
     assert curve.model["name"] == "tiny" and curve.model["draft"] == "dflash:1"
     cells = build_cells([1, 2, 4, 8], 16, grid_step=16)
-    assert len(curve.verify) + len(curve.draft) == len(cells)
+    assert len(curve.verify) + len(curve.ar) + len(curve.draft) == len(cells)
     assert all(r.provenance == "measured" and r.repeats == 5 and r.p20_ms <= r.median_ms <= r.p80_ms
-               for r in curve.verify)
+               for r in [*curve.verify, *curve.ar])
+    # the plain decode step is its own measured family, one row per batch size
+    assert curve.ar_batch_sizes == [1, 2, 4, 8] and curve.ar_provenance == "measured"
+    assert json.loads(out.read_text())["schema"] == "dcut.cost-curve/2"
+    load = curve.hardware["load_average"]
+    assert load["cpu_count"] >= 1 and load["end_1min"] >= 0 and load["start_1min"] >= 0
     assert not (tmp_path / "X.json.partial").exists()
-    assert "wrote" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "wrote" in text and "4 ar" in text and "p20-p80 spread median" in text and "plain step: measured" in text
 
 
 def test_cpu_small_grid_self_skip_and_report(tmp_path, capsys):
@@ -67,7 +73,41 @@ def test_analytic_fit_fills_gaps(tmp_path, capsys):
     for r in src.verify:  # every source row kept as it was
         assert rows[(r.batch_size, r.num_tokens)] == r
     assert rows[(12, 12)].provenance == "fitted" and rows[(64, 128)].provenance == "fitted"
-    assert "efficiency fit" in capsys.readouterr().out
+    ar = {r.batch_size: r for r in curve.ar}
+    assert ar[12].provenance == "fitted" and ar[64] == {r.batch_size: r for r in src.ar}[64]
+    text = capsys.readouterr().out
+    assert "efficiency fit" in text and "verify: 20 rows" in text and "ar: 5 rows" in text
+
+
+def test_analytic_fit_derives_b8_or_refuses_larger(tmp_path, capsys):
+    out = tmp_path / "b8.json"
+    assert main(["--analytic", "--device", "h20", "--fit", str(SHIPPED), "--block-size", "8", "--out", str(out),
+                 "--quiet"]) == 0
+    curve = CostCurve.load(out, check_hardware=False)
+    assert curve.block_size == 8 and all(r.num_tokens <= 8 * r.batch_size for r in curve.verify)
+    assert curve.token_range(64) == (64, 512) and curve.has_draft() and curve.ar_ms(64) == pytest.approx(17.8055, abs=1e-4)
+    b16 = CostCurve.load(SHIPPED, check_hardware=False)
+    assert curve.draft_ms(64) < b16.draft_ms(64)  # a block of 8 slots drafts cheaper than one of 16
+    assert main(["--analytic", "--device", "h20", "--fit", str(SHIPPED), "--block-size", "32", "--out",
+                 str(tmp_path / "b32.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--block-size 32" in err and "measured for block size 16" in err and not (tmp_path / "b32.json").exists()
+
+
+def test_analytic_models_the_decode_path_on_its_own(tmp_path):
+    from profiler.analytic import DEFAULT_AR_EFFICIENCY, ar_step_ms
+    from profiler.devices import get_device
+    from profiler.shapes import resolve_model
+
+    out = tmp_path / "a.json"
+    assert main(["--analytic", "--device", "h20", "--grid-step", "0", "--out", str(out), "--quiet"]) == 0
+    curve = CostCurve.load(out)
+    shape, _ = resolve_model("qwen3-8b")
+    for row in curve.ar:
+        assert row.provenance == "analytic"
+        assert row.median_ms == pytest.approx(float(ar_step_ms(shape, get_device("h20"), DEFAULT_AR_EFFICIENCY,
+                                                               row.batch_size, 1024)), abs=1e-4)
+    assert curve.ar_ms(64) < curve.verify_ms(64, 64)  # the decode path's own factors, not the verify cell
 
 
 @pytest.mark.parametrize("argv, message", [
