@@ -43,6 +43,8 @@ def run_env(res: StepResult, cfg: Settings) -> None:
     res.figure("torch", torch.__version__)
     res.figure("torch_cuda", torch.version.cuda)
     res.figure("cudnn", torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+    res.measure("python / torch / CUDA build / cuDNN", f"{sys.version.split()[0]} / {torch.__version__} / "
+                f"{torch.version.cuda or 'none'} / {res.doc['figures']['cudnn'] or 'none'}")
     if cfg.dry_run:
         res.check("torch sees a CUDA device", None, value=torch.cuda.is_available(),
                   skip_reason="dry run: CPU only")
@@ -56,6 +58,8 @@ def run_env(res: StepResult, cfg: Settings) -> None:
             res.figure("gpu", {"name": torch.cuda.get_device_name(0), "capability": f"{props.major}.{props.minor}",
                                "memory_gib": round(props.total_memory / 2**30, 1),
                                "multiprocessors": props.multi_processor_count})
+            res.measure("GPU", f"{torch.cuda.get_device_name(0)}, sm {props.major}.{props.minor}, "
+                               f"{props.total_memory / 2**30:.1f} GiB, {props.multi_processor_count} SMs")
             res.check("bf16 supported", torch.cuda.is_bf16_supported(), value=torch.cuda.is_bf16_supported())
             free, total = torch.cuda.mem_get_info()
             res.check(f"free GPU memory >= {MIN_FREE_GIB:.0f} GiB", free / 2**30 >= MIN_FREE_GIB,
@@ -69,6 +73,7 @@ def run_env(res: StepResult, cfg: Settings) -> None:
     if rc == 0:
         rows = [dict(zip(fields, (x.strip() for x in line.split(",")))) for line in text.splitlines()]
         res.figure("nvidia_smi", rows)
+        res.measure("nvidia-smi", "; ".join(", ".join(f"{k} {v}" for k, v in r.items()) for r in rows)[:300])
         rc_apps, apps = _nvidia_smi(["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"])
         res.figure("gpu_processes", apps.splitlines() if rc_apps == 0 else apps)
         full = res.out / "env" / "nvidia-smi.txt"

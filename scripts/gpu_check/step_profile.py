@@ -129,6 +129,16 @@ def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
     absent = [k for k in keys if hw.get(k) in (None, "")]
     res.check("hardware fingerprint", not absent, value={k: hw.get(k) for k in keys},
               detail=f"missing {absent}" if absent else "")
+    import warnings
+
+    from dcut_sched import CostCurve
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        curve = CostCurve.from_dict(doc)
+        same = curve.check_hardware(dtype=cfg.dtype, context_len=cfg.context_len)
+    res.check("the curve's fingerprint matches this machine (CostCurve.check_hardware)", same,
+              value=curve.fingerprint, detail="; ".join(str(w.message)[:300] for w in caught))
     backend = hw.get("backend")
     want_backend = "cpu-eager" if cfg.dry_run else "cuda-graph"
     res.check(f"backend {want_backend}", backend == want_backend, value=backend)
@@ -157,9 +167,12 @@ def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
     if ar:
         full = {bs: verify.get((bs, bs * cfg.block_size)) for bs in want}
         worse = [bs for bs, row in by_bs.items() if row["ar_ms"] and full[int(bs)] and row["ar_ms"] > full[int(bs)]]
-        res.check("plain decode step <= verifying every slot (C_ar(bs) <= C_verify(bs, bs*B))", not worse,
-                  value=len(want) - len(worse), unit=f"of {len(want)} batch sizes",
-                  detail=f"C_ar above full verification at bs {worse}" if worse else "")
+        name = "plain decode step <= verifying every slot (C_ar(bs) <= C_verify(bs, bs*B))"
+        detail = f"C_ar above full verification at bs {worse}" if worse else ""
+        if cfg.dry_run:  # a tiny model's 1- and 16-token forwards are within the noise of a shared CPU
+            res.measure(name, f"{len(want) - len(worse)} of {len(want)} batch sizes", detail=detail)
+        else:
+            res.check(name, not worse, value=len(want) - len(worse), unit=f"of {len(want)} batch sizes", detail=detail)
 
 
 def run_buckets(res: StepResult, cfg: Settings) -> None:
