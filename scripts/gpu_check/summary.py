@@ -77,6 +77,35 @@ def _env_line(steps: list[dict]) -> str:
     return "; ".join(parts)
 
 
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _curve_tables(steps: list[dict]) -> list[str]:
+    """The measured medians per batch size of each profile step, and the interpolation error."""
+    out: list[str] = []
+    for s in steps:
+        rows = s.get("figures", {}).get("median_ms_by_batch_size")
+        if not rows:
+            continue
+        out += ["", f"**{s['step']}** (`{s['figures'].get('command', '')}`), median ms: profile "
+                    f"{_ms(s['figures'].get('profile_seconds'))} s, capture {_ms(s['figures'].get('capture_seconds'))} s, "
+                    f"model build {_ms(s['figures'].get('model_build_seconds'))} s", "",
+                "| bs | ar step | verify K=bs | rho 0.25 | 0.5 | 0.75 | 1.0 | draft |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for bs, r in rows.items():
+            buckets = list(r.get("buckets_ms") or []) + [None] * 4
+            out.append(f"| {bs} | {_ms(r.get('ar_ms'))} | {_ms(r.get('verify_at_bs_ms'))} | "
+                       + " | ".join(_ms(b) for b in buckets[:4]) + f" | {_ms(r.get('draft_ms'))} |")
+        interp = s["figures"].get("interpolation_error")
+        if interp:
+            out += ["", "| bs | dense cells | lookup median % | lookup max % | numpy.interp median % | max % |",
+                    "|---:|---:|---:|---:|---:|---:|"]
+            for bs, e in interp.items():
+                out.append(f"| {bs} | {e['dense_points']} | {e['curve_median_pct']:.2f} | {e['curve_max_pct']:.2f} | "
+                           f"{e['linear_median_pct']:.2f} | {e['linear_max_pct']:.2f} |")
+    return out
+
+
 def render_markdown(summary: dict) -> str:
     steps = summary["steps"]
     lines = [f"# GPU check: {summary['verdict']} ({summary['mode']}, {summary['created']})", ""]
@@ -97,6 +126,7 @@ def render_markdown(summary: dict) -> str:
             lines.append(f"| {_cell(head)} | {_cell(ch['name'])} | {_cell(_value(ch))} | {_cell(ch.get('goal') or '')} "
                          f"| {status} |")
             head = ""
+    lines += _curve_tables(steps)
     problems = [(s, ch) for s in steps for ch in s.get("checks", []) if ch["status"] in ("fail", "error")]
     if problems:
         lines += ["", "## What failed", ""]
