@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -183,8 +184,6 @@ def _launch(step: Step, out: Path, dry_run: bool, hidden: list[str], limit: floa
     seconds = time.perf_counter() - t0
     path = out / "steps" / f"{step.name}.json"
     try:
-        import json
-
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         doc = {"step": step.name, "title": step.title, "checks": [], "figures": {}, "notes": [], "artifacts": [],
@@ -192,9 +191,11 @@ def _launch(step: Step, out: Path, dry_run: bool, hidden: list[str], limit: floa
     rel_log = os.path.relpath(log, out)
     tail = _tail(log) or "(empty: the step printed nothing; it was still importing or building its model)"
     if timed_out:
+        partial = sorted(os.path.relpath(p, out) for p in (out / "curves").glob("*.partial"))
+        kept = f"; measured cells kept in {', '.join(partial)} (dcut-profile ... --resume continues them)" if partial else ""
         doc["checks"].append({"name": f"step finished within its {limit:g} s limit", "status": "error",
                               "kind": "check", "value": round(seconds, 1), "unit": "s", "goal": None,
-                              "detail": f"killed after {seconds:.0f} s; the last lines of {rel_log}:\n{tail}",
+                              "detail": f"killed after {seconds:.0f} s{kept}; the last lines of {rel_log}:\n{tail}",
                               "hint": f"rerun it alone with a longer limit: scripts/gpu_check.sh --only {step.name} "
                                       f"--time-limit {step.name}=SECONDS OUT2"})
     elif rc != 0 or not doc.get("finished"):
