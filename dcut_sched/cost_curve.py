@@ -55,8 +55,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from scipy.interpolate import PchipInterpolator
-from scipy.optimize import isotonic_regression
 
 from .atomic import atomic_write_text
 
@@ -160,6 +158,17 @@ def cpu_model_name() -> str:
 
 def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _json_scalar(value: Any) -> Any:
+    """``json.dumps`` hook: numpy integers, floats and booleans as Python numbers (lossless)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
 def _exact_int(value: Any) -> int | None:
@@ -315,6 +324,14 @@ class CostCurve:
         self.model = dict(self.model)
         if not isinstance(self.model.get("name"), str) or not self.model["name"]:
             raise self._fail("model.name", "missing or not a string", "name the model whose forward was timed")
+        for name in ("hardware", "model"):  # what save() will write must be plain finite JSON
+            try:
+                json.dumps(getattr(self, name), allow_nan=False, default=_json_scalar)
+            except RecursionError:
+                raise self._fail(name, "nested too deeply") from None
+            except (TypeError, ValueError) as exc:
+                raise self._fail(name, f"not plain finite JSON: {exc}",
+                                 "use str, int, float (finite), bool, None, lists and objects") from None
         bsz = _exact_int(self.block_size)
         if bsz is None or bsz < 1:
             raise self._fail("block_size", f"must be a positive int, got {self.block_size!r}")
@@ -367,6 +384,10 @@ class CostCurve:
 
     # ------------------------------------------------------------------ lookup tables
     def _build_tables(self) -> None:
+        # scipy loads with the first curve, not with the package (a controller import stays light)
+        from scipy.interpolate import PchipInterpolator
+        from scipy.optimize import isotonic_regression
+
         by_bs: dict[int, list[VerifyRow]] = {}
         for row in self.verify:
             by_bs.setdefault(row.batch_size, []).append(row)
@@ -651,7 +672,9 @@ class CostCurve:
         """
         doc = self.to_dict()
         try:
-            text = json.dumps(doc, indent=1, allow_nan=False)
+            text = json.dumps(doc, indent=1, allow_nan=False, default=_json_scalar)
+        except RecursionError:
+            raise self._fail("hardware/model", "nested too deeply to write") from None
         except (TypeError, ValueError) as exc:
             raise self._fail("hardware/model", f"not JSON-serialisable: {exc}",
                              "use str, int, float, bool, None, lists and dicts") from None
@@ -739,6 +762,8 @@ class CostCurve:
             ) from None
         except RecursionError:
             raise CostCurveError(f"cost curve {path_str}: JSON nested too deeply to be a cost curve") from None
+        except ValueError as exc:  # e.g. an integer literal longer than Python's int conversion limit
+            raise CostCurveError(f"cost curve {path_str}: not a valid cost-curve JSON ({exc})") from None
         curve = cls.from_dict(doc, path=path_str)
         if check_hardware:
             curve.check_hardware()

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho")
     ap.add_argument("--grid-step", type=int, default=16,
                     help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
-                         "0 = AR point and buckets only (fastest)")
+                         "0 = num_tokens = bs and the buckets only (fastest)")
     ap.add_argument("--draft", default="auto",
                     help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "

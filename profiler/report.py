@@ -103,7 +103,7 @@ def fit_table(fit: FitResult, title: str = "efficiency fit") -> Table:
 
 def interp_table(err: pd.DataFrame) -> Table:
     """:func:`profiler.interp_error.interpolation_error` as a table."""
-    t = Table(title="coarse grid (AR + 4 buckets) vs measured dense grid: prediction error of the dense points",
+    t = Table(title="coarse grid (num_tokens = bs + 4 buckets) vs measured dense grid: prediction error of the dense points",
               caption="lin: numpy.interp between coarse points; curve: CostCurve lookup (isotonic + PCHIP)")
     for col in ("bs", "pts", "lin max ms", "lin max %", "lin mean %", "curve max ms", "curve max %",
                 "curve mean %"):

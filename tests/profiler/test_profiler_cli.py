@@ -138,3 +138,23 @@ def test_existing_partial_needs_resume(tmp_path, capsys):
 def test_gpu_without_cuda(tmp_path, capsys):
     assert main(["--gpu", "--model", "tiny", "--out", str(tmp_path / "g.json")]) == 2
     assert "--gpu needs a CUDA device" in capsys.readouterr().err
+
+
+def test_load_and_spread_warnings_by_hand():
+    from profiler.cli import _load_warnings, _spread_warnings
+
+    quiet = {"start_1min": 0.9, "end_1min": 1.1, "end_5min": 1.0}
+    assert _load_warnings(quiet, cpu_count=2, threads=1) == []
+    busy = {"start_1min": 0.5, "end_1min": 7.5, "end_5min": 6.0}
+    (msg,) = _load_warnings(busy, cpu_count=2, threads=1)
+    assert "load average reached 7.5 on 2 cores" in msg and "inflated" in msg
+
+    def curve(p20, p80):
+        return CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=2, context_len=0,
+                         verify=[{"batch_size": 1, "num_tokens": k, "median_ms": 10.0, "p20_ms": p20, "p80_ms": p80}
+                                 for k in (1, 2)],
+                         ar=[{"batch_size": 1, "median_ms": 10.0, "p20_ms": 9.9, "p80_ms": 10.1}])
+
+    assert _spread_warnings(curve(9.8, 10.2)) == []  # 4 % spread
+    (msg,) = _spread_warnings(curve(8.0, 12.0))  # 40 % on both verify cells, median over the 3 cells 40 %
+    assert "median 40.0%, max 40.0%" in msg and "verify:1:1" in msg
