@@ -38,7 +38,7 @@ STEP_SCHEMA = "dcut.gpu-check-step/1"
 PACKAGE_USES = {
     "torch": "every step",
     "numpy": "every step",
-    "scipy": "every step that imports dcut_sched (cost-curve lookups, calibration)",
+    "scipy": "the profile, controller and pytest steps (cost-curve lookups)",
     "pandas": "the profile steps (interpolation error, tables)",
     "rich": "the profile steps' tables and progress (pip's vendored copy is used when missing)",
     "pytest": "the pytest step",

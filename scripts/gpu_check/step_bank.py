@@ -34,7 +34,7 @@ def _rel_err(got, want) -> float:
 
 
 def run_bank(res: StepResult, cfg: Settings) -> None:
-    need = missing("torch", "numpy", "scipy")
+    need = missing("torch", "numpy")
     if need:
         res.skip(f"needs {', '.join(need)} (not installed on this machine)")
         return
