@@ -4,12 +4,13 @@ For policies ``dcut`` and ``fine`` at bs 4/16/64 with the shipped H20 Qwen3-8B c
 
 - **Same plans as on the CPU.** One seeded sequence of confidences (Beta(4, 1.5), float32) and
   greedy acceptances; a controller on CUDA tensors and one on numpy arrays plan and observe the same
-  steps (a plain step where the previous plan said ``draft_next=False``); lengths, K, draft decision
-  and expected tokens must agree at every step.
+  steps (a plain step where the previous plan said ``draft_next=False``); lengths, K, the draft
+  decision, expected tokens and the layouts (gather indices, cumulative draft counts) must agree at
+  every step.
 - **One host sync per drafted step.** Each CUDA ``plan()`` runs under
   ``torch.cuda.set_sync_debug_mode("warn")``; the synchronising calls it makes are counted (the
-  budget decision reads the expected tokens at the candidate budgets: exactly one), and a plain
-  step (``plan_without_draft``) must make none. A wrong count names the source lines that synced.
+  budget decision reads the expected tokens at the candidate budgets: exactly one, with the plan's
+  layouts built as an engine reads them), and a plain step (``plan_without_draft``) must make none. A wrong count names the source lines that synced.
 - **Time.** ``plan()`` timed with CUDA events around the call and with the host clock, after
   warm-up steps, without the debug mode; median ms per (policy, bs).
 
@@ -49,6 +50,12 @@ def _count_syncs(fn):
             torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     return out, len(syncs), [f"{Path(w.filename).name}:{w.lineno}" for w in syncs]
+
+
+def _with_layout(plan):
+    """``plan`` after building its layouts (slot mask, gather indices, draft-token counts)."""
+    _ = plan.layout
+    return plan
 
 
 def run_controller(res: StepResult, cfg: Settings) -> None:
@@ -92,12 +99,13 @@ def _compare(res, RatioController, curve, block, policy, bs, conf, accept, dev, 
     mismatches, plan_syncs, plain_syncs, sites = [], [], [], set()
     plain = False
     for s in range(conf.shape[0]):
+        # The layouts are built on first access; an engine reads them every step, so they count too.
         if plain:
             p_host = host.plan_without_draft(bs)
-            call = lambda: device.plan_without_draft(bs, dev)  # noqa: E731
+            call = lambda: _with_layout(device.plan_without_draft(bs, dev))  # noqa: E731
         else:
             p_host = host.plan(conf[s])
-            call = lambda: device.plan(conf_dev[s])  # noqa: E731
+            call = lambda: _with_layout(device.plan(conf_dev[s]))  # noqa: E731
         if gpu:
             torch.cuda.synchronize()
             p_dev, n, where = _count_syncs(call)
@@ -108,6 +116,8 @@ def _compare(res, RatioController, curve, block, policy, bs, conf, accept, dev, 
             p_dev = call()
         lengths = p_dev.lengths.cpu().numpy()
         same = (np.array_equal(lengths, p_host.lengths) and p_dev.num_tokens == p_host.num_tokens
+                and np.array_equal(p_dev.gather_indices.cpu().numpy(), np.asarray(p_host.gather_indices))
+                and np.array_equal(p_dev.cu_num_draft_tokens.cpu().numpy(), np.asarray(p_host.cu_num_draft_tokens))
                 and p_dev.draft_next == p_host.draft_next and p_dev.drafted == p_host.drafted
                 and abs(p_dev.expected_tokens - p_host.expected_tokens) <= 1e-4 * max(1.0, p_host.expected_tokens))
         if not same and len(mismatches) < 3:
@@ -132,11 +142,12 @@ def _compare(res, RatioController, curve, block, policy, bs, conf, accept, dev, 
         res.check(f"{policy} bs {bs}: one host sync per plan()", None, skip_reason="dry run: counting syncs needs CUDA")
         return
     counts = {n: plan_syncs.count(n) for n in sorted(set(plan_syncs))}
-    res.check(f"{policy} bs {bs}: exactly one host sync per plan()", bool(plan_syncs) and set(plan_syncs) == {1},
+    res.check(f"{policy} bs {bs}: exactly one host sync per plan() (layouts included)",
+              bool(plan_syncs) and set(plan_syncs) == {1},
               value=counts, unit="syncs: steps",
               detail=f"synchronising calls at {sorted(sites)}" if sites else "")
     if plain_syncs:
-        res.check(f"{policy} bs {bs}: no host sync in plan_without_draft()", set(plain_syncs) == {0},
+        res.check(f"{policy} bs {bs}: no host sync in plan_without_draft() (layouts included)", set(plain_syncs) == {0},
                   value={n: plain_syncs.count(n) for n in sorted(set(plain_syncs))}, unit="syncs: steps")
 
 
