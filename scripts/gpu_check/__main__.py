@@ -48,7 +48,7 @@ class Step:
 
 
 STEPS = (
-    Step("env", "environment: GPU, driver, CUDA, torch, packages", "step_env:run_env", 30, 30),
+    Step("env", "environment: GPU, driver, CUDA, torch, packages", "step_env:run_env", 45, 30),
     Step("pytest", "pytest -m cuda (the CUDA-marked tests)", "step_env:run_pytest", 90, 60),
     Step("profile-buckets", "dcut-profile --gpu: AR point + 4 buckets + draft + ar step at bs 4..64 (time goal)",
          "step_profile:run_buckets", 75, 45),
