@@ -356,7 +356,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
                       source=f"measured by {command}")
     for msg in (_load_warnings(hardware["load_average"], os.cpu_count(), args.threads) if not gpu and
                 hardware["load_average"] else []) + _spread_warnings(curve):
-        hardware.setdefault("warnings", []).append(msg)
+        curve.hardware.setdefault("warnings", []).append(msg)  # the curve holds its own copy of hardware
         console.print(f"[yellow]warning: {msg}[/]", soft_wrap=True)
     curve.save(args.out)
     partial.unlink(missing_ok=True)

@@ -29,6 +29,10 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
     assert json.loads(out.read_text())["schema"] == "dcut.cost-curve/2"
     load = curve.hardware["load_average"]
     assert load["cpu_count"] >= 1 and load["end_1min"] >= 0 and load["start_1min"] >= 0
+    from profiler.cli import _load_warnings, _spread_warnings
+
+    expected = _load_warnings(load, load["cpu_count"], 1) + _spread_warnings(curve)
+    assert curve.hardware.get("warnings", []) == expected  # what was warned is kept in the file
     assert not (tmp_path / "X.json.partial").exists()
     text = capsys.readouterr().out
     assert "wrote" in text and "4 ar" in text and "p20-p80 spread median" in text and "plain step: measured" in text
