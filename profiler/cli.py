@@ -184,6 +184,21 @@ def _spread_warnings(curve: CostCurve) -> list[str]:
     return []
 
 
+def _monotone_warnings(curve: CostCurve, tolerance: float = 0.05) -> list[str]:
+    """Plain-decode or draft steps that get cheaper with more requests (by more than ``tolerance``):
+    a sign of load drift or noise, since a bigger batch never does less work."""
+    out = []
+    for fam, rows in (("ar", curve.ar), ("draft", curve.draft)):
+        rows = sorted(rows, key=lambda r: r.batch_size)
+        drops = [f"bs {a.batch_size} {a.median_ms:.4g} ms > bs {b.batch_size} {b.median_ms:.4g} ms"
+                 for a, b in zip(rows, rows[1:]) if b.median_ms < a.median_ms * (1 - tolerance)]
+        if drops:
+            out.append(f"{fam} step not monotone in batch size ({'; '.join(drops[:3])}"
+                       f"{'; ...' if len(drops) > 3 else ''}): noise or load drift; the lookup interpolates "
+                       f"these medians as they are")
+    return out
+
+
 def _resolve(args: argparse.Namespace):
     from .analytic import parse_draft_spec
     from .shapes import resolve_model
@@ -355,7 +370,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
                       profile_seconds=round(run.measure_seconds + run.prepare_seconds, 2),
                       source=f"measured by {command}")
     for msg in (_load_warnings(hardware["load_average"], os.cpu_count(), args.threads) if not gpu and
-                hardware["load_average"] else []) + _spread_warnings(curve):
+                hardware["load_average"] else []) + _spread_warnings(curve) + _monotone_warnings(curve):
         curve.hardware.setdefault("warnings", []).append(msg)  # the curve holds its own copy of hardware
         console.print(f"[yellow]warning: {msg}[/]", soft_wrap=True)
     curve.save(args.out)

@@ -31,7 +31,9 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
     assert load["cpu_count"] >= 1 and load["end_1min"] >= 0 and load["start_1min"] >= 0
     from profiler.cli import _load_warnings, _spread_warnings
 
-    expected = _load_warnings(load, load["cpu_count"], 1) + _spread_warnings(curve)
+    from profiler.cli import _monotone_warnings
+
+    expected = _load_warnings(load, load["cpu_count"], 1) + _spread_warnings(curve) + _monotone_warnings(curve)
     assert curve.hardware.get("warnings", []) == expected  # what was warned is kept in the file
     assert not (tmp_path / "X.json.partial").exists()
     text = capsys.readouterr().out
@@ -162,3 +164,11 @@ def test_load_and_spread_warnings_by_hand():
     assert _spread_warnings(curve(9.8, 10.2)) == []  # 4 % spread
     (msg,) = _spread_warnings(curve(8.0, 12.0))  # 40 % on both verify cells, median over the 3 cells 40 %
     assert "median 40.0%, max 40.0%" in msg and "verify:1:1" in msg
+
+    from profiler.cli import _monotone_warnings
+
+    c = CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=1, context_len=0,
+                  verify=[{"batch_size": b, "num_tokens": b, "median_ms": 1.0} for b in (4, 8)],
+                  ar=[{"batch_size": 4, "median_ms": 11.9}, {"batch_size": 8, "median_ms": 9.9}])
+    assert _monotone_warnings(c) == ["ar step not monotone in batch size (bs 4 11.9 ms > bs 8 9.9 ms): noise or load "
+                                     "drift; the lookup interpolates these medians as they are"]
