@@ -151,7 +151,7 @@ def compute(settings: Settings, bar) -> dict:
     return out
 
 
-def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: float) -> list[Path]:
+def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path]:
     """CSV files, figures and the Markdown report under ``out_dir``; returns the paths written."""
     res, fig = out_dir / "results", out_dir / "figures"
     res.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: f
     fidelity_path = res / "fidelity.md"
     fidelity = fidelity_path.read_text() if fidelity_path.exists() else None
     summary_path = res / "fidelity_summary.json"
-    text = render_report(results, families(), settings, fidelity=fidelity, elapsed_s=elapsed_s)
+    text = render_report(results, families(), settings, fidelity=fidelity)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
     blocks = {"headline": report_reproduce.headline_markdown(results["reproduce"])}
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         return 2
     run_fidelity_predict(Path(args.out_dir))
     elapsed = time.perf_counter() - start
-    written = write_outputs(results, settings, Path(args.out_dir), elapsed)
+    written = write_outputs(results, settings, Path(args.out_dir))
     print(f"report computed in {elapsed:.0f} s; wrote {len(written)} files, e.g. {written[-1]}")
     return 0
 
