@@ -42,9 +42,10 @@ from .base import Policy, VerifyPlan, check_conf_shape, register
 
 
 def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
-    """vLLM's default CUDA-graph capture sizes up to ``capture_limit``: 1, 2, 4, 8..256 by 8, 272.. by 16."""
+    """vLLM's default CUDA-graph capture sizes up to ``capture_limit``: 1, 2, 4, 8..256 by 8, 272.. by 16,
+    and the limit itself (the largest captured graph)."""
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max(int(capture_limit), 256) + 1, 16)]
-    return np.array([s for s in sizes if s <= capture_limit], dtype=np.int64)
+    return np.union1d([s for s in sizes if s <= capture_limit], [int(capture_limit)]).astype(np.int64)
 
 
 def padded_num_tokens(num_tokens: np.ndarray, capture_sizes: np.ndarray) -> np.ndarray:
@@ -108,7 +109,7 @@ class DSpark(Policy):
             sizes = vllm_capture_sizes(self.capture_limit)
             ks = np.union1d(sizes[(sizes >= batch_size) & (sizes <= hi)], [batch_size, hi]).astype(np.int64)
             lo_curve, hi_curve = cost.token_range(batch_size)
-            graph = np.minimum(padded_num_tokens(ks, np.union1d(sizes, [hi])), hi_curve)
+            graph = np.minimum(padded_num_tokens(ks, sizes), hi_curve)
             graph = np.maximum(graph, lo_curve)
             step = cost.draft_ms(batch_size) + np.asarray(cost.verify_ms(batch_size, graph), dtype=np.float64)
             return ks, step
