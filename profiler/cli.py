@@ -178,7 +178,7 @@ def _resolve(args: argparse.Namespace):
 
 
 def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
-    from .analytic import DEFAULT_EFFICIENCY, draft_ms, forward_ms
+    from .analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
     from .devices import get_device
     from .fit import device_matches, fill_curve, fit_efficiency
     from .grid import verify_tokens
@@ -199,10 +199,10 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
         source = (f"{src.source} | gaps filled by dcut-profile --analytic --device {device.key} --fit {args.fit}: "
                   f"roofline of profiler.analytic with efficiency factors fitted to the file's measured/published rows")
         curve = fill_curve(src, shape, fit, batch_sizes=args.batch_sizes, ratios=args.ratios,
-                           grid_step=args.grid_step, draft=draft, source=source)
+                           grid_step=args.grid_step, draft=draft, source=source, block_size=args.block_size)
         return curve, fit
-    eff = DEFAULT_EFFICIENCY
-    verify, drafts = [], []
+    eff, ar_eff = DEFAULT_EFFICIENCY, DEFAULT_AR_EFFICIENCY
+    verify, drafts, ar = [], [], []
     for bs in args.batch_sizes:
         tokens = np.array(verify_tokens(bs, args.block_size, args.ratios, args.grid_step))
         for k, ms in zip(tokens, forward_ms(shape, device, eff, bs, tokens, args.context_len)):
@@ -211,13 +211,17 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
         if draft.kind != "none":
             ms = draft_ms(shape, draft, device, eff, bs, args.block_size, args.context_len)
             drafts.append({"batch_size": bs, "median_ms": round(float(ms), 4), "provenance": "analytic"})
+        ar.append({"batch_size": bs, "median_ms": round(float(ar_step_ms(shape, device, ar_eff, bs, args.context_len)), 4),
+                   "provenance": "analytic"})
     hardware = {"device_name": device.name, "backend": "analytic", "torch_version": None, "cuda_version": None,
                 "driver_version": None, "peak_bf16_tflops": device.peak_bf16_tflops,
-                "hbm_tb_per_s": device.hbm_tb_per_s, "device_source": device.source, "efficiency": eff.to_dict()}
+                "hbm_tb_per_s": device.hbm_tb_per_s, "device_source": device.source, "efficiency": eff.to_dict(),
+                "ar_efficiency": ar_eff.to_dict()}
     curve = CostCurve(hardware=hardware, model={"name": shape.name, "config": shape.to_dict(), "dtype": "bfloat16",
                                                 "draft": draft.label()},
-                      block_size=args.block_size, context_len=args.context_len, verify=verify, draft=drafts,
-                      source="profiler.analytic roofline with default (unfitted) efficiency factors; see docs/profiler.md",
+                      block_size=args.block_size, context_len=args.context_len, verify=verify, draft=drafts, ar=ar,
+                      source="profiler.analytic roofline with default (unfitted) efficiency factors for the verify and "
+                             "the plain-decode paths; see docs/profiler.md",
                       profile_seconds=0.0)
     return curve, None
 
