@@ -257,3 +257,15 @@ def test_reset_and_deepcopy_isolate_state(curve):
         pol.reset()
         assert dict(vars(pol.state)) == empty
         assert clone.state is not pol.state and any(v is not None for v in vars(clone.state).values())
+
+
+@pytest.mark.parametrize("name", PEERS)
+def test_online_controller_runs_the_peers_and_feeds_back_outcomes(curve, name):
+    ctrl = d.RatioController(curve, block_size=4, policy=name)
+    plan = ctrl.plan(torch.as_tensor(CONF))
+    assert plan.num_tokens == int(plan.lengths.sum()) and isinstance(plan.lengths, torch.Tensor)
+    ctrl.observe(torch.tensor([3, 1]))
+    again = ctrl.plan(torch.as_tensor(HALF))
+    assert 2 <= again.num_tokens <= 8
+    if name == "smartspec":  # observe reached the policy: a = 4 / 5 from min(3, L-1) + min(1, L-1) of 3 + 2
+        assert ctrl.policy.state.acceptance_rate == pytest.approx(0.8)
