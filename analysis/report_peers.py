@@ -66,9 +66,18 @@ PEER_FAMILIES = (
 )
 
 
-def policies_run() -> list[str]:
-    """``ar`` (the baseline), the references, then the peers, in registry order."""
-    return ["ar", *REFERENCES, *PEERS]
+#: Ablation run beside the peers: vLLM's rule without its one-step lag (not counted as a peer).
+LAG_ABLATION = ("vllm_adaptive", {"lag_steps": 0})
+LAG_ABLATION_LABEL = "vllm_adaptive(lag_steps=0)"
+
+
+def policies_run() -> list:
+    """``ar`` (the baseline), the references, the peers in registry order, then the lag ablation."""
+    return ["ar", *REFERENCES, *PEERS, LAG_ABLATION]
+
+
+def _policy_arg(spec) -> str:
+    return spec if isinstance(spec, str) else spec[0]
 
 
 def run_peers(
@@ -208,9 +217,17 @@ def peers_markdown(df: pd.DataFrame, families: Sequence[PeerFamily] = PEER_FAMIL
         w(f"### {fam.title}\n")
         w(_fmt(peers_table(part)) + "\n")
         bs = ",".join(str(b) for b in fam.batch_sizes)
-        pols = ",".join(policies_run())
+        pols = ",".join(dict.fromkeys(_policy_arg(p) for p in policies_run()))
         w("```\n" + "\n".join(f"dcut-sim --trace {t} --cost {fam.cost} --policies {pols} --batch-sizes {bs}"
                               for t in fam.traces) + "\n```\n")
+        w(f"(The `{LAG_ABLATION_LABEL}` row, the same rule deciding on the current confidences, is "
+          f"`dcut_sched.simulate(..., policies=[{LAG_ABLATION!r}])`; `dcut-sim --param` sets one value per "
+          f"policy name per run.)\n")
+        table = _means(part)
+        if LAG_ABLATION_LABEL in table.index:
+            cost = 1.0 - table.loc["vllm_adaptive"] / table.loc[LAG_ABLATION_LABEL]
+            w(f"Cost of `vllm_adaptive`'s one-step lag here: {100 * cost.min():.0f} to {100 * cost.max():.0f} % of "
+              f"its speedup (how much a request's next drafts resemble its last ones decides it).\n")
     w(f"![peers]({figure})\n")
     wins = peer_wins(df)
     w("#### Where a peer beats `fine`\n")

@@ -12,7 +12,7 @@ ANALYSIS = Path(__file__).resolve().parents[2] / "analysis"
 sys.path.insert(0, str(ANALYSIS))
 
 from report_peers import (PeerFamily, peer_wins, peers_commentary, peers_markdown, peers_table,  # noqa: E402
-                          plot_peers, policies_run, run_peers)
+                          plot_peers, run_peers)
 
 from dcut_sched.policies import PEERS  # noqa: E402
 from tests.sim.conftest import random_trace  # noqa: E402
@@ -59,10 +59,11 @@ def test_run_plot_and_markdown_on_tiny_inputs(tmp_path, make_curve):
     make_curve(batch_sizes=(1, 2, 4), block_size=4).save(cost)
     fam = PeerFamily("tiny", "tiny trace on a linear curve", (str(trace),), str(cost), (1, 2, 4))
     df = run_peers([fam], num_steps=40, warmup_steps=5, seed=0)
-    assert set(df["policy"]) == set(policies_run()) and set(df["batch_size"]) == {1, 2, 4}
+    assert set(df["policy"]) == {"ar", "dcut", "fine", *PEERS, "vllm_adaptive(lag_steps=0)"}
+    assert set(df["batch_size"]) == {1, 2, 4}
     assert (df[df["policy"] == "ar"]["speedup_vs_ar"] == 1.0).all()
     plot_peers(df, tmp_path / "peers.png", families=[fam])
     assert (tmp_path / "peers.png").stat().st_size > 0
     text = peers_markdown(df, [fam], commentary=peers_commentary(df, [fam]))
     assert "### tiny trace on a linear curve" in text and "| **fine / best peer** |" in text
-    assert "#### Where a peer beats `fine`" in text
+    assert "#### Where a peer beats `fine`" in text and "one-step lag here" in text
