@@ -54,8 +54,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from scipy.interpolate import PchipInterpolator
-from scipy.optimize import isotonic_regression
 
 from .atomic import atomic_write_text
 
@@ -348,6 +346,10 @@ class CostCurve:
 
     # ------------------------------------------------------------------ lookup tables
     def _build_tables(self) -> None:
+        # scipy loads with the first curve, not with the package (a controller import stays light)
+        from scipy.interpolate import PchipInterpolator
+        from scipy.optimize import isotonic_regression
+
         by_bs: dict[int, list[VerifyRow]] = {}
         for row in self.verify:
             by_bs.setdefault(row.batch_size, []).append(row)
