@@ -41,10 +41,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..cost_curve import CostCurve
-from ..scores import Array
+from ..scores import Array, is_tensor
 from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
@@ -162,7 +161,9 @@ class SmartSpec(Policy):
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, draft_next, False)
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:
-        if isinstance(lengths, torch.Tensor):
+        if is_tensor(lengths):
+            import torch
+
             trials_t = torch.minimum(torch.as_tensor(num_accepted, device=lengths.device) + 1, lengths - 1)
             accepted, trials = float(torch.as_tensor(num_accepted).sum()), float(trials_t.sum())
         else:

@@ -35,10 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..cost_curve import CostCurve, CostCurveRangeError
-from ..scores import Array, ScoreRanking
+from ..scores import Array, ScoreRanking, is_tensor
 from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
@@ -116,7 +115,7 @@ class VllmAdaptive(Policy):
         _, qs, itl = self.table(bs, block, cost)
         scores = self._scores(conf, validate=False)
         stale = self.state.conf
-        self.state.conf = conf.clone() if isinstance(conf, torch.Tensor) else np.array(conf, copy=True)
+        self.state.conf = conf.clone() if is_tensor(conf) else np.array(conf, copy=True)
         decide_on = conf if self.lag_steps == 0 else stale
         if decide_on is None or tuple(decide_on.shape) != tuple(conf.shape):
             # no cached decision for this batch: the scheduled (full) query lengths stand
