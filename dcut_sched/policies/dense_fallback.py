@@ -4,7 +4,9 @@ Source: the SGLang port of D-Cut (adaptive verification for DFlash in SGLang, fo
 D-Cut documentation). It keeps D-Cut's bucket choice but guards it: a compact (pruned) verification
 runs a ragged, piecewise-captured forward, while full verification replays the dense graph the
 engine captured anyway, so the port stays at full verification unless a compact ratio saves at
-least ``min_saving`` (12 %) of the full verify cost.
+least ``min_saving`` (12 %) of the full verify cost. (The port's pull request itself was not in the
+reference corpora this was checked against; the rule and the 12 % are as issue 15 states them, and the
+eligibility reading below is this file's.)
 
 The rule, per step: the D-Cut buckets ``rho_q`` give budgets ``K_q = ceil(rho_q * bs * B)``; a bucket
 with ``K_q < bs * B`` is *eligible* only if ``1 - C_verify(bs, K_q) / C_verify(bs, bs * B) >=
