@@ -48,6 +48,7 @@ import json
 import math
 import numbers
 import os
+import platform
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,8 @@ __all__ = [
     "CostCurveError",
     "CostCurveRangeError",
     "DraftRow",
+    "FINGERPRINT_FIELDS",
+    "cpu_model_name",
     "VerifyRow",
 ]
 
@@ -137,8 +140,35 @@ _ROW_REQUIRED = {VerifyRow: ("batch_size", "num_tokens", "median_ms"), ArRow: ("
                  DraftRow: ("batch_size", "median_ms")}
 
 
+#: The fields of :attr:`CostCurve.fingerprint` that :meth:`CostCurve.check_hardware` compares.
+FINGERPRINT_FIELDS = ("device_name", "backend", "torch_version", "threads", "dtype", "context_len")
+
+
+def cpu_model_name() -> str:
+    """This machine's CPU model (``model name`` of /proc/cpuinfo, else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _json_scalar(value: Any) -> Any:
+    """``json.dumps`` hook: numpy integers, floats and booleans as Python numbers (lossless)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
 def _exact_int(value: Any) -> int | None:
@@ -294,6 +324,14 @@ class CostCurve:
         self.model = dict(self.model)
         if not isinstance(self.model.get("name"), str) or not self.model["name"]:
             raise self._fail("model.name", "missing or not a string", "name the model whose forward was timed")
+        for name in ("hardware", "model"):  # what save() will write must be plain finite JSON
+            try:
+                json.dumps(getattr(self, name), allow_nan=False, default=_json_scalar)
+            except RecursionError:
+                raise self._fail(name, "nested too deeply") from None
+            except (TypeError, ValueError) as exc:
+                raise self._fail(name, f"not plain finite JSON: {exc}",
+                                 "use str, int, float (finite), bool, None, lists and objects") from None
         bsz = _exact_int(self.block_size)
         if bsz is None or bsz < 1:
             raise self._fail("block_size", f"must be a positive int, got {self.block_size!r}")
@@ -546,31 +584,61 @@ class CostCurve:
                 "profile the target with the block size you serve (dcut-profile --block-size)",
             )
 
-    def check_hardware(self, device_name: str | None = None) -> bool:
-        """Warn (``UserWarning``) if the curve was measured on another GPU than ``device_name``.
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """What the times depend on besides the model: ``{device_name, backend, torch_version, threads,
+        dtype, context_len}`` (``None`` where the file does not say; see :data:`FINGERPRINT_FIELDS`)."""
+        hw = self.hardware
+        return {"device_name": hw.get("device_name"), "backend": hw.get("backend"),
+                "torch_version": hw.get("torch_version"), "threads": hw.get("threads"),
+                "dtype": self.model.get("dtype"), "context_len": self.context_len}
 
-        With ``device_name=None`` the current CUDA device is used when there is one; curves from the
-        ``analytic``/``published``/``cpu-eager`` backends are not compared. Returns True on a match
-        or when nothing was compared.
+    def check_hardware(self, device_name: str | None = None, *, torch_version: str | None = None,
+                       threads: int | None = None, dtype: str | None = None, context_len: int | None = None) -> bool:
+        """Warn (one ``UserWarning`` naming both sides) if this run differs from the curve's
+        :attr:`fingerprint`.
+
+        Compared, where both sides are known:
+            - measured curves (``cuda-graph``, ``cuda-eager``, ``cpu-eager``): the device (the current CUDA
+              device, or this machine's CPU model from :func:`cpu_model_name`, when ``device_name`` is
+              None) and the torch version (``torch.__version__`` by default, once a device is known);
+              CPU curves also the thread count (``torch.get_num_threads()`` by default);
+            - every curve (``analytic`` too): ``dtype`` and ``context_len`` when given.
+
+        Returns:
+            True when nothing compared differs.
         """
-        if self.hardware.get("backend") not in ("cuda-graph", "cuda-eager"):
-            return True
-        if device_name is None:
+        fp = self.fingerprint
+        backend = fp["backend"]
+        here: dict[str, Any] = {"dtype": dtype, "context_len": context_len, "device_name": None,
+                                "torch_version": None, "threads": None}
+        if backend in ("cuda-graph", "cuda-eager", "cpu-eager"):
             import torch
 
-            if not torch.cuda.is_available():
-                return True
-            device_name = torch.cuda.get_device_name()
-        measured = str(self.hardware.get("device_name", ""))
-        if measured and measured != device_name:
-            warnings.warn(
-                f"{self._where()} was measured on {measured!r} but this device is {device_name!r}; "
-                f"its times may not describe this GPU (re-profile with dcut-profile --gpu)",
-                UserWarning,
-                stacklevel=2,
-            )
-            return False
-        return True
+            if device_name is None:
+                if backend == "cpu-eager":
+                    device_name = cpu_model_name()
+                elif torch.cuda.is_available():
+                    device_name = torch.cuda.get_device_name()
+            here["device_name"] = device_name
+            if device_name is not None:
+                here["torch_version"] = torch_version or torch.__version__
+            if backend == "cpu-eager":
+                here["threads"] = torch.get_num_threads() if threads is None else threads
+        diffs = [(k, fp[k], here[k]) for k in FINGERPRINT_FIELDS
+                 if here.get(k) is not None and fp.get(k) is not None and str(fp[k]) != str(here[k])]
+        if not diffs:
+            return True
+        lead = (f"{self._where()} was measured on {fp['device_name']!r} but this device is {here['device_name']!r}"
+                if diffs[0][0] == "device_name" else f"{self._where()} was measured under another setup")
+        detail = "; ".join(f"{k}: curve {a!r}, this run {b!r}" for k, a, b in diffs)
+        warnings.warn(
+            f"{lead} ({detail}); its times may not describe this run (re-profile with dcut-profile --gpu/--cpu "
+            f"on this machine, at this dtype, thread count and context length)",
+            UserWarning,
+            stacklevel=2,
+        )
+        return False
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -604,7 +672,9 @@ class CostCurve:
         """
         doc = self.to_dict()
         try:
-            text = json.dumps(doc, indent=1, allow_nan=False)
+            text = json.dumps(doc, indent=1, allow_nan=False, default=_json_scalar)
+        except RecursionError:
+            raise self._fail("hardware/model", "nested too deeply to write") from None
         except (TypeError, ValueError) as exc:
             raise self._fail("hardware/model", f"not JSON-serialisable: {exc}",
                              "use str, int, float, bool, None, lists and dicts") from None
@@ -692,6 +762,8 @@ class CostCurve:
             ) from None
         except RecursionError:
             raise CostCurveError(f"cost curve {path_str}: JSON nested too deeply to be a cost curve") from None
+        except ValueError as exc:  # e.g. an integer literal longer than Python's int conversion limit
+            raise CostCurveError(f"cost curve {path_str}: not a valid cost-curve JSON ({exc})") from None
         curve = cls.from_dict(doc, path=path_str)
         if check_hardware:
             curve.check_hardware()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -66,15 +66,20 @@ def curve_table(curve: CostCurve, ratios: Sequence[float] = DEFAULT_RATIOS, titl
     return t
 
 
-def noise_summary(curve: CostCurve) -> dict[str, float]:
+def noise_summary(curve: CostCurve) -> dict[str, Any]:
     """Median and max over cells (verify, ar, draft) of (p80 - p20) / median, in percent (``nan``
-    without percentiles), and the family of the noisiest cell."""
-    rel = [(x, fam) for fam, rows in (("verify", curve.verify), ("ar", curve.ar), ("draft", curve.draft))
-           for x in map(_spread, rows) if x is not None]
+    without percentiles), the key of the widest cell and the median per family."""
+    rel = [(x, f"{fam}:{r.batch_size}" + (f":{r.num_tokens}" if fam == "verify" else ""), fam)
+           for fam, rows in (("verify", curve.verify), ("ar", curve.ar), ("draft", curve.draft))
+           for r in rows for x in [_spread(r)] if x is not None]
     if not rel:
-        return {"median_spread_pct": float("nan"), "max_spread_pct": float("nan")}
-    vals = np.array([x for x, _ in rel])
-    return {"median_spread_pct": 100 * float(np.median(vals)), "max_spread_pct": 100 * float(np.max(vals))}
+        return {"median_spread_pct": float("nan"), "max_spread_pct": float("nan"), "max_spread_cell": None,
+                "median_spread_pct_by_family": {}}
+    vals = np.array([x for x, _, _ in rel])
+    by_family = {fam: 100 * float(np.median([x for x, _, f in rel if f == fam]))
+                 for fam in dict.fromkeys(f for _, _, f in rel)}
+    return {"median_spread_pct": 100 * float(np.median(vals)), "max_spread_pct": 100 * float(np.max(vals)),
+            "max_spread_cell": rel[int(np.argmax(vals))][1], "median_spread_pct_by_family": by_family}
 
 
 def fit_table(fit: FitResult, title: str = "efficiency fit") -> Table:
@@ -98,7 +103,7 @@ def fit_table(fit: FitResult, title: str = "efficiency fit") -> Table:
 
 def interp_table(err: pd.DataFrame) -> Table:
     """:func:`profiler.interp_error.interpolation_error` as a table."""
-    t = Table(title="coarse grid (AR + 4 buckets) vs measured dense grid: prediction error of the dense points",
+    t = Table(title="coarse grid (num_tokens = bs + 4 buckets) vs measured dense grid: prediction error of the dense points",
               caption="lin: numpy.interp between coarse points; curve: CostCurve lookup (isotonic + PCHIP)")
     for col in ("bs", "pts", "lin max ms", "lin max %", "lin mean %", "curve max ms", "curve max %",
                 "curve mean %"):

@@ -24,9 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost_curve import CostCurve
 from ..scores import Array, ScoreRanking
-from .base import VerifyPlan, check_conf_shape, register
+from .base import CostLike, VerifyPlan, check_conf_shape, register
 from .dcut import DCut
 
 
@@ -64,12 +63,13 @@ class DenseFallback(DCut):
     def params(self) -> dict:
         return {"ratios": self.ratios, "min_saving": self.min_saving}
 
-    def plan(self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        cost = self._require_cost(cost, conf)
+        costs = self._step_costs(cost, conf)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
-        ks, verify_ms = self._table(bs, block, cost)  # ks ascending, the last is bs * B
+        ks = self.budgets(bs, block)  # ascending, the last is bs * B
+        verify_ms = costs.verify_ms_at(bs, ks)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
         utility = np.where(eligible_buckets(ks, verify_ms, self.min_saving),
                            expected / verify_ms, -np.inf)

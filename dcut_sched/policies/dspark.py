@@ -15,7 +15,8 @@ The rule here, per drafted step at batch size bs:
    multiple of 8 up to 256, then of 16) within ``[bs, bs * B]`` and not above ``capture_limit``
    (vLLM's ``max_cudagraph_capture_size``, default 512), plus ``bs`` and the largest feasible
    budget. The cost curve is a step function: ``K`` tokens replay the graph of the smallest capture
-   size ``>= K``, so ``T(K) = C_draft(bs) + C_verify(bs, pad(K))``.
+   size ``>= K``, so ``T(K) = C_draft(bs) + C_verify(bs, pad(K))`` (read from ``StepCosts``, the times
+   the simulator charges: draft scale and controller overhead included).
 2. the expected tokens ``E(K)`` (sum of the top-K slot scores) are smoothed across steps by an
    exponential moving average, ``ema <- alpha * E_t + (1 - alpha) * ema`` with ``alpha = 0.8``
    (the weight of the newest step), kept in :class:`DSparkState`;
@@ -36,9 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost_curve import CostCurve, CostCurveRangeError
+from ..cost_curve import CostCurveRangeError
 from ..scores import Array, ScoreRanking
-from .base import Policy, VerifyPlan, check_conf_shape, register
+from ..step_costs import step_costs
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
 
 
 def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
@@ -97,29 +99,22 @@ class DSpark(Policy):
     def reset(self) -> None:
         self.state = DSparkState()
 
-    def table(self, batch_size: int, block_size: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray]:
-        """``(candidate budgets ascending, step ms at each)`` for this batch shape (cached)."""
+    def table(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[np.ndarray, np.ndarray]:
+        """``(candidate budgets ascending, step ms at each)``: ``StepCosts.drafted_ms`` at the padded budget."""
+        hi = min(batch_size * block_size, self.capture_limit)
+        if hi < batch_size:
+            raise CostCurveRangeError(f"dspark: batch_size={batch_size} exceeds the capture limit {self.capture_limit}")
+        costs = step_costs(cost, block_size)
+        sizes = vllm_capture_sizes(self.capture_limit)
+        ks = np.union1d(sizes[(sizes >= batch_size) & (sizes <= hi)], [batch_size, hi]).astype(np.int64)
+        lo_curve, hi_curve = costs.token_range(batch_size)
+        graph = np.clip(padded_num_tokens(ks, sizes), lo_curve, hi_curve)
+        return ks, costs.drafted_fixed_ms(batch_size) + costs.verify_ms_at(batch_size, graph)
 
-        def build() -> tuple[np.ndarray, np.ndarray]:
-            hi = min(batch_size * block_size, self.capture_limit)
-            if hi < batch_size:
-                raise CostCurveRangeError(
-                    f"dspark: batch_size={batch_size} exceeds the capture limit {self.capture_limit}"
-                )
-            sizes = vllm_capture_sizes(self.capture_limit)
-            ks = np.union1d(sizes[(sizes >= batch_size) & (sizes <= hi)], [batch_size, hi]).astype(np.int64)
-            lo_curve, hi_curve = cost.token_range(batch_size)
-            graph = np.minimum(padded_num_tokens(ks, sizes), hi_curve)
-            graph = np.maximum(graph, lo_curve)
-            step = cost.draft_ms(batch_size) + np.asarray(cost.verify_ms(batch_size, graph), dtype=np.float64)
-            return ks, step
-
-        return self._per_shape(batch_size, block_size, cost, build)
-
-    def plan(self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        cost = self._require_cost(cost, conf)
-        ks, step_ms = self.table(bs, block, cost)
+        costs = self._step_costs(cost, conf)
+        ks, step_ms = self.table(bs, block, costs)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         expected_now = ranking.expected_tokens_at(ks)  # the one host sync of the step

@@ -14,7 +14,7 @@ independent token acceptance (the speculative-decoding expectation of Leviathan 
 Step times come from the project's cost curve: ``T(0) = C_ar(bs)`` (a plain decode step, the drafter
 does not run), ``T(k) = C_draft(bs) + C_verify(bs, bs * (k + 1))`` for ``k >= 1`` (a block drafter
 costs the same for any ``k``; only the verified width changes). Every request verifies ``k + 1``
-slots.
+slots. Both are read from ``StepCosts`` (``plain_ms``, ``drafted_ms``): the times the simulator charges.
 
 Acceptance-rate estimate (the state, :class:`SmartSpecState`): after each drafted step the policy
 sees, per request, the accepted drafts ``m`` out of the ``L - 1`` verified. Under independent
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost_curve import CostCurve
 from ..scores import Array, is_tensor
-from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+from ..step_costs import step_costs
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
 def geometric_expected_tokens(acceptance_rate: float, draft_len: np.ndarray | int) -> np.ndarray:
@@ -124,18 +124,15 @@ class SmartSpec(Policy):
     def reset(self) -> None:
         self.state = SmartSpecState()
 
-    def step_ms(self, batch_size: int, block_size: int, cost: CostCurve) -> np.ndarray:
-        """``T(k)`` in ms for ``k = 0..n`` (cached per batch shape)."""
+    def step_ms(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
+        """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.plain_ms`` for ``k = 0``, ``drafted_ms(bs, bs (k+1))``
+        after (the times the simulator charges, draft scale and overhead included)."""
+        costs = step_costs(cost, block_size)
+        n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
+        verify = costs.verify_ms_at(batch_size, batch_size * np.arange(2, n + 2))
+        return np.concatenate([[costs.plain_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
 
-        def build() -> np.ndarray:
-            n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
-            ks = np.arange(1, n + 1)
-            verify = np.asarray(cost.verify_ms(batch_size, batch_size * (ks + 1)), dtype=np.float64)
-            return np.concatenate([[cost.ar_ms(batch_size)], cost.draft_ms(batch_size) + verify])
-
-        return self._per_shape(batch_size, block_size, cost, build)
-
-    def _choose(self, batch_size: int, block_size: int, cost: CostCurve) -> tuple[int, bool]:
+    def _choose(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[int, bool]:
         """(draft length for a drafted step, whether drafting beats plain decoding) from the state."""
         step = self.step_ms(batch_size, block_size, cost)
         rate = self.state.acceptance_rate
@@ -145,15 +142,15 @@ class SmartSpec(Policy):
         k = 1 + int(np.argmax(goodput[1:]))
         return k, bool(goodput[k] > goodput[0])
 
-    def plan(self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        cost = self._require_cost(cost, conf)
-        k, draft_next = self._choose(bs, block, cost)
+        costs = self._step_costs(cost, conf)
+        k, draft_next = self._choose(bs, block, costs)
         scores = self._scores(conf, validate=False)
         return self._make_plan(scores, constant_lengths(bs, k + 1, like=conf), num_tokens=bs * (k + 1),
                                draft_next=draft_next)
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostCurve | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
         plan = super().plan_without_draft(batch_size, block_size, cost)
         if cost is None:
             raise ValueError("policy 'smartspec' needs a cost curve (cost=CostCurve.load(...))")

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..cost_curve import CostCurve, CostCurveRangeError
 from ..scores import Array, ScoreRanking, is_tensor
-from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
 def profiled_level(batch_size: int, levels: list[int] | np.ndarray) -> int:
@@ -109,7 +109,7 @@ class VllmAdaptive(Policy):
 
         return self._per_shape(batch_size, block_size, cost, build)
 
-    def plan(self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
         cost = self._require_cost(cost, conf)
         _, qs, itl = self.table(bs, block, cost)

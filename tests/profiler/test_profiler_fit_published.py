@@ -133,3 +133,54 @@ def test_interpolation_error_by_hand():
     e = interpolation_error(lin)
     assert e.loc[0, "linear_max_ms"] == pytest.approx(0, abs=1e-9) and e.loc[0, "curve_max_ms"] == pytest.approx(0, abs=1e-9)
     assert interpolation_error(published_rows_curve()).empty  # buckets only: nothing to compare
+
+
+def test_joint_fit_recovers_both_paths():
+    """Synthetic verify rows from one Efficiency and ar rows from another sharing eta_compute/eta_memory:
+    the joint fit recovers all six factors and reports residuals per family."""
+    from profiler.analytic import ar_step_ms
+
+    truth = Efficiency(eta_compute=0.6, eta_memory=0.85, eta_attention=0.1, overhead_ms=2.5)
+    truth_ar = Efficiency(eta_compute=0.6, eta_memory=0.85, eta_attention=0.3, overhead_ms=0.8)
+    base = synthetic_curve(truth, device="h20", batch_sizes=(4, 16, 64), ctx=1024)
+    shape, _ = resolve_model("qwen3-8b")
+    dev = get_device("h20")
+    ar = [{"batch_size": bs, "median_ms": float(ar_step_ms(shape, dev, truth_ar, bs, 1024))} for bs in (4, 8, 16, 32, 64)]
+    curve = CostCurve(hardware=base.hardware, model=base.model, block_size=16, context_len=1024, verify=base.verify, ar=ar)
+    fit = fit_efficiency(curve, shape, dev)
+    for name in ("eta_compute", "eta_memory", "eta_attention", "overhead_ms"):
+        assert getattr(fit.efficiency, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+        assert getattr(fit.ar_efficiency, name) == pytest.approx(getattr(truth_ar, name), rel=1e-3), name
+    fam = fit.family_errors().set_index("family")
+    assert fam.loc["verify", "rows"] == 15 and fam.loc["ar", "rows"] == 5 and fam["max_abs_rel_err"].max() < 1e-6
+    filled = fill_curve(curve, shape, fit, batch_sizes=[1, 4])
+    ar_rows = {r.batch_size: r for r in filled.ar}
+    assert ar_rows[1].provenance == "fitted" and ar_rows[4].provenance == "measured"
+    assert ar_rows[1].median_ms == pytest.approx(float(ar_step_ms(shape, dev, truth_ar, 1, 1024)), abs=1e-4)
+    # one ar row is not enough to fit the decode path: it stays unfitted and no ar rows are invented
+    one = CostCurve(hardware=base.hardware, model=base.model, block_size=16, context_len=1024, verify=base.verify,
+                    ar=ar[:1])
+    fit1 = fit_efficiency(one, shape, dev)
+    assert fit1.ar_efficiency is None and set(fit1.residuals["family"]) == {"verify"}
+    assert [r.batch_size for r in fill_curve(one, shape, fit1, batch_sizes=[1, 4]).ar] == [4]
+
+
+def test_fill_derives_a_smaller_block_size():
+    from profiler.analytic import draft_ms
+
+    base = published_rows_curve()
+    shape, _ = resolve_model("qwen3-8b")
+    fit = fit_efficiency(base, shape, get_device("h20"))
+    b8 = fill_curve(base, shape, fit, batch_sizes=[4, 64], grid_step=0, draft=parse_draft_spec("dflash:5"),
+                    block_size=8)
+    assert b8.block_size == 8
+    assert all(r.num_tokens <= 8 * r.batch_size for r in b8.verify)
+    published = {(r.batch_size, r.num_tokens) for r in b8.verify if r.provenance == "published"}
+    # the B16 buckets at rho 0.25 and 0.5 are the B8 buckets at rho 0.5 and 1.0: kept verbatim
+    assert {(4, 16), (4, 32), (64, 256), (64, 512)} <= published and (4, 48) not in published
+    assert b8.token_counts(4) == [4, 8, 16, 24, 32]  # bs, and ceil(rho * 4 * 8)
+    for row in b8.draft:  # the B8 draft step, not the B16 one
+        assert row.median_ms == pytest.approx(float(draft_ms(shape, parse_draft_spec("dflash:5"), fit.device,
+                                                             fit.efficiency, row.batch_size, 8, 1024)), abs=1e-4)
+    assert b8.ar == fill_curve(base, shape, fit, batch_sizes=[4, 64]).ar  # the plain step does not depend on B
+    assert b8.hardware["fit"]["derived_block_size"]["from"] == 16
