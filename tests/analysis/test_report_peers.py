@@ -59,7 +59,7 @@ def test_run_plot_and_markdown_on_tiny_inputs(tmp_path, make_curve):
     make_curve(batch_sizes=(1, 2, 4), block_size=4).save(cost)
     fam = PeerFamily("tiny", "tiny trace on a linear curve", (str(trace),), str(cost), (1, 2, 4))
     df = run_peers([fam], num_steps=40, warmup_steps=5, seed=0)
-    assert set(df["policy"]) == {"ar", "dcut", "fine", *PEERS, "vllm_adaptive(lag_steps=0)"}
+    assert set(df["policy"]) == {"ar", "dcut", "fine", *PEERS, "vllm_adaptive(lag_steps=0)", "fine(ema_decay=0.95)"}
     assert set(df["batch_size"]) == {1, 2, 4}
     assert (df[df["policy"] == "ar"]["speedup_vs_ar"] == 1.0).all()
     plot_peers(df, tmp_path / "peers.png", families=[fam])
