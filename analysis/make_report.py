@@ -17,6 +17,7 @@ Sections (each also reproducible with the ``dcut-sim`` command the report prints
    measurements (seconds), its figures also written into README.md and docs/fidelity.md between
    ``<!-- generated:fidelity -->`` markers;
 6. the published peer policies next to ``fine`` at bs 1..64 (report_peers).
+7. the vLLM benchmark of ``analysis/bench_vllm.py`` (included when its Markdown exists).
 
 About two minutes on the project's 2-core machine (one process).
 """
@@ -60,6 +61,7 @@ REAL_ALL = REAL_B16 + ["traces/smollm2-135m-skip14-15-b8.parquet"]
 BATCH_SIZES = (4, 8, 16, 32, 64)
 CPU_BATCH_SIZES = (4, 8, 16)  # the CPU curve is measured at bs 1..16
 FIDELITY_MD = "analysis/results/fidelity.md"
+VLLM_MD = "analysis/results/vllm/bench_vllm.md"
 #: Section 1 runs the policies of DESIGN.md §2; the published peers have their own section (report_peers).
 CORE_POLICIES = [p for p in policy_names() if p not in PEERS]
 
@@ -206,7 +208,9 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path
     fidelity = fidelity_path.read_text() if fidelity_path.exists() else None
     summary_path = res / "fidelity_summary.json"
     peers = peers_markdown(results["peers"], commentary=peers_commentary(results["peers"]))
-    text = render_report(results, families(), settings, fidelity=fidelity, peers=peers)
+    vllm_path = ROOT / VLLM_MD
+    vllm = vllm_path.read_text() if vllm_path.exists() else None
+    text = render_report(results, families(), settings, fidelity=fidelity, peers=peers, vllm=vllm)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
     blocks = {"headline": report_reproduce.headline_markdown(results["reproduce"])}

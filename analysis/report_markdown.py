@@ -53,9 +53,19 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def render_report(results: dict, families: list, settings, *, fidelity: str | None, peers: str | None = None) -> str:
+VLLM_INTRO = (
+    "`analysis/bench_vllm.py` runs vLLM 0.32.0 (CPU, fp32, eager) without speculation and with the D-Cut plugin "
+    "(`full`, `dcut`, `fine`; SmolLM2-135M target, its skip-14-15 draft, B = 8) at bs 1..16, profiles the cost "
+    "curve in vLLM's own forward (`dcut-profile --vllm`), records a step-indexed trace in vLLM (the `full` runs), "
+    "and replays it with `dcut_sched.simulate` at the same batch sizes (docs/vllm.md). Files: "
+    "`analysis/results/vllm/`.\n")
+
+
+def render_report(results: dict, families: list, settings, *, fidelity: str | None, peers: str | None = None,
+                  vllm: str | None = None) -> str:
     """The whole ``analysis/README.md`` (a function of the results only: no run time or date in it;
-    ``peers``: the Markdown of report_peers' section, if computed)."""
+    ``peers``: the Markdown of report_peers' section, if computed; ``vllm``: analysis/bench_vllm.py's
+    Markdown, if written)."""
     from report_commentary import commentary
 
     c = commentary(results, families, settings)
@@ -196,6 +206,14 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     if peers:
         w("## 6. Published peer policies side by side\n")
         w(peers.strip() + "\n")
+    # ---------------------------------------------------------------- vLLM
+    w("## 7. D-Cut inside real vLLM (CPU): measured vs simulated\n")
+    w(VLLM_INTRO)
+    if vllm:
+        w(vllm.strip().split("\n", 1)[1].strip() + "\n")  # drop its own title
+    else:
+        w("*No vLLM benchmark yet: run `PYTHONPATH=. python analysis/bench_vllm.py` (needs the vLLM environment), then "
+          "`python analysis/make_report.py` to include it here.*\n")
 
     w("## Caveats\n")
     w(c["caveats"])
