@@ -34,9 +34,10 @@ _EXPORTS: dict[str, str] = {
     "global_topk": ".scores",
     "slot_scores": ".scores",
     "SimulationError": ".simulator",
-    "selection_curve": ".simulator",
-    "simulate": ".simulator",
-    "sweep": ".simulator",
+    # the modules that define them: the simulator package also has submodules of these names
+    "selection_curve": ".simulator.selection_curve",
+    "simulate": ".simulator.simulate",
+    "sweep": ".simulator.sweep",
 }
 _SUBMODULES = ("policies", "simulator")
 

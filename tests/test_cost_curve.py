@@ -147,8 +147,9 @@ def test_block_size_and_hardware_checks():
         assert curve.check_hardware("NVIDIA H20")
 
 
-def test_linear_fixture_values(curve4):
-    curve = curve4
+def test_linear_fixture_values(curve4, make_curve):
+    assert curve4.ar_ms(8) == pytest.approx(14.0) and not curve4.ar_assumed  # ar rows = C_verify(bs, bs)
+    curve = make_curve(ar_ms=False)
     assert curve.verify_ms(4, 10) == pytest.approx(15.0)
     assert curve.draft_ms(4) == pytest.approx(3.0)
     # built without ar rows: the plain step is assumed to be C_verify(bs, bs) = 10 + 0.5 * 8, warned once
