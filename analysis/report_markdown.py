@@ -38,7 +38,8 @@ def speedup_markdown(table: pd.DataFrame, exclude_best: tuple = ("oracle",)) -> 
 
 
 def _cmd_family(fam) -> str:
-    lines = [f"{SIM} --trace {t} --cost {fam.cost} --batch-sizes {','.join(map(str, fam.batch_sizes))}"
+    pols = f" --policies {','.join(fam.policies)}" if getattr(fam, "policies", None) else ""
+    lines = [f"{SIM} --trace {t} --cost {fam.cost}{pols} --batch-sizes {','.join(map(str, fam.batch_sizes))}"
              for t in fam.traces]
     return "```\n" + "\n".join(lines) + "\n```"
 
@@ -52,8 +53,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def render_report(results: dict, families: list, settings, *, fidelity: str | None, elapsed_s: float) -> str:
-    """The whole ``analysis/README.md``."""
+def render_report(results: dict, families: list, settings, *, fidelity: str | None, peers: str | None = None) -> str:
+    """The whole ``analysis/README.md`` (a function of the results only: no run time or date in it;
+    ``peers``: the Markdown of report_peers' section, if computed)."""
     from report_commentary import commentary
 
     c = commentary(results, families, settings)
@@ -62,11 +64,11 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     w = out.append
     w("# Results report\n")
     w("Regenerate everything below (tables, `analysis/figures/*.png`, `analysis/results/*.csv`) from the "
-      "shipped traces and cost curves with one command (seeded; about "
-      f"{max(1, round(elapsed_s / 60))} min on the project's 2-core machine, progress bar on stderr):\n")
+      "shipped traces and cost curves with one command (seeded, so a rerun rewrites the same files; it "
+      "prints its own run time; progress bar on stderr):\n")
     w("```\nPYTHONPATH=. python analysis/make_report.py      # or: python analysis/make_report.py after pip install -e .[analysis]\n```\n")
     w(f"Settings: closed loop, {settings.num_steps} steps per run, first {settings.warmup_steps} left out "
-      f"(warm-up), seed {settings.seed}; every policy of the registry with its default parameters. "
+      f"(warm-up), seed {settings.seed}; the policies of DESIGN.md §2 (section 6: the published peers) with their default parameters. "
       "Each section names the equivalent `dcut-sim` command.\n")
     w(c["summary"])
     if "reproduce" in results:
@@ -190,6 +192,10 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     else:
         w("*Not generated yet: run `PYTHONPATH=. python analysis/fidelity.py` (writes `analysis/results/fidelity.csv` "
           "and `analysis/results/fidelity.md`), then `python analysis/make_report.py` to include it here.*\n")
+
+    if peers:
+        w("## 6. Published peer policies side by side\n")
+        w(peers.strip() + "\n")
 
     w("## Caveats\n")
     w(c["caveats"])

@@ -257,6 +257,7 @@ class SpecEngine:
         *,
         record_trace: bool = False,
         on_request_done: Callable[[int], None] | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
     ) -> EngineResult:
         """Generate for every prompt.
 
@@ -264,6 +265,7 @@ class SpecEngine:
             prompt_ids: token ids of each prompt (each non-empty).
             record_trace: keep step-indexed trace rows (see :meth:`EngineResult.trace`).
             on_request_done: called with the prompt index when a request finishes (progress bars).
+            on_step: called with each step's :class:`StepRecord` once the step is committed (progress).
 
         Returns:
             The :class:`EngineResult`.
@@ -407,6 +409,8 @@ class SpecEngine:
                 )
             )
             decode_ms += (t3 - t0) * 1e3
+            if on_step is not None:
+                on_step(steps[-1])
             draft_next = plan.draft_next
             step += 1
             admit()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -11,7 +11,8 @@ from dcut_sched.model.llama import LlamaModel
 
 @torch.inference_mode()
 def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
-                    eos_id: int | None, batch_size: int | None = None) -> list[list[int]]:
+                    eos_id: int | None, batch_size: int | None = None,
+                    on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
     """Plain autoregressive greedy decoding (argmax, first index on exact ties, as torch.argmax).
 
     Prompts are processed `batch_size` at a time (default: all together), right-padded; each
@@ -25,6 +26,8 @@ def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_
         eos_id: generation of a request stops after it emits this id (included in the output);
             None = never stop early.
         batch_size: requests per batch (None = all).
+        on_step: called after every decode step of a batch with (steps done, max_new_tokens)
+            (progress reports; a batch may stop before max_new_tokens when every request hit EOS).
     Returns:
         The generated ids of each request (prompt excluded), in input order.
     Raises:
@@ -45,11 +48,12 @@ def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_
     bsz = batch_size or len(prompts)
     out: list[list[int]] = []
     for i in range(0, len(prompts), bsz):
-        out.extend(_greedy_batch(model, prompts[i:i + bsz], max_new_tokens, eos_id))
+        out.extend(_greedy_batch(model, prompts[i:i + bsz], max_new_tokens, eos_id, on_step))
     return out
 
 
-def _greedy_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos_id: int | None) -> list[list[int]]:
+def _greedy_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos_id: int | None,
+                  on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
     dev = model.device
     bs = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=dev)
@@ -68,6 +72,8 @@ def _greedy_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos
             if not done[b]:
                 outs[b].append(t)
                 done[b] = (eos_id is not None and t == eos_id) or len(outs[b]) >= max_new
+        if on_step is not None:
+            on_step(step + 1, max_new)
         if all(done) or step == max_new - 1:
             break
         logits = model(nxt[:, None], pos[:, None], cache)[:, 0]
