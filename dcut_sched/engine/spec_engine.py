@@ -185,6 +185,7 @@ class EngineResult:
             ValueError: the run did not record a trace, or recorded no drafted step.
         """
         from ..traces import Trace
+        from ..traces.format import accept_len_dtype
 
         if self.trace_rows is None:
             raise ValueError("this run did not record a trace; call generate(..., record_trace=True)")
@@ -203,7 +204,7 @@ class EngineResult:
         return Trace(
             request_id=np.array([r[0] for r in rows], dtype=np.int32),
             pos=np.array([r[1] for r in rows], dtype=np.int32),
-            accept_len=np.array([r[2] for r in rows], dtype=np.int8),
+            accept_len=np.array([r[2] for r in rows], dtype=accept_len_dtype(self.block_size)),
             conf=np.array([r[3] for r in rows], dtype=np.float32).reshape(len(rows), self.block_size - 1),
             metadata=meta,
         )

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..model.drafter import confidence, drafter_layers
-from .format import Trace, TraceError
+from .format import Trace, TraceError, accept_len_dtype
 from .prompts import Prompt, prompts_digest
 
 __all__ = [
@@ -82,7 +82,7 @@ def accept_lengths(draft_tokens: np.ndarray, output_ids: Sequence[int]) -> np.nd
     idx = np.arange(n)[:, None] + np.arange(k)[None, :]
     window = np.where(idx < n, y[np.minimum(idx, n - 1)], -1)
     matched = np.cumprod(draft_tokens == window, axis=1).sum(axis=1)
-    return np.minimum(matched, n - 1 - np.arange(n)).astype(np.int8)
+    return np.minimum(matched, n - 1 - np.arange(n)).astype(accept_len_dtype(k + 1))
 
 
 @torch.inference_mode()
@@ -422,9 +422,10 @@ class _Rows:
     def trace(self, metadata: dict[str, Any], block_size: int) -> Trace:
         if not self.request_id:
             empty = np.zeros(0, np.int32)
-            return Trace(empty, empty, np.zeros(0, np.int8), np.zeros((0, block_size - 1), np.float32), metadata)
+            return Trace(empty, empty, np.zeros(0, accept_len_dtype(block_size)),
+                         np.zeros((0, block_size - 1), np.float32), metadata)
         return Trace(np.concatenate(self.request_id).astype(np.int32), np.concatenate(self.pos).astype(np.int32),
-                     np.concatenate(self.accept_len).astype(np.int8),
+                     np.concatenate(self.accept_len).astype(accept_len_dtype(block_size)),
                      np.concatenate(self.conf).astype(np.float32), metadata)
 
 
