@@ -147,7 +147,7 @@ class OnlineCalibrator:
         prior_strength: float = 8.0,
         refit_every: int = 256,
         resolution: int = 1024,
-        unobserved_half_life: float | None = 512.0,
+        unobserved_half_life: float | None = 256.0,
     ):
         if num_bins < 1:
             raise ValueError(f"OnlineCalibrator: num_bins={num_bins} must be >= 1")

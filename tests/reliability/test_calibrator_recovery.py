@@ -77,12 +77,12 @@ def test_simulator_threshold_recovers_after_a_stretch_with_nothing_accepted():
 
 def test_simulator_fine_recovers_after_a_stretch_with_nothing_accepted():
     locked = _phase_two_tokens_per_step("fine", OnlineCalibrator(B, unobserved_half_life=None))
-    recovered = _phase_two_tokens_per_step("fine", OnlineCalibrator(B, unobserved_half_life=128.0))
+    recovered = _phase_two_tokens_per_step("fine", OnlineCalibrator(B))  # default half-life
     assert locked < 1.1  # plain steps, a drafting probe now and then
     assert recovered > 2.5
 
 
-@pytest.mark.parametrize("policy,half_life", [("threshold", 512.0), ("fine", 128.0)])
+@pytest.mark.parametrize("policy,half_life", [("threshold", 256.0), ("fine", 256.0)])
 def test_ratio_controller_recovers(policy, half_life):
     """The same through RatioController's plan / plan_without_draft / observe loop."""
     results = {}
