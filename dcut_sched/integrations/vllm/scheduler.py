@@ -122,6 +122,7 @@ class DCutScheduler(Scheduler):
         super().update_draft_token_ids(DraftTokenIds(req_ids, kept))
         self._dcut_pending = {
             "req_ids": req_ids, "lengths": [int(x) for x in lengths], "drafted": bool(req_ids),
+            "plan_batch_size": int(plan.batch_size),
             "draft_next": bool(plan.draft_next), "ratio": float(plan.ratio) if req_ids else None,
             "num_tokens": int(lengths.sum()) if req_ids else 0, "plan_ms": plan_ms,
             "expected_tokens": float(plan.expected_tokens) if req_ids else None,
@@ -165,8 +166,8 @@ class DCutScheduler(Scheduler):
         if plan is not None:
             if plan["drafted"]:
                 self.dcut_controller.observe(np.array([accepted.get(r, 0) for r in plan["req_ids"]], dtype=np.int64))
-            else:
-                self.dcut_controller.observe(np.zeros(0, dtype=np.int64))
+            else:  # a plain step: nothing drafted, so nothing accepted (observe once per plan)
+                self.dcut_controller.observe(np.zeros(plan["plan_batch_size"], dtype=np.int64))
             dropped = [r for r in plan["req_ids"] if r not in flight["verified"]]
             record.update({
                 "planned": dict(zip(plan["req_ids"], plan["lengths"])), "verified": flight["verified"],
