@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..scores import verified_prefix_tokens
 from ..traces import Trace
 
 __all__ = ["RequestFeed", "ReplayBatch", "output_lengths"]
@@ -196,7 +197,7 @@ class ReplayBatch:
         """
         if self._rows is None:
             raise RuntimeError("ReplayBatch.advance needs gather() first in the same step")
-        tokens = 1 + np.minimum(self._acc, lengths - 1)
+        tokens = verified_prefix_tokens(self._acc, lengths)
         self._rows = None
         if self.exact:
             self.cursor += tokens
