@@ -1,8 +1,8 @@
-"""``dcut-engine``: batched greedy speculative decoding of SmolLM2-135M with the ratio controller.
+"""``dcut-engine``: batched speculative decoding (greedy or sampled) of SmolLM2-135M with the ratio controller.
 
-Run ``dcut-engine --help``; docs/controller.md has the details. Exit status: 0 on success, 1 when
-``--check`` finds an output that differs from plain greedy decoding, 2 on bad input (one line on
-stderr, no partial output file).
+Run ``dcut-engine --help``; docs/controller.md and docs/sampling.md have the details. Exit status: 0 on
+success, 1 when ``--check`` finds an output that differs from plain (greedy or sampled) decoding, 2 on
+bad input (one line on stderr, no partial output file).
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description=(
-            "Generate with batched greedy speculative decoding: SmolLM2-135M-Instruct as the target, its "
-            "self-speculative drafter (the same weights without layers 14-15) proposing B-1 tokens per "
+            "Generate with batched speculative decoding: SmolLM2-135M-Instruct as the target, its "
+            "self-speculative drafter (the same weights without layers 14-15) proposing B-1 greedy tokens per "
             "step, and the ratio controller choosing how many slots of each request the target verifies. "
-            "Prints tokens/s, accepted drafts per step and the step plans; can check the output against "
-            "plain greedy decoding and record a step-indexed acceptance trace."
+            "Greedy by default; --temperature T > 0 samples the target (rejection sampling of the greedy "
+            "drafts, lossless under every policy; docs/sampling.md). Prints tokens/s, accepted drafts per "
+            "step and the step plans; can check the output against plain decoding and record a "
+            "step-indexed acceptance trace."
         ),
         epilog=(
             "examples:\n"
@@ -61,10 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
             "  dcut-engine --policy dcut --batch-size 8 --prompts prompts.jsonl --cost curve.json --check\n"
             "  dcut-engine --policy topk --param rho=0.5 --block-size 8 --steps steps.csv --out summary.json\n"
             "  dcut-engine --policy full --trace recorded.parquet --num-prompts 64\n"
+            "  dcut-engine --policy dcut --temperature 0.7 --top-p 0.9 --seed 1 --check\n"
             "cost curve: --cost FILE, else the recorded CPU profile "
             f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
             "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).\n"
-            "exit status: 0 ok, 1 --check found a difference from greedy decoding, 2 bad input."
+            "sampling: request i draws with key (seed, i), so its output depends only on its prompt and the "
+            "seed, not on the policy or the batch; --check compares with plain sampled decoding.\n"
+            "exit status: 0 ok, 1 --check found a difference from plain decoding, 2 bad input."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per request (default: 32)")
     g.add_argument("--skip-layers", type=_int_list, default=[14, 15], metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="target sampling temperature (default 0 = greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default 1 = off)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (default 0 = off)")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed; request i uses key (S, i) (default 0)")
+    g.add_argument("--draft", choices=("greedy", "sampled"), default="greedy",
+                   help="draft tokens: greedy (default); sampled drafts are refused at T > 0 (they make length "
+                        "rules biased, docs/sampling.md)")
     g = p.add_argument_group("inputs")
     g.add_argument("--prompts", metavar="FILE",
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
@@ -86,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
     g.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     g = p.add_argument_group("outputs")
-    g.add_argument("--check", action="store_true", help="also run plain greedy decoding and compare token for token")
+    g.add_argument("--check", action="store_true",
+                   help="also run plain greedy (or, at T > 0, sampled, same keys) decoding and compare token for token")
     g.add_argument("--out", metavar="FILE", help="summary (.json) or summary table (.csv/.parquet)")
     g.add_argument("--steps", metavar="FILE", help="one row per step with its plan (.csv/.json/.parquet)")
     g.add_argument("--trace", metavar="FILE", help="record a step-indexed acceptance trace (.parquet)")
@@ -128,9 +143,18 @@ def run(args: argparse.Namespace) -> int:
     from ..controller import RatioController
     from ..cost_curve import CostCurve, CostCurveError
     from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompts
+    from ..sampling import SamplingParams
 
     if args.batch_size < 1 or args.block_size < 2 or args.max_new_tokens < 1:
         raise UsageError("--batch-size and --max-new-tokens must be >= 1 and --block-size >= 2")
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                                  draft=args.draft)
+    except ValueError as exc:
+        raise UsageError(f"--temperature/--top-p/--top-k/--seed/--draft: {exc}") from None
+    if args.trace and not sampling.is_greedy and args.policy != "full":
+        raise UsageError(f"--trace at --temperature {args.temperature:g} records the target's probability of every "
+                         f"draft token, so every slot must be verified: use --policy full (not {args.policy})")
     _check_suffix(args.out, TABLE_SUFFIXES, "--out")
     _check_suffix(args.steps, TABLE_SUFFIXES, "--steps")
     _check_suffix(args.trace, (".parquet",), "--trace")
@@ -161,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"policy {args.policy}: {exc}") from None
     try:
-        from ..model import LlamaModel, greedy_generate
+        from ..model import LlamaModel, greedy_generate, sample_generate
         from ..model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
 
         tokenizer = load_smollm2_tokenizer()
@@ -171,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
     try:
         engine = SpecEngine(model, ctrl, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                            eos_id=tokenizer.eos_id, skip_layers=args.skip_layers)
+                            eos_id=tokenizer.eos_id, skip_layers=args.skip_layers, sampling=sampling)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine.cost_source = cost_source or "none (policy needs no cost curve)"
@@ -191,15 +215,21 @@ def run(args: argparse.Namespace) -> int:
 
     mismatched: list[int] = []
     if args.check:
-        reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, batch_size=args.batch_size)
+        if sampling.is_greedy:
+            reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
+                                        batch_size=args.batch_size)
+        else:
+            reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
+                                        batch_size=args.batch_size)
         mismatched = [i for i, (a, b) in enumerate(zip(result.outputs, reference)) if a != b]
-        summary["check"] = "identical to greedy" if not mismatched else f"differs for prompts {mismatched}"
+        same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
+        summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"
 
-    table = Table(title=f"dcut-engine: {args.policy}, B={args.block_size}, bs={args.batch_size}, "
+    table = Table(title=f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, bs={args.batch_size}, "
                         f"{len(prompt_ids)} prompts x {args.max_new_tokens} tokens")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("cost_source", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
+    for key in ("cost_source", "sampling", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
                 "accepted_per_step", "tokens_per_request_step", "mean_ratio", "prefill_ms", "draft_ms", "plan_ms",
                 "verify_ms", "bad_conf_requests", "check"):
         if key in summary:
