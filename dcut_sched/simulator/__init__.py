@@ -14,7 +14,7 @@ from .engine import Calibrator, ClosedLoopRun, OpenLoopRun, StepRecord, run_clos
 from .output import check_output_path, write_frame
 from .plot import plot_selection_curve, plot_speedup
 from .replay import ReplayBatch, RequestFeed, output_lengths
-from .results import speedup_table
+from .results import seed_spread, speedup_table
 from .selection_curve import selection_curve
 from .simulate import SimulationError, check_simulation, resolve_policies, simulate
 from .step_cost import StepCosts
@@ -42,6 +42,7 @@ __all__ = [
     "run_open_loop",
     "selection_curve",
     "simulate",
+    "seed_spread",
     "speedup_table",
     "sweep",
     "sweep_job",
