@@ -1,39 +1,56 @@
 """dcut-sched: batch-aware verification budgets for block speculative decoding (D-Cut).
 
 The pure core (scores, selection, policies) works on numpy arrays and torch tensors alike; the cost
-curve, traces, simulator and online controller are thin layers over it. See ``shared/DESIGN.md`` for
+curve, traces, simulator and online controller are thin layers over it. See ``docs/design.md`` for
 terms and formulas and README.md for the tools.
+
+Attributes are imported on first use (PEP 562), so ``from dcut_sched import RatioController`` loads
+the controller and its pure core only: not the simulator (simpy, pandas, matplotlib) nor the trace
+format (pyarrow).
 """
 
-from . import policies, simulator
-from .calibration import OnlineCalibrator
-from .controller import ControllerPlan, RatioController, VerifyGraphBank
-from .cost_curve import CostCurve, CostCurveError, CostCurveRangeError
-from .policies import Policy, VerifyPlan
-from .scores import ScoreRanking, check_confidences, expected_tokens, global_topk, slot_scores
-from .simulator import SimulationError, selection_curve, simulate, sweep
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ControllerPlan",
-    "CostCurve",
-    "CostCurveError",
-    "CostCurveRangeError",
-    "OnlineCalibrator",
-    "Policy",
-    "RatioController",
-    "ScoreRanking",
-    "SimulationError",
-    "VerifyGraphBank",
-    "VerifyPlan",
-    "check_confidences",
-    "expected_tokens",
-    "global_topk",
-    "policies",
-    "selection_curve",
-    "simulate",
-    "simulator",
-    "slot_scores",
-    "sweep",
-]
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "ControllerPlan": ".controller",
+    "RatioController": ".controller",
+    "VerifyGraphBank": ".controller",
+    "OnlineCalibrator": ".calibration",
+    "CostCurve": ".cost_curve",
+    "CostCurveError": ".cost_curve",
+    "CostCurveRangeError": ".cost_curve",
+    "Policy": ".policies",
+    "VerifyPlan": ".policies",
+    "ScoreRanking": ".scores",
+    "check_confidences": ".scores",
+    "expected_tokens": ".scores",
+    "global_topk": ".scores",
+    "slot_scores": ".scores",
+    "SimulationError": ".simulator",
+    "selection_curve": ".simulator",
+    "simulate": ".simulator",
+    "sweep": ".simulator",
+}
+_SUBMODULES = ("policies", "simulator")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

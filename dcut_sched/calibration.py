@@ -48,7 +48,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from scipy.optimize import isotonic_regression
 
 from .scores import Array
 
@@ -209,6 +208,8 @@ class OnlineCalibrator:
     def _isotonic(self, values: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if values.size == 1:
             return values
+        from scipy.optimize import isotonic_regression  # scipy loads on the first refit only
+
         return isotonic_regression(values, weights=weights, increasing=True).x
 
     def _fit(self, counts: np.ndarray) -> None:

@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy.interpolate import PchipInterpolator
-from scipy.optimize import isotonic_regression
 
 from .atomic import atomic_write_text
 
@@ -193,6 +191,10 @@ class CostCurve:
 
     # ------------------------------------------------------------------ lookup tables
     def _build_tables(self) -> None:
+        # scipy loads with the first curve, not with the package (a controller import stays light)
+        from scipy.interpolate import PchipInterpolator
+        from scipy.optimize import isotonic_regression
+
         by_bs: dict[int, list[VerifyRow]] = {}
         for row in self.verify:
             by_bs.setdefault(int(row.batch_size), []).append(row)

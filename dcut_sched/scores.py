@@ -19,12 +19,17 @@ Terms (``shared/DESIGN.md`` §1):
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+import sys
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import numpy as np
-import torch
 
-Array = Union[np.ndarray, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+# numpy array or torch tensor. torch is never imported here: a tensor can only exist once the
+# caller has imported torch, so the numpy paths (the simulator) run without it.
+Array = Union[np.ndarray, "torch.Tensor"]
 
 __all__ = [
     "Array",
@@ -32,13 +37,19 @@ __all__ = [
     "check_confidences",
     "expected_tokens",
     "global_topk",
+    "is_tensor",
     "slot_scores",
     "verified_prefix_tokens",
 ]
 
 
-def _is_torch(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch (no tensor exists before it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+_is_torch = is_tensor
 
 
 def check_confidences(conf: Array, *, name: str = "conf") -> None:
@@ -64,6 +75,8 @@ def check_confidences(conf: Array, *, name: str = "conf") -> None:
             f"{name} has no draft slots (shape {shape}); block_size must be >= 2 for speculation"
         )
     if _is_torch(conf):
+        import torch
+
         if not conf.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor; got dtype {conf.dtype}")
         bad = ~((conf >= 0) & (conf <= 1))  # False for NaN too, and +-inf fails one side
@@ -108,6 +121,8 @@ def slot_scores(conf: Array, *, validate: bool = True) -> Array:
     if validate:
         check_confidences(conf)
     if _is_torch(conf):
+        import torch
+
         ones = torch.ones((conf.shape[0], 1), dtype=conf.dtype, device=conf.device)
         return torch.cat([ones, torch.cumprod(conf, dim=1)], dim=1)
     conf = np.asarray(conf)
@@ -132,22 +147,48 @@ class ScoreRanking:
         scores: ``[bs, B]`` slot scores (numpy or torch), non-increasing along each row.
     """
 
+    # Up to this many budgets per query, a numpy ranking answers with one ``np.partition`` (O(bs*B))
+    # instead of a full sort (the D-Cut buckets ask for 4); more budgets (``fine``) sort once.
+    PARTITION_MAX_BUDGETS: ClassVar[int] = 8
+
     def __init__(self, scores: Array):
         if len(scores.shape) != 2 or scores.shape[0] < 1 or scores.shape[1] < 1:
             raise ValueError(f"scores must have shape [batch_size >= 1, B >= 1]; got {tuple(scores.shape)}")
         self.batch_size = int(scores.shape[0])
         self.block_size = int(scores.shape[1])
         self._torch = _is_torch(scores)
+        self._order: Any = None
+        self._cumsum: Any = None
         if self._torch:
+            import torch
+
             flat = scores.t().reshape(-1)
             sorted_neg, order = torch.sort(-flat, stable=True)
             self._order = order
             self._cumsum = torch.cumsum(-sorted_neg.to(torch.float64), dim=0)
         else:
-            flat = np.ascontiguousarray(scores.T).reshape(-1)
-            order = np.argsort(-flat, kind="stable")
-            self._order = order
-            self._cumsum = np.cumsum(flat[order], dtype=np.float64)
+            self._scores = np.asarray(scores)
+            # Set by _partition: the negated scores partitioned at (budgets - 1), and those budgets.
+            self._part: np.ndarray | None = None
+            self._part_ks: frozenset[int] = frozenset()
+
+    def _sort(self) -> None:
+        """The full stable sort (numpy), done on the first query that needs it."""
+        if self._order is None:
+            flat = np.ascontiguousarray(self._scores.T).reshape(-1)
+            self._order = np.argsort(-flat, kind="stable")
+            self._cumsum = np.cumsum(flat[self._order], dtype=np.float64)
+
+    def _partition(self, ks: list[int]) -> np.ndarray:
+        """Negated flat scores with the entry of each rank ``K - 1`` (K in ``ks``) in sorted place.
+
+        ``np.partition`` puts each requested rank where a sort would, with only smaller (negated)
+        values before it, so the first K entries are the top-K scores (their sum is E(K)) and entry
+        K - 1 is the K-th largest score, the selection threshold. Kept for :meth:`lengths`.
+        """
+        part = np.partition(-self._scores.reshape(-1), np.array(ks) - 1)
+        self._part, self._part_ks = part, frozenset(ks)
+        return part
 
     @property
     def max_tokens(self) -> int:
@@ -172,12 +213,23 @@ class ScoreRanking:
         Every K must satisfy ``bs <= K <= bs*B`` (``ValueError`` otherwise).
         """
         ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
-        if ks_arr.size and (ks_arr.min() < self.batch_size or ks_arr.max() > self.max_tokens):
-            bad = ks_arr[(ks_arr < self.batch_size) | (ks_arr > self.max_tokens)][0]
-            self.check_budget(int(bad))
+        ks_list = ks_arr.tolist()
+        if ks_list and (min(ks_list) < self.batch_size or max(ks_list) > self.max_tokens):
+            bad = [k for k in ks_list if not (self.batch_size <= k <= self.max_tokens)][0]
+            self.check_budget(bad)
         if self._torch:
+            import torch
+
             idx = torch.as_tensor(ks_arr - 1, device=self._cumsum.device)
             return self._cumsum[idx].cpu().numpy()
+        if self._order is None and 0 < len(ks_list) <= self.PARTITION_MAX_BUDGETS:
+            budgets = sorted(set(ks_list))
+            part = self._partition(budgets)
+            # E(K) for the ascending budgets: sums of the blocks between them, accumulated.
+            sums = np.add.reduceat(part[: budgets[-1]], [0, *budgets[:-1]], dtype=np.float64)
+            at = dict(zip(budgets, (-np.cumsum(sums)).tolist()))
+            return np.array([at[k] for k in ks_list], dtype=np.float64)
+        self._sort()
         return self._cumsum[ks_arr - 1]
 
     def lengths(self, k: int) -> Array:
@@ -186,12 +238,35 @@ class ScoreRanking:
         Each length is >= 1 and they sum to ``k``; slots kept are a prefix of each request.
         """
         k = self.check_budget(k)
-        chosen = self._order[:k] % self.batch_size
         if self._torch:
+            import torch
+
+            chosen = self._order[:k] % self.batch_size
             # scatter-add into zeros(bs): torch.bincount would read max() on the host (a CUDA sync)
             counts = torch.zeros(self.batch_size, dtype=torch.int64, device=chosen.device)
             return counts.index_add_(0, chosen, torch.ones_like(chosen))
-        return np.bincount(chosen, minlength=self.batch_size).astype(np.int64)
+        if self._order is not None:
+            chosen = self._order[:k] % self.batch_size
+            return np.bincount(chosen, minlength=self.batch_size).astype(np.int64)
+        return self._threshold_lengths(k)
+
+    def _threshold_lengths(self, k: int) -> np.ndarray:
+        """Top-``k`` lengths from the k-th largest score ``v``, without a sort.
+
+        Every score above ``v`` is selected; rows are non-increasing, so a row's count of them is its
+        prefix length. The ``need`` remaining slots come from the scores equal to ``v`` in the
+        ranking's tie order (earlier slot first, then lower request index: slot-major order).
+        """
+        part = self._part if k in self._part_ks else self._partition([k])
+        v = -part[k - 1]
+        scores = self._scores
+        lengths = (scores >= v).sum(axis=1)
+        if int(lengths.sum()) != k:  # more slots tie at v than the budget has room for
+            lengths = (scores > v).sum(axis=1)
+            need = k - int(lengths.sum())
+            _, rows = np.nonzero((scores == v).T)  # slot-major: earlier slot, then lower request
+            lengths += np.bincount(rows[:need], minlength=self.batch_size)
+        return lengths.astype(np.int64, copy=False)
 
 
 def global_topk(scores: Array, k: int) -> Array:
@@ -228,6 +303,8 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False)
     """
     block = scores.shape[1]
     if _is_torch(scores):
+        import torch
+
         lengths = torch.as_tensor(lengths, device=scores.device)
         mask = torch.arange(block, device=scores.device)[None, :] < lengths[:, None]
         per = (scores * mask).sum(dim=1)
@@ -255,6 +332,8 @@ def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
         ``[bs]`` int64 array/tensor of the inputs' kind.
     """
     if _is_torch(accept_len):
+        import torch
+
         lengths = torch.as_tensor(lengths, device=accept_len.device)
         return 1 + torch.minimum(accept_len.long(), lengths.long() - 1)
     return 1 + np.minimum(np.asarray(accept_len, dtype=np.int64), np.asarray(lengths, dtype=np.int64) - 1)

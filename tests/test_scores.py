@@ -126,3 +126,26 @@ def test_expected_tokens_per_request():
     per = expected_tokens(scores, np.array([3, 2]), per_request=True)
     np.testing.assert_allclose(per, [1 + 0.5 + 0.25, 1 + 0.2])
     assert expected_tokens(torch.as_tensor(scores), torch.tensor([3, 2])) == pytest.approx(2.95)
+
+
+# Confidences on a coarse grid (0, 0.5, 1 and a few in between) make many exactly equal scores.
+tied_conf = arrays(np.float32, st.tuples(st.integers(1, 6), st.integers(1, 6)),
+                   elements=st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(conf=tied_conf)
+def test_partition_path_equals_the_sort_path(conf):
+    """The numpy ranking answers few budgets with np.partition and a threshold count, many with one
+    stable sort: both give the same lengths (tie order included) and E(K) for every budget."""
+    scores = slot_scores(conf)
+    bs, block = scores.shape
+    every_k = np.arange(bs, bs * block + 1)
+    sorted_ranking = ScoreRanking(scores)
+    sorted_ranking._sort()
+    expected_sorted = sorted_ranking.expected_tokens_at(every_k)
+    for k in every_k:
+        fresh = ScoreRanking(scores)  # partition path: one budget at a time
+        assert fresh.expected_tokens_at([k])[0] == pytest.approx(expected_sorted[k - bs], abs=1e-9)
+        assert fresh.lengths(int(k)).tolist() == sorted_ranking.lengths(int(k)).tolist()
+        assert ScoreRanking(scores).lengths(int(k)).tolist() == sorted_ranking.lengths(int(k)).tolist()

@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out open.json\n"
             "  dcut-sim --selection-curve selection.png --selection-bs 64\n"
             "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out sweep.parquet\n"
+            "  dcut-sim --sweep --trace a.parquet --cost h20.json --scheduler dask --scheduler-address tcp://10.0.0.5:8786 --out sweep.parquet\n"
             "exit status: 0 ok, 2 bad input (no partial output file is left)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sweep", action="store_true",
                    help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
     g.add_argument("--jobs", type=int, default=None, help="worker processes for --sweep (default: CPU count)")
+    g.add_argument("--scheduler", choices=("local", "dask"), default="local",
+                   help="where --sweep runs: local worker processes, or a Dask cluster (needs "
+                        "--scheduler-address and the 'distributed' package) (default: %(default)s)")
+    g.add_argument("--scheduler-address", metavar="ADDR",
+                   help="Dask scheduler address for --scheduler dask, e.g. tcp://10.0.0.5:8786; the workers "
+                        "must import dcut_sched and see the --trace/--cost paths")
     return p
 
 
@@ -308,6 +315,10 @@ def _run(args, console) -> None:
     )
     if args.prompt_len is not None and args.prefill_ms is not None:
         raise UsageError("give --prompt-len or --prefill-ms, not both")
+    if args.scheduler == "dask" and not (args.sweep and args.scheduler_address):
+        raise UsageError("--scheduler dask runs a --sweep on a cluster: add --sweep and --scheduler-address ADDR")
+    if args.scheduler_address and args.scheduler != "dask":
+        raise UsageError("--scheduler-address is for --scheduler dask")
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -316,8 +327,16 @@ def _run(args, console) -> None:
     with progress:
         task = progress.add_task("simulating", total=None)
         if args.sweep:
-            df = sweep(traces, costs, args.batch_sizes, jobs=args.jobs,
-                       on_job=lambda done, total: progress.update(task, completed=done, total=total), **kwargs)
+            def on_job(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            if args.scheduler == "dask":
+                from ..simulator import dask_executor
+
+                with dask_executor(args.scheduler_address) as executor:
+                    df = sweep(traces, costs, args.batch_sizes, executor=executor, on_job=on_job, **kwargs)
+            else:
+                df = sweep(traces, costs, args.batch_sizes, jobs=args.jobs, on_job=on_job, **kwargs)
         else:
             def on_run(done: int, total: int, label: str) -> None:
                 progress.update(task, completed=done, total=total, description=f"simulating {label}")

@@ -28,6 +28,7 @@ and layouts add none.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,13 +57,16 @@ class ControllerPlan:
             DESIGN.md §1; with ``calibrate=True`` the scores of calibrated confidences).
         draft_next: whether the next step should run the draft model.
         drafted: whether this step had a draft.
+        graph_cell: ``(batch_size, num_tokens)`` of the captured cell to replay (the token count
+            padded up to the nearest captured one); ``(bs, K)`` without a graph bank.
+        policy_plan: the policy's own :class:`~dcut_sched.policies.VerifyPlan`.
+
+    Layouts (:mod:`dcut_sched.controller.layouts`), built on first access and then kept, on the
+    lengths' device and of their kind (so an engine pays only for the ones it reads):
         slot_mask: ``[bs, B]`` bool, ``slot_mask[i, k] = k < lengths[i]``.
         gather_indices: ``[K]`` int64 flat request-major indices ``i * B + k`` of the kept slots.
         num_draft_tokens: ``[bs]`` int32, ``lengths - 1``.
         cu_num_draft_tokens: ``[bs]`` int32, inclusive cumulative sum of ``num_draft_tokens``.
-        graph_cell: ``(batch_size, num_tokens)`` of the captured cell to replay (the token count
-            padded up to the nearest captured one); ``(bs, K)`` without a graph bank.
-        policy_plan: the policy's own :class:`~dcut_sched.policies.VerifyPlan`.
     """
 
     lengths: Array
@@ -71,12 +75,11 @@ class ControllerPlan:
     expected_tokens: float
     draft_next: bool
     drafted: bool
-    slot_mask: Array
-    gather_indices: Array
-    num_draft_tokens: Array
-    cu_num_draft_tokens: Array
     graph_cell: tuple[int, int]
     policy_plan: VerifyPlan = field(repr=False)
+    # numpy lengths behind CPU-tensor ``lengths`` (same memory): layouts are built in numpy, then
+    # wrapped as tensors, which is several times faster than tiny torch CPU ops
+    _host_lengths: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -87,20 +90,37 @@ class ControllerPlan:
         """Verification ratio rho = num_tokens / (bs * B) (the policy plan's)."""
         return self.policy_plan.ratio
 
+    @functools.cached_property
+    def layout(self) -> SlotLayout:
+        """All four layouts (:class:`~dcut_sched.controller.layouts.SlotLayout`), built once."""
+        if self._host_lengths is None:
+            return slot_layout(self.lengths, self.block_size, self.num_tokens)
+        host = slot_layout(self._host_lengths, self.block_size, self.num_tokens)
+        return SlotLayout(*(torch.from_numpy(a) for a in (
+            host.slot_mask, host.gather_indices, host.num_draft_tokens, host.cu_num_draft_tokens)))
+
+    @property
+    def slot_mask(self) -> Array:
+        return self.layout.slot_mask
+
+    @property
+    def gather_indices(self) -> Array:
+        return self.layout.gather_indices
+
+    @property
+    def num_draft_tokens(self) -> Array:
+        return self.layout.num_draft_tokens
+
+    @property
+    def cu_num_draft_tokens(self) -> Array:
+        return self.layout.cu_num_draft_tokens
+
 
 def _to_torch(plan: ControllerPlan) -> ControllerPlan:
-    """The same plan with its numpy arrays wrapped as CPU tensors (shared memory, no copy)."""
-    vp = plan.policy_plan
-    lengths = torch.from_numpy(np.ascontiguousarray(plan.lengths))
-    return replace(
-        plan,
-        lengths=lengths,
-        slot_mask=torch.from_numpy(plan.slot_mask),
-        gather_indices=torch.from_numpy(plan.gather_indices),
-        num_draft_tokens=torch.from_numpy(plan.num_draft_tokens),
-        cu_num_draft_tokens=torch.from_numpy(plan.cu_num_draft_tokens),
-        policy_plan=replace(vp, lengths=lengths),
-    )
+    """The same plan with numpy lengths wrapped as a CPU tensor (shared memory, no copy)."""
+    host = np.ascontiguousarray(plan.lengths)
+    lengths = torch.from_numpy(host)
+    return replace(plan, lengths=lengths, policy_plan=replace(plan.policy_plan, lengths=lengths), _host_lengths=host)
 
 
 class RatioController:
@@ -228,26 +248,13 @@ class RatioController:
 
     def _finish(self, vp: VerifyPlan) -> ControllerPlan:
         bs = vp.batch_size
-        layout: SlotLayout = slot_layout(vp.lengths, self.block_size, vp.num_tokens)
         cell = (bs, vp.num_tokens) if self.graph_bank is None else self.graph_bank.cell_for(bs, vp.num_tokens)
         self._steps += 1
-        self._drafted_steps += int(vp.drafted)
+        self._drafted_steps += vp.drafted
         self._num_tokens += vp.num_tokens
         self._expected += vp.expected_tokens
-        return ControllerPlan(
-            lengths=vp.lengths,
-            num_tokens=vp.num_tokens,
-            block_size=self.block_size,
-            expected_tokens=vp.expected_tokens,
-            draft_next=vp.draft_next,
-            drafted=vp.drafted,
-            slot_mask=layout.slot_mask,
-            gather_indices=layout.gather_indices,
-            num_draft_tokens=layout.num_draft_tokens,
-            cu_num_draft_tokens=layout.cu_num_draft_tokens,
-            graph_cell=cell,
-            policy_plan=vp,
-        )
+        return ControllerPlan(vp.lengths, vp.num_tokens, self.block_size, vp.expected_tokens, vp.draft_next,
+                              vp.drafted, cell, vp)
 
     def plan(self, conf: Array, *, accept_len: Array | None = None) -> ControllerPlan:
         """Plan one drafted step.

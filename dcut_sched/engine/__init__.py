@@ -1,23 +1,39 @@
 """The real speculative-decoding engine: batched greedy decoding of SmolLM2-135M with its
 self-speculative drafter, each step's verification chosen by the :class:`~dcut_sched.RatioController`.
 
-See ``docs/controller.md`` and :mod:`dcut_sched.engine.spec_engine`.
+See ``docs/controller.md`` and :mod:`dcut_sched.engine.spec_engine`. Names are imported on first use
+(PEP 562), so ``dcut-engine --help`` answers without loading torch.
 """
 
-from .default_cost import builtin_cpu_curve, default_cost_curve
-from .packing import RowPacking, pack_rows
-from .prompts import DEFAULT_PROMPTS, PromptFileError, load_prompts
-from .spec_engine import EngineResult, SpecEngine, StepRecord
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_PROMPTS",
-    "EngineResult",
-    "PromptFileError",
-    "RowPacking",
-    "SpecEngine",
-    "StepRecord",
-    "builtin_cpu_curve",
-    "default_cost_curve",
-    "load_prompts",
-    "pack_rows",
-]
+import importlib
+from typing import Any
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "builtin_cpu_curve": ".default_cost",
+    "default_cost_curve": ".default_cost",
+    "RowPacking": ".packing",
+    "pack_rows": ".packing",
+    "DEFAULT_PROMPTS": ".prompts",
+    "PromptFileError": ".prompts",
+    "load_prompts": ".prompts",
+    "EngineResult": ".spec_engine",
+    "SpecEngine": ".spec_engine",
+    "StepRecord": ".spec_engine",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

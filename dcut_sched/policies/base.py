@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import numpy as np
-import torch
 
 from ..cost_curve import CostCurve
-from ..scores import Array, check_confidences, expected_tokens, slot_scores
+from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores
 
 __all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
 
@@ -68,7 +67,9 @@ def budget_from_ratio(rho: float, batch_size: int, block_size: int) -> int:
 
 def constant_lengths(batch_size: int, value: int, like: Array | None = None) -> Array:
     """``[batch_size]`` int64 lengths all equal to ``value``, of ``like``'s kind and device."""
-    if isinstance(like, torch.Tensor):
+    if is_tensor(like):
+        import torch
+
         return torch.full((batch_size,), int(value), dtype=torch.int64, device=like.device)
     return np.full(batch_size, int(value), dtype=np.int64)
 
@@ -217,9 +218,11 @@ def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int,
     lo, hi = int(accept_len.min()), int(accept_len.max())
     if lo < 0 or hi > block_size - 1:
         raise ValueError(f"accept_len values must be in [0, {block_size - 1}]; got range [{lo}, {hi}]")
-    if isinstance(like, torch.Tensor):
+    if is_tensor(like):
+        import torch
+
         return torch.as_tensor(accept_len, dtype=torch.int64, device=like.device)
-    if isinstance(accept_len, torch.Tensor):
+    if is_tensor(accept_len):
         accept_len = accept_len.cpu().numpy()
     return np.asarray(accept_len, dtype=np.int64)
 

@@ -7,44 +7,57 @@ Modules: ``replay`` (vectorised trace cursor), ``step_cost`` (step times from th
 ``engine`` (simpy processes, closed and open loop), ``results`` (figures and the DataFrame),
 ``simulate`` (the public entry point), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
 ``output`` (result files), ``defaults`` (default inputs). See docs/simulator.md.
+
+Names are imported on first use (PEP 562): ``from dcut_sched.simulator import defaults`` (what the
+CLIs need to build their ``--help``) loads neither simpy, pandas nor matplotlib.
 """
 
-from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_COST, DEFAULT_TRACE
-from .engine import Calibrator, ClosedLoopRun, OpenLoopRun, StepRecord, run_closed_loop, run_open_loop
-from .output import check_output_path, write_frame
-from .plot import plot_selection_curve, plot_speedup
-from .replay import ReplayBatch, RequestFeed, output_lengths
-from .results import seed_spread, speedup_table
-from .selection_curve import selection_curve
-from .simulate import SimulationError, check_simulation, resolve_policies, simulate
-from .step_cost import StepCosts
-from .sweep import sweep, sweep_job
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_BATCH_SIZES",
-    "DEFAULT_COST",
-    "DEFAULT_TRACE",
-    "Calibrator",
-    "ClosedLoopRun",
-    "OpenLoopRun",
-    "ReplayBatch",
-    "RequestFeed",
-    "SimulationError",
-    "StepCosts",
-    "StepRecord",
-    "check_output_path",
-    "check_simulation",
-    "output_lengths",
-    "plot_selection_curve",
-    "plot_speedup",
-    "resolve_policies",
-    "run_closed_loop",
-    "run_open_loop",
-    "selection_curve",
-    "simulate",
-    "seed_spread",
-    "speedup_table",
-    "sweep",
-    "sweep_job",
-    "write_frame",
-]
+import importlib
+from typing import Any
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "DEFAULT_BATCH_SIZES": ".defaults",
+    "DEFAULT_COST": ".defaults",
+    "DEFAULT_TRACE": ".defaults",
+    "Calibrator": ".engine",
+    "ClosedLoopRun": ".engine",
+    "OpenLoopRun": ".engine",
+    "StepRecord": ".engine",
+    "run_closed_loop": ".engine",
+    "run_open_loop": ".engine",
+    "check_output_path": ".output",
+    "write_frame": ".output",
+    "plot_selection_curve": ".plot",
+    "plot_speedup": ".plot",
+    "ReplayBatch": ".replay",
+    "RequestFeed": ".replay",
+    "output_lengths": ".replay",
+    "seed_spread": ".results",
+    "speedup_table": ".results",
+    "selection_curve": ".selection_curve",
+    "SimulationError": ".simulate",
+    "check_simulation": ".simulate",
+    "resolve_policies": ".simulate",
+    "simulate": ".simulate",
+    "StepCosts": ".step_cost",
+    "dask_executor": ".sweep",
+    "sweep": ".sweep",
+    "sweep_job": ".sweep",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

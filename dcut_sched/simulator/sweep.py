@@ -5,18 +5,21 @@ One job is one (trace file, cost-curve file, batch size) with every policy, so e
 :class:`concurrent.futures.Executor`; by default a :class:`~concurrent.futures.ProcessPoolExecutor`
 with ``jobs`` workers. Workers receive file paths and load them themselves (cached per process).
 
-On a cluster the same call runs unchanged with an executor from an existing engine, e.g.
-``dask.distributed.Client(...).get_executor()``, or :func:`sweep_job` runs as Ray remote tasks
-(see docs/simulator.md); the project has no scheduler of its own.
+On a cluster the same call runs unchanged with an executor from an existing engine:
+:func:`dask_executor` opens a ``distributed.Client`` on a Dask scheduler address and hands back its
+``get_executor()`` (``dcut-sim --sweep --scheduler dask --scheduler-address tcp://HOST:8786``). The
+workers must be able to import ``dcut_sched`` and read the trace and curve paths (a shared file
+system); the project has no scheduler of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 
@@ -25,7 +28,7 @@ from ..traces import Trace
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS
 from .simulate import check_simulation, simulate
 
-__all__ = ["sweep", "sweep_job"]
+__all__ = ["dask_executor", "sweep", "sweep_job"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -36,6 +39,40 @@ def _load_trace(path: str) -> Trace:
 @functools.lru_cache(maxsize=8)
 def _load_cost(path: str) -> CostCurve:
     return CostCurve.load(path, check_hardware=False)
+
+
+@contextlib.contextmanager
+def dask_executor(address: str, *, timeout_s: float = 30.0) -> Iterator[Executor]:
+    """A :class:`concurrent.futures.Executor` on the Dask cluster at ``address``, for :func:`sweep`.
+
+    Args:
+        address: the scheduler address, e.g. ``tcp://10.0.0.5:8786`` (``distributed.LocalCluster``'s
+            ``scheduler_address`` in tests).
+        timeout_s: how long to wait for the scheduler, seconds.
+
+    Yields:
+        ``distributed.Client(address).get_executor()``; the client is closed on exit (the cluster
+        keeps running: it is not ours).
+
+    Raises:
+        ValueError: ``distributed`` is not installed (``pip install 'dcut-sched[cluster]'``), or no
+            scheduler answered at ``address`` within ``timeout_s``.
+    """
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ValueError(
+            "--scheduler dask needs the 'distributed' package: pip install 'dcut-sched[cluster]' "
+            "(or pip install distributed)"
+        ) from None
+    try:
+        client = Client(address, timeout=f"{timeout_s}s")
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"no Dask scheduler answered at {address!r} within {timeout_s:g} s ({exc})") from None
+    try:
+        yield client.get_executor()
+    finally:
+        client.close()
 
 
 def sweep_job(trace_path: str, cost_path: str, batch_size: int, kwargs: dict[str, Any]) -> pd.DataFrame:

@@ -37,3 +37,39 @@ def test_sweep_checks_everything_first(paths):
     traces, costs = paths
     with pytest.raises(SimulationError, match="batch size 16"):
         sweep(traces, costs, [2, 16], jobs=1, num_steps=30, warmup_steps=5)
+
+
+def test_sweep_on_a_dask_cluster_matches_local(paths, tmp_path):
+    """`--sweep --scheduler dask` on a real (in-process) Dask cluster gives the local sweep's rows."""
+    distributed = pytest.importorskip("distributed")
+    import pandas as pd
+
+    from dcut_sched.cli.sim import main
+
+    traces, costs = paths
+    common = ["--sweep", "--trace", traces[0], "--trace", traces[1], "--cost", costs[0], "--batch-sizes", "2,4",
+              "--policies", "dcut,fine", "--steps", "30", "--warmup", "5", "--quiet"]
+    local_out, dask_out = tmp_path / "local.csv", tmp_path / "dask.csv"
+    assert main(common + ["--jobs", "1", "--out", str(local_out)]) == 0
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        assert main(common + ["--scheduler", "dask", "--scheduler-address", cluster.scheduler_address,
+                              "--out", str(dask_out)]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(local_out), pd.read_csv(dask_out))
+
+
+def test_dask_scheduler_needs_sweep_and_address(paths, capsys):
+    from dcut_sched.cli.sim import main
+
+    traces, costs = paths
+    assert main(["--trace", traces[0], "--cost", costs[0], "--scheduler", "dask", "--quiet"]) == 2
+    assert "--scheduler-address" in capsys.readouterr().err
+
+
+def test_dask_executor_names_an_unreachable_scheduler():
+    pytest.importorskip("distributed")
+    from dcut_sched.simulator import dask_executor
+
+    with pytest.raises(ValueError, match="no Dask scheduler answered at 'tcp://127.0.0.1:9'"):
+        with dask_executor("tcp://127.0.0.1:9", timeout_s=1):
+            pass
