@@ -66,3 +66,14 @@ def test_greedy_trace_with_p_and_bad_temperature_are_faults():
     frame = t.to_frame()
     frame["p4"] = 0.5
     assert "beyond block_size" in faults_of(frame, t.metadata)[0]
+
+
+def test_stats_of_a_sampled_trace():
+    from dcut_sched.traces.stats import trace_stats
+
+    t = base_trace()
+    t.target_prob[:] = 0.5
+    s = trace_stats(t)
+    assert s["temperature"] == 0.7 and s["mean_target_prob_by_depth"] == [0.5, 0.5, 0.5]
+    assert s["expected_tau"] == 1 + 0.5 + 0.25 + 0.125
+    assert "expected_tau" not in trace_stats(base_trace("0", with_p=False))
