@@ -10,7 +10,8 @@ Sections (each also reproducible with the ``dcut-sim`` command the report prints
 2. the selection curve at bs = 32 next to the published D-Cut figures (report_selection);
 3. budgets chosen step by step by ``dcut`` and ``fine``, and skipped drafts (report_budgets);
 4. reliability of raw vs online-calibrated confidence, and ``--calibrate`` throughput (report_calibration);
-5. the simulator-fidelity table of ``analysis/fidelity.py`` (included when its Markdown exists).
+5. the simulator-fidelity table of ``analysis/fidelity.py`` (included when its Markdown exists);
+6. the sampling section of ``analysis/sampling_report.py`` (included when its Markdown exists).
 
 About two minutes on the project's 2-core machine (one process).
 """
@@ -51,6 +52,7 @@ REAL_ALL = REAL_B16 + ["traces/smollm2-135m-skip14-15-b8.parquet"]
 BATCH_SIZES = (4, 8, 16, 32, 64)
 CPU_BATCH_SIZES = (4, 8, 16)  # the CPU curve is measured at bs 1..16
 FIDELITY_MD = "analysis/results/fidelity.md"
+SAMPLING_MD = "analysis/results/sampling.md"
 
 
 def families() -> list[Family]:
@@ -178,7 +180,9 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: f
 
     fidelity_path = ROOT / FIDELITY_MD
     fidelity = fidelity_path.read_text() if fidelity_path.exists() else None
-    text = render_report(results, families(), settings, fidelity=fidelity, elapsed_s=elapsed_s)
+    sampling_path = ROOT / SAMPLING_MD
+    sampling = sampling_path.read_text() if sampling_path.exists() else None
+    text = render_report(results, families(), settings, fidelity=fidelity, sampling=sampling, elapsed_s=elapsed_s)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
     return written

@@ -52,7 +52,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def render_report(results: dict, families: list, settings, *, fidelity: str | None, elapsed_s: float) -> str:
+def render_report(results: dict, families: list, settings, *, fidelity: str | None, elapsed_s: float,
+                  sampling: str | None = None) -> str:
     """The whole ``analysis/README.md``."""
     from report_commentary import commentary
 
@@ -185,6 +186,10 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     else:
         w("*Not generated yet: run `PYTHONPATH=. python analysis/fidelity.py` (writes `analysis/results/fidelity.csv` "
           "and `analysis/results/fidelity.md`), then `python analysis/make_report.py` to include it here.*\n")
+
+    # ---------------------------------------------------------------- sampling
+    if sampling:
+        w(sampling.strip() + "\n")
 
     w("## Caveats\n")
     w(c["caveats"])
