@@ -310,6 +310,7 @@ class SpecEngine:
             raise ValueError(f"SpecEngine.generate: {len(keys)} keys for {len(prompts)} prompts")
         self._keys = keys
         sampled_trace = record_trace and not sp.is_greedy
+        self._record_probs = sampled_trace
         if sampled_trace and ctrl.policy.name != "full":
             raise ValueError("SpecEngine.generate: a sampled trace records the target's probability of every "
                              f"draft token, so every slot must be verified: use policy 'full', not {ctrl.policy.name!r}")
@@ -525,7 +526,7 @@ class SpecEngine:
             n = len(seqs[reqs[j]])
             targets.append(sample_at(block_logits, sp, self._keys[reqs[j]], range(n, n + lengths[j])))
             d = drafts[j][: lengths[j] - 1]
-            if d:
+            if d and self._record_probs:
                 probs = sampling_probs(block_logits[: len(d)], sp)
                 draft_probs.append(probs[torch.arange(len(d)), torch.tensor(d)].float().cpu().tolist())
             else:
