@@ -20,7 +20,9 @@ Stages (each can be run alone; ``all`` = profile, overhead, engine, timing-profi
 - ``timing-profile``: a second curve at every bs 1..16 and the engine's measured decode context (88)
   into ``profiler/profiles/cpu-smollm2-135m-b8-allbs.json``; ``predict`` times the simulated steps
   with it (and plans with the engine's curve, so both take the same decisions).
-- ``predict``: the engine-matched position-indexed trace (the shipped
+- ``predict`` (reads ``--measurements``, default analysis/results; writes ``--out-dir``, default the
+  git-ignored ``build/fidelity-predict/``; ``analysis/make_report.py`` runs it into analysis/results
+  so the report and the README quote one run): the engine-matched position-indexed trace (the shipped
   ``traces/smollm2-135m-skip14-15-b8.parquet`` cut to the engine's output lengths, position 0
   dropped because the engine's first token comes from prefill; verified against the engine's
   ``full`` runs), one ``run_open_loop`` per (policy, bs) with every request arriving at t = 0, no
@@ -69,6 +71,8 @@ TIMING_CURVE = ROOT / "profiler/profiles/cpu-smollm2-135m-b8-allbs.json"
 SHIPPED_TRACE = ROOT / "traces/smollm2-135m-skip14-15-b8.parquet"
 PROMPTS = ROOT / "traces/prompts.jsonl"
 RESULTS = ROOT / "analysis/results"
+#: ``predict``'s default output folder: git-ignored (``build/``), so it never overwrites tracked files.
+PREDICT_OUT = ROOT / "build/fidelity-predict"
 
 
 # ============================================================================ pure parts (tested)
@@ -200,9 +204,10 @@ def step_time_ms(curve: CostCurve, batch_size: Sequence[int], num_tokens: Sequen
     """Per-step time from a cost curve plus per-step overheads (the simulator's step model, DESIGN.md §1).
 
     A drafted step costs ``C_draft(bs) + C_verify(bs, K) + overhead_drafted(bs)``, a plain step
-    ``C_verify(bs, bs) + overhead_plain(bs)``. ``verify_tokens`` (default ``num_tokens``) is the K
-    looked up for verification (e.g. ``bs * B`` for an engine that verifies the whole block).
-    Overheads are scalars or callables of bs (ms).
+    ``C_ar(bs) + overhead_plain(bs)``, both read from the curve's
+    :class:`~dcut_sched.step_costs.StepCosts` (the simulator's step times). ``verify_tokens`` (default
+    ``num_tokens``) is the K looked up for verification (e.g. ``bs * B`` for an engine that verifies
+    the whole block). Overheads are scalars or callables of bs (ms).
 
     Returns:
         ``[steps]`` float64 ms.
@@ -212,13 +217,16 @@ def step_time_ms(curve: CostCurve, batch_size: Sequence[int], num_tokens: Sequen
     d = np.asarray(drafted, dtype=bool)
     fp = overhead_plain_ms if callable(overhead_plain_ms) else (lambda b, v=float(overhead_plain_ms): v)
     fd = overhead_drafted_ms if callable(overhead_drafted_ms) else (lambda b, v=float(overhead_drafted_ms): v)
+    from dcut_sched.step_costs import step_costs
+
+    costs = step_costs(curve, curve.block_size)
     out = np.empty(len(bs), dtype=np.float64)
     for i, (b, kk, dd) in enumerate(zip(bs, k, d)):
         b = int(b)
         if dd:
-            out[i] = curve.draft_ms(b) + float(curve.verify_ms(b, int(kk))) + float(fd(b))
+            out[i] = costs.draft_ms(b) + costs.verify_ms(b, int(kk)) + float(fd(b))
         else:
-            out[i] = float(curve.verify_ms(b, b)) + float(fp(b))
+            out[i] = costs.plain_ms(b) + float(fp(b))
     return out
 
 
@@ -510,7 +518,7 @@ def stage_predict(args) -> None:
     from dcut_sched import policies
     from dcut_sched.simulator.engine import run_open_loop
 
-    steps, runs, doc = _load_engine(args.out_dir)
+    steps, runs, doc = _load_engine(args.measurements)
     outputs = doc["outputs"]
     ref = next(iter(outputs.values()))
     lossless_bad = [k for k, v in outputs.items() if v != ref]
@@ -520,7 +528,7 @@ def stage_predict(args) -> None:
     matched.save(args.out_dir / "fidelity_trace.parquet")
     curve = CostCurve.load(args.curve)  # the engine's controller planned with it, so the simulator plans with it
     timing = CostCurve.load(args.timing_curve) if Path(args.timing_curve).exists() else curve
-    ov_path = args.out_dir / "fidelity_overhead.csv"
+    ov_path = args.measurements / "fidelity_overhead.csv"
     ov = pd.read_csv(ov_path) if ov_path.exists() else pd.DataFrame(columns=["batch_size", "drafted", "overhead_ms"])
     ov_plain, ov_drafted = _overhead_fn(ov, False), _overhead_fn(ov, True)
     nreq = len(out_len)
@@ -756,7 +764,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("stage", choices=("all", "profile", "overhead", "engine", "timing-profile", "predict"),
                    help="all = profile, overhead, engine, timing-profile, predict (predict needs only their files)")
-    p.add_argument("--out-dir", type=Path, default=RESULTS, help="results folder (default: analysis/results)")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="results folder (default: analysis/results for the measuring stages; "
+                        f"{PREDICT_OUT.relative_to(ROOT)} for `predict`, so a comparison run never overwrites "
+                        "the committed files; analysis/make_report.py passes analysis/results)")
+    p.add_argument("--measurements", type=Path, default=RESULTS,
+                   help="where `predict` reads the engine measurements (default: analysis/results)")
     p.add_argument("--curve", type=Path, default=CURVE, help="CPU cost curve written by `profile`, read by the others")
     p.add_argument("--context-len", type=int, default=72,
                    help="profile context length: the engine runs' mean decode context (default 72)")
@@ -774,6 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = PREDICT_OUT if args.stage == "predict" else RESULTS
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stages = ["profile", "overhead", "engine", "timing-profile", "predict"] if args.stage == "all" else [args.stage]
     for stage in stages:

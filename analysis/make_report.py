@@ -6,11 +6,16 @@ One command, shipped inputs only (traces/*.parquet, profiler/profiles/*.json), s
 
 Sections (each also reproducible with the ``dcut-sim`` command the report prints next to it):
 
+0. reproducing the published D-Cut results: the mean-over-five table beside the published one, with
+   the draft-cost and calibration-gap sensitivities (report_reproduce); the same headline table is
+   written into README.md and docs/simulator.md between their ``<!-- generated:headline -->`` markers;
 1. speedup over ``ar`` vs batch size, every registered policy, per trace family (report_speedup);
 2. the selection curve at bs = 32 next to the published D-Cut figures (report_selection);
 3. budgets chosen step by step by ``dcut`` and ``fine``, and skipped drafts (report_budgets);
 4. reliability of raw vs online-calibrated confidence, and ``--calibrate`` throughput (report_calibration);
-5. the simulator-fidelity table of ``analysis/fidelity.py`` (included when its Markdown exists);
+5. the simulator-fidelity table: ``analysis/fidelity.py predict`` re-run on the committed engine
+   measurements (seconds), its figures also written into README.md and docs/fidelity.md between
+   ``<!-- generated:fidelity -->`` markers;
 6. the sampling section of ``analysis/sampling_report.py`` (included when its Markdown exists).
 
 About two minutes on the project's 2-core machine (one process).
@@ -19,6 +24,7 @@ About two minutes on the project's 2-core machine (one process).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ from dcut_sched.traces import TraceError  # noqa: E402
 from report_budgets import VARIANTS, budget_steps, budget_summary, plot_budgets  # noqa: E402
 from report_calibration import CONFIDENCE_POLICIES, calibrated_throughput, plot_reliability, reliability  # noqa: E402
 from report_markdown import render_report  # noqa: E402
+import report_reproduce  # noqa: E402
 from report_selection import PUBLISHED_GSM8K, plot_selection, selection_table  # noqa: E402
 from report_speedup import Family, plot_family, run_family  # noqa: E402
 
@@ -88,6 +95,8 @@ def count_runs(settings: Settings) -> int:
     total += 2  # selection curves: gsm8k, real
     total += 2 * len(settings.budget_batch_sizes) * len(VARIANTS) + len(settings.cpu_budget_batch_sizes) * 2
     total += len(REAL_ALL)  # reliability
+    bench = len(report_reproduce.DRAFT_SCALES) * 5 + (len(report_reproduce.CALIBRATION_GAPS) - 1) * 4
+    total += 5 * len(BATCH_SIZES) * bench  # reproduce: 5 benchmarks x bs x policies
     k = len(CONFIDENCE_POLICIES) + 1
     total += 2 * k * (len(REAL_B16) * len(BATCH_SIZES) + len(REAL_B16) * len(CPU_BATCH_SIZES) + len(BATCH_SIZES))
     return total
@@ -98,6 +107,8 @@ def compute(settings: Settings, bar) -> dict:
     tick = lambda *_: bar.update(1)  # noqa: E731
     s = settings
     out: dict = {}
+    bar.set_description("reproducing the published results")
+    out["reproduce"] = report_reproduce.compute(on_run=lambda: bar.update(1))
     speed = []
     for fam in families():
         bar.set_description(f"speedup {fam.key}")
@@ -162,6 +173,7 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: f
     csv("reliability_bins.csv", results["reliability_bins"])
     csv("reliability.csv", results["reliability"])
     csv("calibrate_throughput.csv", results["calibrate"])
+    csv("reproduce.csv", results["reproduce"]["rows"])
 
     for fam in families():
         path = fig / f"speedup-{fam.key}.png"
@@ -178,14 +190,52 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: f
         fn(path)
         written.append(path)
 
-    fidelity_path = ROOT / FIDELITY_MD
+    fidelity_path = res / "fidelity.md"
     fidelity = fidelity_path.read_text() if fidelity_path.exists() else None
+    summary_path = res / "fidelity_summary.json"
     sampling_path = ROOT / SAMPLING_MD
     sampling = sampling_path.read_text() if sampling_path.exists() else None
     text = render_report(results, families(), settings, fidelity=fidelity, sampling=sampling, elapsed_s=elapsed_s)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
+    blocks = {"headline": report_reproduce.headline_markdown(results["reproduce"])}
+    if summary_path.exists():
+        blocks["fidelity"] = fidelity_sentence(json.loads(summary_path.read_text()))
+    if out_dir.resolve() == (ROOT / "analysis").resolve():  # the project's own report: update the docs too
+        for doc in (ROOT / "README.md", ROOT / "docs" / "simulator.md", ROOT / "docs" / "fidelity.md"):
+            if any([report_reproduce.update_generated_block(doc, key, text) for key, text in blocks.items()]):
+                written.append(doc)
     return written
+
+
+def fidelity_sentence(summary: dict) -> str:
+    """The fidelity figures the README and docs/fidelity.md quote, from ``fidelity_summary.json``."""
+    before, after, sp = summary["tokens_per_s_before"], summary["tokens_per_s_after"], summary["speedup_after"]
+    way = "over" if before["mean_signed"] > 0 else "under"
+    return (f"The simulator as is (timed with the curve the engine planned with, `profiler/profiles/"
+            f"cpu-smollm2-135m-b8.json`; see its recorded load) {way}-predicts the engine's decode tokens/s by a "
+            f"median **{100 * before['median_abs']:.1f} %** (max {100 * before['max_abs']:.0f} %); timed with the "
+            "all-bs curve at the engine's context and counting the drafter's lazy prompt prefill as prefill and adding "
+            "the engine's per-step time outside the model forwards (measured on held-out prompts), the **median "
+            f"absolute error is {100 * after['median_abs']:.1f} %** (mean {100 * after['mean_abs']:.1f} %, max "
+            f"{100 * after['max_abs']:.0f} %) over every (policy, bs) run, and {100 * sp['median_abs']:.1f} % on "
+            "speedup over `ar` (from `analysis/results/fidelity_summary.json`, regenerated by "
+            "`analysis/make_report.py`).")
+
+
+def run_fidelity_predict(out_dir: Path) -> None:
+    """``analysis/fidelity.py predict`` on the committed engine measurements, into the report's results folder
+    (seconds), so the report and the docs quote the figures of this run."""
+    import contextlib
+    import io
+
+    import fidelity
+
+    measurements = ROOT / "analysis" / "results"
+    if not (measurements / "fidelity_engine_runs.csv").exists():
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        fidelity.main(["predict", "--measurements", str(measurements), "--out-dir", str(out_dir / "results")])
 
 
 def main(argv=None) -> int:
@@ -213,6 +263,7 @@ def main(argv=None) -> int:
     except (TraceError, CostCurveError, ValueError, FileNotFoundError) as exc:
         print(f"make_report: error: {exc}", file=sys.stderr)
         return 2
+    run_fidelity_predict(Path(args.out_dir))
     elapsed = time.perf_counter() - start
     written = write_outputs(results, settings, Path(args.out_dir), elapsed)
     print(f"report computed in {elapsed:.0f} s; wrote {len(written)} files, e.g. {written[-1]}")

@@ -37,17 +37,23 @@ def _speedup(results: dict, families: list) -> dict:
         t = tables["dflash-h20"]
         cols = [c for c in t.columns if c != "geomean"]
         wins = {c: _best(t, c)[0] for c in cols}
+        below = [(p, c) for p in t.index if p not in ("ar",) for c in cols if t.at[p, c] < 1.0]
+        below_txt = ("every speculative policy beats `ar` at every batch size" if not below else
+                     "below `ar`: " + ", ".join(f"`{p}` at bs {c} ({_x(t.at[p, c])})" for p, c in below))
         text.append(
-            f"- **DFlash-like traces on H20 (the paper's setting).** Every speculative policy beats `ar` at every batch "
-            f"size, but the margin shrinks with bs: `full` (verify all B = 16 slots) falls from {_x(t.at['full', cols[0]])} "
-            f"at bs {cols[0]} to {_x(t.at['full', cols[-1]])} at bs {cols[-1]}, because verification cost grows with "
-            f"bs*B while the extra tokens do not. `dcut` recovers part of it ({_x(t.at['dcut', cols[-1]])} at bs "
-            f"{cols[-1]}); best non-oracle policy per column: "
+            f"- **DFlash-like traces on H20 (the paper's setting; plain steps at the published AR step C_ar).** "
+            f"Pooled over the five presets, {below_txt}. `full` (verify all B = 16 slots) falls from "
+            f"{_x(t.at['full', cols[0]])} at bs {cols[0]} to {_x(t.at['full', cols[-1]])} at bs {cols[-1]}, because "
+            f"verification cost grows with bs*B while the extra tokens do not, and the plain step it is compared with "
+            f"stays cheap (17.8 ms at bs 64 vs 133.9 ms to verify every slot). `dcut` recovers part of it "
+            f"({_x(t.at['dcut', cols[-1]])} at bs {cols[-1]}); `fine`, which may stop drafting, "
+            f"{_x(t.at['fine', cols[-1]])}. Best non-oracle policy per column: "
             + ", ".join(f"bs {c}: `{p}`" for c, p in wins.items())
             + f". Geometric means: `fine` {_x(t.at['fine', 'geomean'])}, `dcut` {_x(t.at['dcut', 'geomean'])}, "
             f"`topk` {_x(t.at['topk', 'geomean'])}, `threshold` {_x(t.at['threshold', 'geomean'])}, `full` "
             f"{_x(t.at['full', 'geomean'])}; `oracle` bounds what any confidence-based choice can reach "
-            f"({_x(t.at['oracle', 'geomean'])}).")
+            f"({_x(t.at['oracle', 'geomean'])}). Section 0 compares the published protocol's mean over the five "
+            "with the published table.")
         text.append(
             f"- `threshold` is strong here ({_x(t.at['threshold', 'geomean'])} vs `dcut` {_x(t.at['dcut', 'geomean'])}) "
             "only because these synthetic confidences are calibrated by construction; on the real traces it is the "
@@ -69,9 +75,10 @@ def _speedup(results: dict, families: list) -> dict:
             f"this CPU at all: every drafting policy is far below `ar` (`full` {_x(t.at['full', 'geomean'])}, `dcut` "
             f"{_x(t.at['dcut', 'geomean'])}, even `oracle` {_x(t.at['oracle', 'geomean'])}). The self-speculative drafter "
             "keeps 28 of 30 layers, so drafting B-1 = 15 tokens costs about 15 target forwards (the CPU curve's "
-            "draft step is 14..18x an `ar` step at bs 4..16). `fine` detects this and stops drafting; each probe "
-            "that confirms plain decoding doubles the wait before the next (exponential back-off up to 1,024 "
-            f"plain steps), so it ends at {_x(t.at['fine', 'geomean'])} of `ar`, the probing's cost. Action: on "
+            "draft step is many `ar` steps at bs 4..16). `fine` detects this and stops drafting; its probes are held "
+            "to a budget (what drafting lost against plain decoding stays within 0.5 % of the run's time), so it "
+            f"ends at {_x(t.at['fine', 'geomean'])} of `ar` (>= 0.99x on every shipped trace x curve pair and batch "
+            "size over 20,000 steps: `analysis/bench_fine_vs_ar.py`). Action: on "
             "hardware where one draft step costs more than a few `ar` steps, turn speculation off or use `fine`; "
             "no verification policy can fix a drafter this slow.")
     out["summary"] = "\n## Summary\n\n" + "\n".join(text) + "\n"
@@ -134,11 +141,11 @@ def _budgets(results: dict) -> str:
     if len(cpu):
         f = cpu[cpu["policy"] == "fine"]
         lines.append(
-            f"- **Skipped drafts.** On H20 `fine` almost never skips a draft (at most {100 * h20_skip:.1f} % of steps over "
-            "every H20 run of section 1: a drafted step beats a plain one there). On the CPU curve `fine` skips "
+            f"- **Skipped drafts.** On H20 `fine` skips up to {100 * h20_skip:.1f} % of steps over the H20 runs of "
+            "section 1: where a drafted step is not expected to beat the plain step C_ar by its 5 % margin (large "
+            "batch sizes, low acceptance) it decodes plainly. On the CPU curve `fine` skips "
             f"{100 * f['skipped_draft_frac'].mean():.0f} % of steps and is {f['vs_dcut'].min():.1f}..{f['vs_dcut'].max():.1f}x "
-            "`dcut` there, the one place the draft-or-not decision matters; it stays just below `ar` (section 1) by what its "
-            "backed-off probes cost (one probe step costs 14..18 plain steps).")
+            "`dcut` there; it stays within its probe budget of `ar` (section 1).")
     lines.append(
         "- **What to deploy.** Where drafting pays, `fine` is a small but consistent gain over `dcut` (a few %), "
         "bigger at bs 8..16 and on traces with lower acceptance; it needs a CUDA graph per candidate budget "
@@ -192,10 +199,11 @@ CAVEATS = """\
 - **Simulated, not measured.** Every number in sections 1-4 is a discrete-event simulation: measured (or published)
   step costs from a cost curve, and recorded (or synthetic) acceptance. Section 5 is the check of the simulator
   against the real engine on this machine's CPU.
-- **The H20 curve** holds the published D-Cut verify costs for Qwen3-8B (bs 4/16/64 at 4 ratios); other batch sizes
-  and the draft step are a roofline model fitted to them (`profiler/profiles/h20-qwen3-8b-published.json`,
-  `source` field). The draft step (a 5-layer DFlash-style drafter) is an assumption, and it drives the
-  draft-time effect of section 3.
+- **The H20 curve** holds the published D-Cut verify costs for Qwen3-8B (bs 4/8/16/32/64 at 4 ratios) and the
+  published plain-decode (AR) steps at the same batch sizes; other cells and the draft step are a roofline model
+  fitted to them (`profiler/profiles/h20-qwen3-8b-published.json`, `source` field). The draft step (a 5-layer
+  DFlash-style drafter) is an assumption: section 0 shows the headline table at 0.5x and 2x of it, and it
+  drives the draft-time effect of section 3.
 - **The real-trace-on-H20 rows are a what-if**: SmolLM2-135M self-speculative acceptance combined with Qwen3-8B
   step costs on an H20. They show how the policies react to real, mis-calibrated confidences, not what SmolLM2 or
   Qwen3-8B would do on an H20.

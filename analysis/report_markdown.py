@@ -70,6 +70,10 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
       f"(warm-up), seed {settings.seed}; every policy of the registry with its default parameters. "
       "Each section names the equivalent `dcut-sim` command.\n")
     w(c["summary"])
+    if "reproduce" in results:
+        from report_reproduce import render_section
+
+        w(render_section(results["reproduce"], number="0"))
 
     # ---------------------------------------------------------------- speedup
     w("## 1. Speedup vs batch size\n")
@@ -125,7 +129,8 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     w("Both verify a global top-K of slot scores; they differ in how K is chosen. `dcut` picks among 4 captured "
       "ratios (rho = 0.25/0.5/0.75/1.0) by expected tokens per *verify* ms; `fine` picks among every multiple of "
       "8 slots by expected tokens per *full step* ms (draft + verify), and stops drafting when a drafted step is "
-      "expected to produce fewer tokens per ms than a plain autoregressive one (re-probing after 16 plain steps, with the wait doubling after each probe that finds plain decoding still faster).\n")
+      "expected to beat a plain autoregressive step (C_ar) by its 5 % margin, re-probing only while what drafting "
+      "lost against plain decoding stays within 0.5 % of the run's time (its probe budget).\n")
     show = bsum.copy()
     show = show[["trace_name", "cost", "batch_size", "policy", "tokens_per_s", "vs_dcut", "tokens_per_step",
                  "ms_per_step", "mean_ratio", "distinct_budgets", "skipped_draft_frac"]]

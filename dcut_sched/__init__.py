@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "RatioController": ".controller",
     "VerifyGraphBank": ".controller",
     "OnlineCalibrator": ".calibration",
+    "AssumedArWarning": ".cost_curve",
     "CostCurve": ".cost_curve",
     "CostCurveError": ".cost_curve",
     "CostCurveRangeError": ".cost_curve",
@@ -33,9 +34,10 @@ _EXPORTS: dict[str, str] = {
     "global_topk": ".scores",
     "slot_scores": ".scores",
     "SimulationError": ".simulator",
-    "selection_curve": ".simulator",
-    "simulate": ".simulator",
-    "sweep": ".simulator",
+    # the modules that define them: the simulator package also has submodules of these names
+    "selection_curve": ".simulator.selection_curve",
+    "simulate": ".simulator.simulate",
+    "sweep": ".simulator.sweep",
 }
 _SUBMODULES = ("policies", "simulator")
 

@@ -33,6 +33,16 @@ plus attention as its own memory- or compute-bound kernel:
     a long cache) runs far below peak bandwidth, and because the context length of a published
     curve is often not stated: only ``context_len / eta_attention`` is identifiable from it.
 
+Plain decode step (``C_ar``, its own path):
+    one forward of one token per request (N = bs, T = 1) over the c cached slots, with its *own*
+    :class:`Efficiency` (:data:`DEFAULT_AR_EFFICIENCY`, or fitted to ``ar`` rows by
+    :mod:`profiler.fit`). A serving engine runs plain decode on another path than verification: a
+    full CUDA graph of the one-token step (less fixed cost per forward than piecewise graphs) and a
+    decode attention kernel (one query per request, split over the cache, so a higher fraction of
+    bandwidth than the variable-length verification kernel). The GEMMs read the same weights on the
+    same device, so :mod:`profiler.fit` shares ``eta_compute`` and ``eta_memory`` between the paths
+    and gives each its own ``eta_attention`` and ``overhead_ms``.
+
 Draft step:
     ``dflash:N``: one forward of N layers of the target's width on B tokens per request
     (N = bs * B), with its own KV cache at the context length, logits at every slot.
@@ -52,8 +62,8 @@ import numpy as np
 from .devices import DeviceSpec
 from .shapes import ModelShape
 
-__all__ = ["DEFAULT_EFFICIENCY", "DraftSpec", "Efficiency", "forward_bytes", "forward_flops", "forward_ms",
-           "draft_ms", "parse_draft_spec"]
+__all__ = ["DEFAULT_AR_EFFICIENCY", "DEFAULT_EFFICIENCY", "DraftSpec", "Efficiency", "ar_step_ms", "forward_bytes",
+           "forward_flops", "forward_ms", "draft_ms", "parse_draft_spec"]
 
 ACT_HIDDEN_RW = 10
 ACT_FFN_RW = 6
@@ -93,6 +103,9 @@ class Efficiency:
 #: Used by ``dcut-profile --analytic`` without ``--fit``: round guesses, *not* fitted. Fitting
 #: (``--fit FILE``) replaces them; see docs/profiler.md for what the H20 fit gives.
 DEFAULT_EFFICIENCY = Efficiency()
+#: The plain-decode path's defaults without ``--fit`` (round guesses, *not* fitted): a full CUDA graph
+#: of the one-token step (smaller fixed cost) and a decode attention kernel (higher share of bandwidth).
+DEFAULT_AR_EFFICIENCY = Efficiency(eta_attention=0.5, overhead_ms=0.05)
 
 
 def _moe_touched_experts(shape: ModelShape, num_tokens: np.ndarray) -> np.ndarray:
@@ -151,6 +164,13 @@ def forward_ms(shape: ModelShape, device: DeviceSpec, eff: Efficiency, batch_siz
     top = np.maximum(t_c, t_m)  # scale before the power so that a large p cannot overflow
     soft = top * ((t_c / top) ** p + (t_m / top) ** p) ** (1.0 / p)
     return eff.overhead_ms + 1e3 * (soft + t_attn)
+
+
+def ar_step_ms(shape: ModelShape, device: DeviceSpec, eff: Efficiency, batch_size, context_len: int) -> np.ndarray:
+    """Time (ms) of one plain decode step: :func:`forward_ms` of one token per request
+    (``num_tokens = batch_size``) with the decode path's efficiency ``eff`` (module docstring)."""
+    bs = np.asarray(batch_size, dtype=np.float64)
+    return forward_ms(shape, device, eff, bs, bs, context_len)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,12 @@ Examples::
     dcut-profile --cpu --model tiny --out /tmp/tiny.json
     dcut-profile --analytic --device h200 --model qwen3-8b --out h200-qwen3-8b-analytic.json
     dcut-profile --analytic --device h20 --model qwen3-8b --fit profiler/profiles/h20-qwen3-8b-published.json --out h20.json
+    dcut-profile --analytic --device h20 --fit profiler/profiles/h20-qwen3-8b-published.json --block-size 8 --out h20-b8.json
+
+Every mode writes three cell families: verification ``C_verify(bs, num_tokens)``, the plain decode
+step ``C_ar(bs)`` (its own engine path: one token per request, a full CUDA graph on a GPU) and the
+draft step ``C_draft(bs)``. Measured modes record the machine's load average at the start and the
+end and warn when the load or the p20-p80 spread of the cells is high.
 
 Bad input exits with status 2 and one line on stderr; an interrupted measurement keeps its cells in
 ``OUT.partial`` and ``--resume`` continues it.
@@ -15,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import sys
 import time
@@ -25,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dcut_sched import CostCurve, CostCurveError
+from dcut_sched.cost_curve import AssumedArWarning
 
 __all__ = ["build_parser", "main"]
 
@@ -63,10 +69,14 @@ def _ratio_list(text: str) -> list[float]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dcut-profile",
-        description="Write a verification cost curve C_verify(bs, num_tokens) and draft-step curve C_draft(bs) "
-                    "(JSON, schema dcut.cost-curve/1) for the simulator and the controller.",
-        epilog="Cells per batch size: the autoregressive point (num_tokens = bs), the D-Cut buckets "
-               "ceil(rho*bs*B), and every multiple of --grid-step in [bs, bs*B]. See docs/profiler.md.",
+        description="Write a cost curve: verification C_verify(bs, num_tokens), the plain decode step C_ar(bs) "
+                    "and the draft step C_draft(bs) (JSON, schema dcut.cost-curve/2) for the simulator and the "
+                    "controller.",
+        epilog="Cells per batch size: verification at num_tokens = bs, at the D-Cut buckets ceil(rho*bs*B) and at "
+               "every multiple of --grid-step in [bs, bs*B]; the plain decode step (one token per request on the "
+               "plain-decode path); the draft step. Examples: dcut-profile --cpu --model smollm2-135m --out c.json; "
+               "dcut-profile --analytic --device h20 --fit profiler/profiles/h20-qwen3-8b-published.json "
+               "--block-size 8 --out h20-b8.json. See docs/profiler.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--gpu", action="store_const", dest="mode", const="gpu",
@@ -80,16 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
                                     "qwen3.5-35b-a3b, qwen3-30b-a3b), a config.json or a checkpoint directory "
                                     "[gpu/analytic: qwen3-8b, cpu: tiny]")
     ap.add_argument("--device", help="analytic: h200, h100, h20 or a100")
-    ap.add_argument("--fit", metavar="FILE", help="analytic: fit the efficiency factors to this measured or "
-                                                  "published curve of the same device and fill its gaps")
+    ap.add_argument("--fit", metavar="FILE", help="analytic: fit the efficiency factors of the verify and the "
+                                                  "plain-decode paths to this measured or published curve of the "
+                                                  "same device (both families together, residuals per family) and "
+                                                  "fill its gaps; with a smaller --block-size derive that block "
+                                                  "size's curve (verify cells up to bs*B, the B-slot draft step)")
     ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated [gpu/analytic: 1,2,4,8,16,32,64; "
                                                           "cpu: 1,2,4,8]")
-    ap.add_argument("--block-size", type=int, default=16, help="B, slots per request")
+    ap.add_argument("--block-size", type=int, help="B, slots per request [16; with --fit: the fitted file's]")
     ap.add_argument("--context-len", type=int, help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
     ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho")
     ap.add_argument("--grid-step", type=int, default=16,
                     help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
-                         "0 = AR point and buckets only (fastest)")
+                         "0 = num_tokens = bs and the buckets only (fastest)")
     ap.add_argument("--draft", default="auto",
                     help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
@@ -121,23 +134,69 @@ def _auto_draft(model_name: str, num_layers: int) -> str:
     return f"dflash:{min(5, max(1, num_layers // 4))}"
 
 
+#: Warn when the median p20-p80 spread of a profile's cells exceeds this fraction of the median ...
+SPREAD_WARN_MEDIAN = 0.10
+#: ... or the widest cell's spread exceeds this.
+SPREAD_WARN_MAX = 0.30
+
+
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (``os.getloadavg``), or None where there are none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def _cpu_hardware(threads: int) -> dict[str, Any]:
     import torch
 
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"device_name": name, "backend": "cpu-eager", "torch_version": torch.__version__, "cuda_version": None,
-            "driver_version": None, "threads": threads, "cpu_count": os.cpu_count(),
-            "load_average_at_start": None if load is None else round(load, 2),
+    from dcut_sched.cost_curve import cpu_model_name
+
+    load = _load_average()
+    return {"device_name": cpu_model_name(), "backend": "cpu-eager", "torch_version": torch.__version__,
+            "cuda_version": None, "driver_version": None, "threads": threads, "cpu_count": os.cpu_count(),
+            "load_average_at_start": None if load is None else load[0],
             "note": "eager CPU times of this machine only; not a GPU cost curve"}
+
+
+def _load_warnings(load: dict[str, Any], cpu_count: int | None, threads: int) -> list[str]:
+    """Why the recorded machine load makes the timings suspect (empty when it does not)."""
+    cores = cpu_count or 1
+    worst = max(x for x in (load.get("start_1min"), load.get("end_1min"), load.get("end_5min")) if x is not None)
+    if worst > cores:
+        return [f"machine load average reached {worst:g} on {cores} cores (this profile uses {threads} thread(s)): "
+                f"other processes competed for the CPU, so the times are inflated and noisy; re-profile on a quiet "
+                f"machine for a curve that describes it"]
+    return []
+
+
+def _spread_warnings(curve: CostCurve) -> list[str]:
+    from .report import noise_summary
+
+    noise = noise_summary(curve)
+    if np.isnan(noise["median_spread_pct"]):
+        return []
+    if noise["median_spread_pct"] > 100 * SPREAD_WARN_MEDIAN or noise["max_spread_pct"] > 100 * SPREAD_WARN_MAX:
+        return [f"p20-p80 spread is high (median {noise['median_spread_pct']:.1f}%, max {noise['max_spread_pct']:.1f}% "
+                f"of the median, in {noise['max_spread_cell']}): the medians are uncertain; add --repeats/--rounds "
+                f"or profile on a quieter machine"]
+    return []
+
+
+def _monotone_warnings(curve: CostCurve, tolerance: float = 0.05) -> list[str]:
+    """Plain-decode or draft steps that get cheaper with more requests (by more than ``tolerance``):
+    a sign of load drift or noise, since a bigger batch never does less work."""
+    out = []
+    for fam, rows in (("ar", curve.ar), ("draft", curve.draft)):
+        rows = sorted(rows, key=lambda r: r.batch_size)
+        drops = [f"bs {a.batch_size} {a.median_ms:.4g} ms > bs {b.batch_size} {b.median_ms:.4g} ms"
+                 for a, b in zip(rows, rows[1:]) if b.median_ms < a.median_ms * (1 - tolerance)]
+        if drops:
+            out.append(f"{fam} step not monotone in batch size ({'; '.join(drops[:3])}"
+                       f"{'; ...' if len(drops) > 3 else ''}): noise or load drift; the lookup interpolates "
+                       f"these medians as they are")
+    return out
 
 
 def _resolve(args: argparse.Namespace):
@@ -145,6 +204,8 @@ def _resolve(args: argparse.Namespace):
     from .shapes import resolve_model
 
     model, bss, ctx, warm, reps, dtype = DEFAULTS[args.mode]
+    if args.block_size is None and not (args.mode == "analytic" and args.fit):
+        args.block_size = 16
     args.model = args.model or model
     args.batch_sizes = args.batch_sizes or list(bss)
     args.context_len = ctx if args.context_len is None else args.context_len
@@ -153,7 +214,7 @@ def _resolve(args: argparse.Namespace):
     args.dtype = args.dtype or dtype
     if args.rounds is None:
         args.rounds = args.repeats if args.mode == "cpu" else 1
-    if args.block_size < 1 or args.context_len < 0 or args.grid_step < 0:
+    if (args.block_size is not None and args.block_size < 1) or args.context_len < 0 or args.grid_step < 0:
         raise UsageError("--block-size must be >= 1, --context-len and --grid-step >= 0")
     if args.mode != "analytic" and (args.repeats < 1 or args.warmups < 0 or not 1 <= args.rounds <= args.repeats):
         raise UsageError("--repeats must be >= 1, --warmups >= 0 and --rounds in [1, repeats]")
@@ -178,7 +239,7 @@ def _resolve(args: argparse.Namespace):
 
 
 def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
-    from .analytic import DEFAULT_EFFICIENCY, draft_ms, forward_ms
+    from .analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
     from .devices import get_device
     from .fit import device_matches, fill_curve, fit_efficiency
     from .grid import verify_tokens
@@ -186,7 +247,19 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
 
     device = get_device(args.device)
     if args.fit:
-        src = CostCurve.load(args.fit, check_hardware=False)
+        with warnings.catch_warnings():  # an assumed plain step in the source is reported below, not warned
+            warnings.simplefilter("ignore", AssumedArWarning)
+            src = CostCurve.load(args.fit, check_hardware=False)
+        if args.block_size is None:
+            args.block_size = src.block_size
+        if args.block_size > src.block_size:
+            raise UsageError(f"--block-size {args.block_size} with --fit {args.fit}: the file was measured for block "
+                             f"size {src.block_size}, so its fit has seen at most {src.block_size} tokens per request; "
+                             f"a B = {args.block_size} curve would extrapolate every cell above that. Fit to a curve "
+                             f"measured with B >= {args.block_size}, or derive a block size <= {src.block_size}")
+        if not src.has_ar() and not args.quiet:
+            console.print(f"[yellow]--fit {args.fit} has no plain-decode ('ar') rows ({src.ar_provenance}): the decode "
+                          f"path is not fitted and the output's plain step stays assumed[/]")
         if not device_matches(device, src.hardware.get("device_name")):
             raise UsageError(f"--fit {args.fit}: curve was measured on {src.hardware.get('device_name')!r}, not "
                              f"{device.name!r}; fit to a curve of the same device")
@@ -195,14 +268,18 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
                           UserWarning, stacklevel=2)
         fit = fit_efficiency(src, shape, device)
         if not args.quiet:
-            console.print(fit_table(fit, title=f"efficiency fit to {args.fit}"))
+            console.print(fit_table(fit, title=f"efficiency fit to {args.fit} (verify and ar families together)"))
+            if args.block_size != src.block_size:
+                console.print(f"derived a B = {args.block_size} curve from the B = {src.block_size} fit: source verify "
+                              f"cells with num_tokens <= bs*{args.block_size} kept, the rest of the B = "
+                              f"{args.block_size} grid and its draft step filled from the fitted model")
         source = (f"{src.source} | gaps filled by dcut-profile --analytic --device {device.key} --fit {args.fit}: "
                   f"roofline of profiler.analytic with efficiency factors fitted to the file's measured/published rows")
         curve = fill_curve(src, shape, fit, batch_sizes=args.batch_sizes, ratios=args.ratios,
-                           grid_step=args.grid_step, draft=draft, source=source)
+                           grid_step=args.grid_step, draft=draft, source=source, block_size=args.block_size)
         return curve, fit
-    eff = DEFAULT_EFFICIENCY
-    verify, drafts = [], []
+    eff, ar_eff = DEFAULT_EFFICIENCY, DEFAULT_AR_EFFICIENCY
+    verify, drafts, ar = [], [], []
     for bs in args.batch_sizes:
         tokens = np.array(verify_tokens(bs, args.block_size, args.ratios, args.grid_step))
         for k, ms in zip(tokens, forward_ms(shape, device, eff, bs, tokens, args.context_len)):
@@ -211,13 +288,17 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
         if draft.kind != "none":
             ms = draft_ms(shape, draft, device, eff, bs, args.block_size, args.context_len)
             drafts.append({"batch_size": bs, "median_ms": round(float(ms), 4), "provenance": "analytic"})
+        ar.append({"batch_size": bs, "median_ms": round(float(ar_step_ms(shape, device, ar_eff, bs, args.context_len)), 4),
+                   "provenance": "analytic"})
     hardware = {"device_name": device.name, "backend": "analytic", "torch_version": None, "cuda_version": None,
                 "driver_version": None, "peak_bf16_tflops": device.peak_bf16_tflops,
-                "hbm_tb_per_s": device.hbm_tb_per_s, "device_source": device.source, "efficiency": eff.to_dict()}
+                "hbm_tb_per_s": device.hbm_tb_per_s, "device_source": device.source, "efficiency": eff.to_dict(),
+                "ar_efficiency": ar_eff.to_dict()}
     curve = CostCurve(hardware=hardware, model={"name": shape.name, "config": shape.to_dict(), "dtype": "bfloat16",
                                                 "draft": draft.label()},
-                      block_size=args.block_size, context_len=args.context_len, verify=verify, draft=drafts,
-                      source="profiler.analytic roofline with default (unfitted) efficiency factors; see docs/profiler.md",
+                      block_size=args.block_size, context_len=args.context_len, verify=verify, draft=drafts, ar=ar,
+                      source="profiler.analytic roofline with default (unfitted) efficiency factors for the verify and "
+                             "the plain-decode paths; see docs/profiler.md",
                       profile_seconds=0.0)
     return curve, None
 
@@ -245,7 +326,8 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     if partial.exists() and not args.resume:
         raise UsageError(f"{partial} exists from an interrupted run; add --resume to continue it or delete it")
     dtype = getattr(torch, args.dtype)
-    cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none")
+    cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none",
+                        ar=True)
     t_build = time.perf_counter()
     workload = ForwardWorkload(cfg, args.block_size, args.context_len, max(args.batch_sizes), draft,
                                dtype=dtype, device=device, seed=args.seed)
@@ -273,15 +355,24 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     if not run.verify:
         raise UsageError(f"no verification cell could be measured ({len(run.skipped)} skipped: "
                          f"{next(iter(run.skipped.values()), '')})")
+    load_end = _load_average()
+    hardware["load_average"] = None if load_end is None else {
+        "start_1min": hardware.get("load_average_at_start"), "end_1min": load_end[0], "end_5min": load_end[1],
+        "end_15min": load_end[2], "cpu_count": os.cpu_count(),
+        "note": "os.getloadavg() of the machine while it measured (other processes included)"}
     hardware["profile"] = {"warmups": args.warmups, "repeats": args.repeats, "rounds": args.rounds, "seed": args.seed,
                            "ratios": list(args.ratios), "grid_step": args.grid_step, "skipped": run.skipped,
                            "model_build_seconds": round(build_s, 2), "capture_seconds": round(run.prepare_seconds, 2),
                            "resumed_cells": run.resumed_cells, "command": command}
     curve = CostCurve(hardware=hardware, model=workload.describe(), block_size=args.block_size,
-                      context_len=args.context_len, verify=run.verify, draft=run.draft,
+                      context_len=args.context_len, verify=run.verify, draft=run.draft, ar=run.ar,
                       graph_mode="full" if backend == "cuda-graph" else None,
                       profile_seconds=round(run.measure_seconds + run.prepare_seconds, 2),
                       source=f"measured by {command}")
+    for msg in (_load_warnings(hardware["load_average"], os.cpu_count(), args.threads) if not gpu and
+                hardware["load_average"] else []) + _spread_warnings(curve) + _monotone_warnings(curve):
+        curve.hardware.setdefault("warnings", []).append(msg)  # the curve holds its own copy of hardware
+        console.print(f"[yellow]warning: {msg}[/]", soft_wrap=True)
     curve.save(args.out)
     partial.unlink(missing_ok=True)
     if run.skipped and not args.quiet:
@@ -324,10 +415,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(interp_table(err))
     noise = noise_summary(curve)
     noise_text = "" if np.isnan(noise["median_spread_pct"]) else (
-        f", p20-p80 spread median {noise['median_spread_pct']:.1f}% max {noise['max_spread_pct']:.1f}%")
+        f", p20-p80 spread median {noise['median_spread_pct']:.1f}% max {noise['max_spread_pct']:.1f}% "
+        f"({', '.join(f'{fam} {pct:.1f}%' for fam, pct in noise['median_spread_pct_by_family'].items())})")
+    load = curve.hardware.get("load_average")
+    load_text = "" if not isinstance(load, dict) else (
+        f", load {load.get('start_1min')} -> {load.get('end_1min')} on {load.get('cpu_count')} cores")
     secs = f" in {curve.profile_seconds:.1f} s" if curve.profile_seconds else ""
-    console.print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.draft)} draft rows"
-                  f"{secs}{noise_text}")
+    console.print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.ar)} ar + {len(curve.draft)} draft rows"
+                  f"{secs}{noise_text}{load_text}; plain step: {curve.ar_provenance}", soft_wrap=True)
     return 0
 
 

@@ -1,6 +1,8 @@
 """CUDA-graph capture and replay timing for ``dcut-profile --gpu``.
 
-One graph per cell, captured largest first into one shared memory pool (later, smaller graphs reuse
+One graph per cell (verification forward, plain decode step, draft step), each a *full* graph of the
+whole step (the plain decode cell is thus a captured full CUDA graph of the one-token step, the path
+serving engines run without speculation), captured largest first into one shared memory pool (later, smaller graphs reuse
 the pool's blocks, as serving engines do), each after two eager warm-up calls on a side stream
 (lazy cuBLAS/attention initialisation must not happen inside a capture). A replay is timed with a
 pair of CUDA events around ``graph.replay()`` on the current stream; all events of a cell are read

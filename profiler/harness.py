@@ -111,6 +111,7 @@ class ProfileRun:
 
     Attributes:
         verify: rows ``{batch_size, num_tokens, median_ms, p20_ms, p80_ms, repeats}``.
+        ar: plain decode rows ``{batch_size, median_ms, p20_ms, p80_ms, repeats}``.
         draft: rows ``{batch_size, median_ms, p20_ms, p80_ms, repeats}``.
         skipped: ``{cell key: reason}`` (out of memory, failed capture).
         measure_seconds: wall time spent measuring in this and earlier (resumed) runs.
@@ -120,6 +121,7 @@ class ProfileRun:
 
     verify: list[dict[str, Any]] = field(default_factory=list)
     draft: list[dict[str, Any]] = field(default_factory=list)
+    ar: list[dict[str, Any]] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     measure_seconds: float = 0.0
     prepare_seconds: float = 0.0
@@ -259,8 +261,11 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
         stats = summarise(vals)
         if cell.kind == "verify":
             run.verify.append({"batch_size": cell.batch_size, "num_tokens": cell.num_tokens, **stats})
+        elif cell.kind == "ar":
+            run.ar.append({"batch_size": cell.batch_size, **stats})
         else:
             run.draft.append({"batch_size": cell.batch_size, **stats})
     run.verify.sort(key=lambda r: (r["batch_size"], r["num_tokens"]))
+    run.ar.sort(key=lambda r: r["batch_size"])
     run.draft.sort(key=lambda r: r["batch_size"])
     return run

@@ -15,6 +15,16 @@ Verification cell (bs, num_tokens), with c = ``context_len`` and B = ``block_siz
     pads every request to the *longest* prefix L_max pays the cell ``bs * L_max`` instead; a packed
     variable-length kernel would make the curve smoother between multiples of bs.)
 
+Plain decode cell ``ar`` (bs):
+    the step an engine runs without speculation, as :func:`dcut_sched.model.generate.greedy_generate`
+    runs it: ``LlamaModel.forward`` on ``input_ids [bs, 1]`` at position ``c``, the default causal
+    mask over the ``c`` cached slots plus itself (``kv_len = c + 1``), K/V written at slot ``c``, no
+    per-slot cache remapping, no padding, logits of the one token. On a GPU the timer captures this
+    whole step as one full CUDA graph (:mod:`profiler.cuda_graphs`), which is how serving engines
+    run plain decode. On this project's CPU forward the verification cell ``(bs, bs)`` does nearly
+    the same work; on an engine whose verification runs piecewise graphs and variable-length
+    attention the two differ a lot (DESIGN.md §1), which is why the AR step is its own cell.
+
 Draft cell (bs):
     ``self-skip:I,J``: ``SelfSpecDrafter(model, skip_layers).propose`` of B-1 tokens from one
     pending token per request: B-1 sequential one-token forwards of the target without layers I, J,
@@ -159,6 +169,29 @@ class ForwardWorkload:
                       "per_request": per_request}
         return run
 
+    def ar_fn(self, batch_size: int) -> Callable[[], torch.Tensor]:
+        """Callable running one plain decode step for ``batch_size`` requests (module docstring).
+
+        The callable returns logits float32 [bs, 1, vocab]; its ``inputs`` attribute holds the static
+        ``input_ids``/``position_ids`` [bs, 1] int64 and ``kv_len``.
+
+        Raises:
+            ValueError: batch size above ``max_batch_size``.
+        """
+        if not 1 <= batch_size <= self.max_batch_size:
+            raise ValueError(f"batch_size={batch_size} must be in 1..max_batch_size={self.max_batch_size}")
+        c = self.context_len
+        ids = self._ids(batch_size, 1)
+        pos = torch.full((batch_size, 1), c, dtype=torch.long, device=self.device)
+        model, cache, kv_len = self.model, self.cache, c + 1
+
+        def run() -> torch.Tensor:
+            with torch.inference_mode():
+                return model(ids, pos, cache, kv_len=kv_len)
+
+        run.inputs = {"input_ids": ids, "position_ids": pos, "kv_len": kv_len}  # type: ignore[attr-defined]
+        return run
+
     def draft_fn(self, batch_size: int) -> Callable[[], Any]:
         """Callable running one draft step for ``batch_size`` requests (module docstring).
 
@@ -188,9 +221,11 @@ class ForwardWorkload:
         raise ValueError("this workload has no draft step (draft spec 'none')")
 
     def fn_for(self, cell: Cell) -> Callable[[], Any]:
-        """The callable of ``cell`` (verify or draft)."""
+        """The callable of ``cell`` (verify, ar or draft)."""
         if cell.kind == "verify":
             return self.verify_fn(cell.batch_size, cell.num_tokens)
+        if cell.kind == "ar":
+            return self.ar_fn(cell.batch_size)
         return self.draft_fn(cell.batch_size)
 
     def describe(self) -> dict[str, Any]:

@@ -10,16 +10,24 @@ from dcut_sched import CostCurve
 
 def linear_curve(
     batch_sizes=(1, 2, 4, 8), block_size: int = 4, base_ms: float = 10.0, per_token_ms: float = 0.5,
-    draft_base_ms: float = 2.0, draft_per_request_ms: float = 0.25, step: int = 1,
+    draft_base_ms: float = 2.0, draft_per_request_ms: float = 0.25, step: int = 1, ar_ms=None,
 ) -> CostCurve:
     """C_verify = base + per_token * num_tokens on every token count 1..bs*B (every ``step``);
-    C_draft = draft_base + draft_per_request * bs."""
+    C_draft = draft_base + draft_per_request * bs; C_ar = ``ar_ms`` (a dict bs -> ms, or a number for
+    every bs; default: the same value as C_verify(bs, bs), so hand computations need not care;
+    ``ar_ms=False``: no ar rows, the plain step is assumed)."""
     verify = []
     for bs in batch_sizes:
         counts = sorted(set(range(bs, bs * block_size + 1, step)) | {bs, bs * block_size})
         for k in counts:
             verify.append({"batch_size": bs, "num_tokens": k, "median_ms": base_ms + per_token_ms * k})
     draft = [{"batch_size": bs, "median_ms": draft_base_ms + draft_per_request_ms * bs} for bs in batch_sizes]
+    if ar_ms is False:
+        ar = []
+    else:
+        per_bs = (ar_ms if isinstance(ar_ms, dict) else
+                  {bs: (base_ms + per_token_ms * bs if ar_ms is None else float(ar_ms)) for bs in batch_sizes})
+        ar = [{"batch_size": bs, "median_ms": ms} for bs, ms in sorted(per_bs.items())]
     return CostCurve(
         hardware={"device_name": "test", "backend": "analytic"},
         model={"name": "linear-test", "config": {}},
@@ -27,6 +35,7 @@ def linear_curve(
         context_len=0,
         verify=verify,
         draft=draft,
+        ar=ar,
     )
 
 

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from dcut_sched import CostCurve, CostCurveError, CostCurveRangeError
+from dcut_sched.cost_curve import AR_ASSUMED_NO_ROWS, AR_ASSUMED_V1, AssumedArWarning
 
 
 def _doc(**over):
     doc = {
-        "schema": "dcut.cost-curve/1",
+        "schema": "dcut.cost-curve/2",
         "hardware": {"device_name": "NVIDIA H20", "backend": "cuda-graph"},
         "model": {"name": "qwen3-8b", "config": {}},
         "block_size": 16,
@@ -25,8 +26,20 @@ def _doc(**over):
             {"batch_size": 64, "num_tokens": 1024, "median_ms": 133.9, "provenance": "published"},
         ],
         "draft": [{"batch_size": 16, "median_ms": 3.0}, {"batch_size": 64, "median_ms": 6.0}],
+        # the published plain AR engine: 1691.3 tok/s at bs 16 and 3594.4 tok/s at bs 64
+        "ar": [{"batch_size": 16, "median_ms": 9.46, "provenance": "published"},
+               {"batch_size": 64, "median_ms": 17.81, "p20_ms": 17.5, "p80_ms": 18.0, "repeats": 5,
+                "provenance": "published"}],
     }
     doc.update(over)
+    return doc
+
+
+def _v1_doc():
+    doc = _doc(schema="dcut.cost-curve/1")
+    doc.pop("ar")
+    doc["verify"] += [{"batch_size": 16, "num_tokens": 16, "median_ms": 12.0},
+                      {"batch_size": 64, "num_tokens": 64, "median_ms": 40.0}]
     return doc
 
 
@@ -134,11 +147,96 @@ def test_block_size_and_hardware_checks():
         assert curve.check_hardware("NVIDIA H20")
 
 
-def test_linear_fixture_values(curve4):
-    curve = curve4
+def test_linear_fixture_values(curve4, make_curve):
+    assert curve4.ar_ms(8) == pytest.approx(14.0) and not curve4.ar_assumed  # ar rows = C_verify(bs, bs)
+    curve = make_curve(ar_ms=False)
     assert curve.verify_ms(4, 10) == pytest.approx(15.0)
-    assert curve.ar_ms(8) == pytest.approx(14.0)
     assert curve.draft_ms(4) == pytest.approx(3.0)
+    # built without ar rows: the plain step is assumed to be C_verify(bs, bs) = 10 + 0.5 * 8, warned once
+    with pytest.warns(AssumedArWarning, match=r"C_ar\(bs\) is ASSUMED to be C_verify\(bs, bs\)"):
+        assert curve.ar_ms(8) == pytest.approx(14.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert curve.ar_ms(4) == pytest.approx(12.0)
+    assert curve.ar_provenance == AR_ASSUMED_NO_ROWS and curve.ar_assumed
+
+
+def test_ar_cells_by_hand(tmp_path):
+    curve = CostCurve.from_dict(_doc())
+    assert curve.has_ar() and not curve.ar_assumed and curve.ar_batch_sizes == [16, 64]
+    assert curve.ar_ms(16) == 9.46 and curve.ar_ms(64) == 17.81  # measured cells exactly
+    # linear in bs between them: bs 40 is halfway, bs 28 a quarter of the way
+    assert curve.ar_ms(40) == pytest.approx((9.46 + 17.81) / 2)
+    assert curve.ar_ms(28) == pytest.approx(9.46 + 0.25 * (17.81 - 9.46))
+    # not C_verify(bs, bs): the plain step has its own cells
+    assert curve.ar_ms(64) != pytest.approx(curve.verify_ms(64, 256))
+    assert curve.ar_provenance == "published"
+    for bad in (8, 65, float("nan")):
+        with pytest.raises(CostCurveRangeError, match=r"outside the measured 'ar' batch sizes 16\.\.64"):
+            curve.ar_ms(bad)
+    # round trip keeps every ar field
+    path = tmp_path / "c.json"
+    curve.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "dcut.cost-curve/2" and doc["ar"] == _doc()["ar"]
+    back = CostCurve.load(path)
+    assert back.ar == curve.ar and back.ar_ms(40) == curve.ar_ms(40)
+    mixed = CostCurve.from_dict(_doc(ar=[{"batch_size": 16, "median_ms": 9.0, "provenance": "fitted"},
+                                         {"batch_size": 64, "median_ms": 18.0}]))
+    assert mixed.ar_provenance == "fitted (bs 16); measured (bs 64)"
+
+
+def test_v1_file_loads_with_one_warning(tmp_path):
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(_v1_doc()))
+    with pytest.warns(AssumedArWarning) as record:
+        curve = CostCurve.load(path)
+    assert len(record) == 1
+    msg = str(record[0].message)
+    assert str(path) in msg and "dcut.cost-curve/1" in msg and "ASSUMED to be C_verify(bs, bs)" in msg
+    assert curve.ar_provenance == AR_ASSUMED_V1 == "assumed: C_verify(bs, bs) (v1 curve)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning on lookups
+        assert curve.ar_ms(16) == 12.0 and curve.ar_ms(64) == 40.0  # C_verify(bs, bs), the assumed step
+        # between batch sizes: C_verify(40, 40), linear in bs at one token per request
+        assert curve.ar_ms(40) == pytest.approx((12.0 + 40.0) / 2)
+    # saving writes v2 (ar: []), which loads back with the plain step still assumed
+    out = tmp_path / "v2.json"
+    curve.save(out)
+    assert json.loads(out.read_text())["schema"] == "dcut.cost-curve/2"
+    with pytest.warns(AssumedArWarning):
+        back = CostCurve.load(out)
+        back.ar_ms(64)
+    assert back.ar_provenance == AR_ASSUMED_NO_ROWS
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d["ar"][1].update(median_ms=True), r"field 'ar\[1\]\.median_ms': must be a positive finite"),
+        (lambda d: d["ar"][1].update(median_ms="17.8"), r"'ar\[1\]\.median_ms'"),
+        (lambda d: d["ar"][1].update(median_ms=-1), r"'ar\[1\]\.median_ms'"),
+        (lambda d: d["ar"][0].update(batch_size=16.5), r"'ar\[0\]\.batch_size': must be a positive integer"),
+        (lambda d: d["ar"][0].pop("batch_size"), r"'ar\[0\]\.batch_size': missing"),
+        (lambda d: d["ar"][0].update(num_tokens=16), r"'ar\[0\]': unknown keys \['num_tokens'\]"),
+        (lambda d: d["ar"][1].update(p20_ms=19.0), r"'ar\[1\]\.p20_ms': 19.0 > median_ms"),
+        (lambda d: d["ar"][1].update(repeats=0), r"'ar\[1\]\.repeats'"),
+        (lambda d: d["ar"][1].update(provenance="guess"), r"'ar\[1\]\.provenance': unknown 'guess'"),
+        (lambda d: d["ar"][1].update(batch_size=16), r"'ar\[1\]': duplicate ar cell batch_size=16"),
+        (lambda d: d["ar"].__setitem__(0, [16, 9.46]), r"'ar\[0\]': must be an object"),
+        (lambda d: d.update(ar={"batch_size": 16}), r"field 'ar': must be a list of rows"),
+        (lambda d: d.pop("ar"), r"field 'ar': missing"),
+        (lambda d: d.update(schema="dcut.cost-curve/1"), r"field 'ar': not part of dcut.cost-curve/1"),
+    ],
+)
+def test_malformed_ar_rows_name_file_row_field(tmp_path, mutate, match):
+    doc = _doc()
+    mutate(doc)
+    path = tmp_path / "bad-ar.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostCurveError, match=match) as info:
+        CostCurve.load(path)
+    assert str(info.value).startswith(f"cost curve {path}: ")
 
 
 def test_saved_file_has_ordinary_permissions(tmp_path):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import dcut_sched as d
 from dcut_sched import expected_tokens, global_topk, slot_scores
 from dcut_sched.policies import budget_from_ratio
+from dcut_sched.step_costs import StepCosts
 
 # scores: r0 = [1, .9, .72, .36], r1 = [1, .2, .18, .162]; sorted: 1,1,.9,.72,.36,.2,.18,.162
 CONF = np.array([[0.9, 0.8, 0.5], [0.2, 0.9, 0.9]])
@@ -72,30 +73,29 @@ def test_dcut_hand_computed(make_curve):
 
 def test_fine_hand_computed_and_skips_drafting(make_curve):
     # step = C_draft(2) + C_verify = 2 + (2 + K): E/step peaks at K=4 (3.62/8 = .4525);
-    # autoregressive: 2 tokens / C_verify(2, 2) = 2/4 = .5 > .4525 -> stop drafting next step.
+    # plain decoding: 2 tokens per C_ar(2) = 4 ms -> .5 > .4525 -> stop drafting next step.
     curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0, draft_per_request_ms=0.5)
-    fine = d.policies.get("fine", granularity=1, probe_interval=3)
+    costs = StepCosts(curve, 4)
+    assert costs.plain_ms(2) == pytest.approx(4.0)
+    fine = d.policies.get("fine", granularity=1, probe_interval=3, probe_budget=0.01)
     plan = fine.plan(CONF, curve)
     assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
     assert fine.rate == pytest.approx(3.62 / 8)
     assert plan.draft_next is False
-    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(3)]
-    assert flags == [False, False, True]  # probe after 3 plain steps
-    # the probe finds plain decoding still better: the interval doubles to 6
-    assert fine.plan(CONF, curve).draft_next is False and fine.current_probe_interval == 6
-    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(6)]
-    assert flags == [False] * 5 + [True]
-    plain = fine.plan_without_draft(2, 4, curve)
-    assert plain.lengths.tolist() == [1, 1] and not plain.drafted and plain.num_tokens == 2
-    # a probe that resumes drafting resets the interval
-    sure = np.full((2, 3), 0.999)
-    fine.plan_without_draft(2, 4, curve)
-    assert fine.plan(sure, curve).draft_next is True and fine.current_probe_interval == 3
+    # that step lost 8 - 3.62 / .5 = 0.76 ms against plain decoding: the account, and the estimate of
+    # a probe's loss
+    assert fine.debt_ms == pytest.approx(0.76) and fine.next_probe_loss_ms == pytest.approx(0.76)
+    # first probe once 0.76 + 0.76 ms fit in 1 % of the run: 152 ms = the 8 ms step + 36 plain steps of 4 ms
+    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(36)]
+    assert flags == [False] * 35 + [True]
+    assert fine.elapsed_ms == pytest.approx(152.0)
+    p = d.policies.get("fine").plan_without_draft(2, 4, curve)
+    assert p.lengths.tolist() == [1, 1] and not p.drafted and p.num_tokens == 2
 
 
-def test_fine_probe_backoff_is_capped(make_curve):
+def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
     curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0, draft_per_request_ms=0.5)
-    fine = d.policies.get("fine", granularity=1, probe_interval=2, max_probe_interval=8)
+    fine = d.policies.get("fine", granularity=1, probe_interval=3, probe_budget=0.01)
     fine.plan(CONF, curve)
     intervals = []
     for _ in range(5):
@@ -103,8 +103,24 @@ def test_fine_probe_backoff_is_capped(make_curve):
         while not fine.plan_without_draft(2, 4, curve).draft_next:
             steps += 1
         intervals.append(steps)
-        fine.plan(CONF, curve)  # failed probe
-    assert intervals == [2, 4, 8, 8, 8]
+        assert fine.plan(CONF, curve).draft_next is False  # failed probe, loses 0.76 ms
+        # what drafting lost never exceeds the budget's share of the run
+        assert fine.debt_ms <= 0.01 * fine.elapsed_ms + 1e-9
+    # 0.76 ms per probe in 1 % of the time: 76 ms per cycle = one 8 ms probe + 17 plain steps of 4 ms
+    assert intervals == [36, 17, 17, 17, 17]
+    assert fine.debt_ms == pytest.approx(6 * 0.76)
+    # drafting starts to pay: the next probe (at most 17 plain steps away) resumes drafting
+    steps = 1
+    while not fine.plan_without_draft(2, 4, curve).draft_next:
+        steps += 1
+    assert steps <= 17
+    assert fine.plan(np.full((2, 3), 0.999), curve).draft_next is True
+    # the probe interval is a floor: a tiny loss still waits probe_interval plain steps
+    fine = d.policies.get("fine", granularity=1, probe_interval=3, probe_budget=0.9)
+    fine.plan(CONF, curve)
+    assert [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(3)] == [False, False, True]
+    with pytest.raises(ValueError, match="probe_budget"):
+        d.policies.get("fine", probe_budget=0.0)
     # a cheap draft makes speculation worth it
     cheap = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=0.2, draft_base_ms=0.1, draft_per_request_ms=0.0)
     assert d.policies.get("fine", granularity=1).plan(CONF, cheap).draft_next is True

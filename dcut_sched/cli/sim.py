@@ -59,12 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Replay an acceptance trace through a simulated serving engine with a measured cost curve, once "
             "per policy and batch size, and print output tokens/s and speedup over autoregressive decoding "
-            "(ar), with the geometric mean over batch sizes. With no arguments it runs the shipped default "
-            f"trace ({defaults.DEFAULT_TRACE}) and cost curve ({defaults.DEFAULT_COST})."
+            "(ar), with the geometric mean over batch sizes. With no arguments it runs the published protocol: "
+            f"the five shipped DFlash benchmark traces ({', '.join(Path(t).name for t in defaults.DEFAULT_TRACES)}) "
+            f"on the H20 cost curve ({defaults.DEFAULT_COST}), policies {','.join(defaults.DEFAULT_BENCHMARK_POLICIES)}, "
+            "and prints per policy and batch size the mean speedup over the five (and the geometric mean over "
+            "all 25 benchmark x batch-size settings). Several --trace without --sweep do the same for any traces."
         ),
         epilog=(
             "examples:\n"
-            "  dcut-sim\n"
+            "  dcut-sim                                  # the published protocol: mean over the five benchmarks\n"
+            "  dcut-sim --out rows.csv --policies all    # one row per (trace, policy, bs), every policy\n"
+            "  dcut-sim --draft-scale 0.5                # what if the drafter cost half as much\n"
             "  dcut-sim --trace t.parquet --cost c.json --policies ar,full,dcut,fine --out results.csv --plot speedup.png\n"
             "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out open.json\n"
             "  dcut-sim --selection-curve selection.png --selection-bs 64\n"
@@ -76,12 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("inputs")
     g.add_argument("--trace", action="append", metavar="FILE",
-                   help=f"acceptance trace (Parquet, DESIGN.md §3); repeat with --sweep (default: {defaults.DEFAULT_TRACE})")
+                   help="acceptance trace (Parquet, DESIGN.md §3); repeat it for the mean over several benchmarks, "
+                        "or with --sweep (default: the five DFlash benchmark traces)")
     g.add_argument("--cost", action="append", metavar="FILE",
                    help=f"cost curve (JSON, dcut.cost-curve/1); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")
     g.add_argument("--policies", type=_name_list, default=None, metavar="LIST",
-                   help=f"comma-separated policies (default: all: {','.join(policies.names())}); ar is always run as the baseline")
+                   help=f"comma-separated policies, or 'all' ({','.join(policies.names())}); ar is always run as the "
+                        f"baseline (default: all for one --trace; {','.join(defaults.DEFAULT_BENCHMARK_POLICIES)} for "
+                        "the five-benchmark main job)")
     g.add_argument("--param", type=_param, action="append", default=[], metavar="POLICY.KEY=VALUE",
                    help="policy parameter, repeatable, e.g. --param uniform.rho=0.25 --param dcut.ratios=[0.5,1.0]")
     g.add_argument("--batch-sizes", type=_int_list, default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
@@ -96,13 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-shuffle", action="store_true", help="admit requests in the trace's order instead of a seeded shuffle")
     g.add_argument("--overhead-ms", type=float, default=0.0,
                    help="fixed controller overhead added to every drafted step, ms (default: %(default)s)")
+    g.add_argument("--draft-scale", type=float, default=1.0, metavar="X",
+                   help="multiply the cost curve's draft step by X (what-if: a cheaper or dearer drafter) (default: %(default)s)")
     g.add_argument("--calibrate", action="store_true",
                    help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
     g = p.add_argument_group("closed loop")
-    g.add_argument("--steps", type=int, default=defaults.DEFAULT_NUM_STEPS,
-                   help="engine steps per (policy, batch size), warm-up included (default: %(default)s)")
-    g.add_argument("--warmup", type=int, default=defaults.DEFAULT_WARMUP_STEPS,
-                   help="leading steps left out of the figures (default: %(default)s)")
+    g.add_argument("--steps", type=int, default=None,
+                   help=f"engine steps per (trace, policy, batch size), warm-up included (default: "
+                        f"{defaults.DEFAULT_NUM_STEPS} for one trace, {defaults.DEFAULT_BENCHMARK_STEPS} per benchmark "
+                        "for several)")
+    g.add_argument("--warmup", type=int, default=None,
+                   help=f"leading steps left out of the figures (default: {defaults.DEFAULT_WARMUP_STEPS} for one "
+                        f"trace, {defaults.DEFAULT_BENCHMARK_WARMUP_STEPS} per benchmark for several)")
     g = p.add_argument_group("open loop")
     g.add_argument("--rate", type=float, default=None, metavar="RPS",
                    help="arrival rate, requests/s (default: --load times the ar capacity at each max batch size)")
@@ -136,16 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _input_paths(given: list[str] | None, default: str, flag: str, what: str, sweep: bool) -> list[str]:
+def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: str, what: str, several: bool) -> list[str]:
+    """The files of ``flag`` (``given``), else the default file(s); ``several``: more than one is allowed."""
     from ..simulator.defaults import default_path
 
     if not given:
-        path = default_path(default)
-        if not path.is_file():
-            how = "dcut-trace makes one" if flag == "--trace" else "dcut-profile measures one"
-            raise UsageError(f"default {what} {default} not found (looked for {path}); pass {flag} FILE ({how})")
-        return [str(path)]
-    if len(given) > 1 and not sweep:
+        paths = []
+        for rel in ([default] if isinstance(default, str) else list(default)):
+            path = default_path(rel)
+            if not path.is_file():
+                how = "dcut-trace makes one" if flag == "--trace" else "dcut-profile measures one"
+                raise UsageError(f"default {what} {rel} not found (looked for {path}); pass {flag} FILE ({how})")
+            paths.append(str(path))
+        return paths
+    if len(given) > 1 and not several:
         raise UsageError(f"{flag} given {len(given)} times; add --sweep to run several")
     return given
 
@@ -188,6 +205,54 @@ def _render_table(df, console, title: str, caption: str) -> None:
     console.print(caption, highlight=False, soft_wrap=True)
 
 
+def _render_benchmarks(df, console, args, cost: str) -> None:
+    """The published protocol's table: mean speedup over the benchmarks per policy and batch size."""
+    from rich import box
+    from rich.table import Table
+
+    from ..simulator import benchmark_table
+
+    mean = benchmark_table(df)
+    lo = benchmark_table(df.groupby(["policy", "batch_size"], sort=False)["speedup_vs_ar"].min()
+                         .rename("speedup_vs_ar").reset_index().assign(benchmark="min"))
+    hi = benchmark_table(df.groupby(["policy", "batch_size"], sort=False)["speedup_vs_ar"].max()
+                         .rename("speedup_vs_ar").reset_index().assign(benchmark="max"))
+    names = df.attrs.get("benchmarks", [])
+    open_loop = args.mode == "open"
+    approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
+    table = Table(title=f"{PROG} {'open' if open_loop else 'closed'} loop: mean speedup over ar, "
+                        f"{len(names)} benchmarks{approx}", box=box.SIMPLE_HEAD)
+    table.add_column("policy", style="bold")
+    sizes = [c for c in mean.columns if c != "geomean"]
+    for bs in sizes:
+        table.add_column(f"bs {bs}" + (" (max)" if open_loop else ""), justify="right")
+    table.add_column("geomean", justify="right", style="bold")
+    for policy, row in mean.iterrows():
+        cells = []
+        for bs in sizes:
+            s = row[bs]
+            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
+            head = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+            cells.append(f"{head}\n[dim]{lo.loc[policy, bs]:.2f}-{hi.loc[policy, bs]:.2f}[/dim]")
+        table.add_row(policy, *cells, f"{row['geomean']:.2f}x")
+    console.print(table)
+    what = ("speedup = output tokens/s over ar's" if not open_loop else "speedup = ar mean TPOT over the policy's")
+    notes = [
+        f"cells: mean over the benchmarks of the {what}; below, the lowest-highest benchmark; "
+        f"geomean over all {len(names) * len(sizes)} (benchmark, batch size) settings",
+        f"benchmarks: {', '.join(names)}",
+        f"cost {cost}" + (f" (draft step x{args.draft_scale:g})" if args.draft_scale != 1.0 else "")
+        + f"; plain step C_ar: {df['plain_step'].iat[0]}",
+        f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}; "
+        f"--out keeps one row per (trace, policy, batch size)",
+    ]
+    cycles = int(df["trace_cycles"].max())
+    if cycles:
+        notes.append(f"note: traces ran out and were cycled (up to {cycles} times, fresh offsets): requests "
+                     f"replayed more than once")
+    console.print("\n".join(notes), highlight=False, soft_wrap=True)
+
+
 def _run_selection_curve(args, console) -> None:
     from ..simulator import plot_selection_curve, selection_curve, write_frame
     from ..simulator.output import check_output_path
@@ -197,6 +262,8 @@ def _run_selection_curve(args, console) -> None:
         check_output_path(args.selection_curve)
     if args.selection_bs < 1 or args.selection_batches < 1:
         raise UsageError("--selection-bs and --selection-batches must be >= 1")
+    if args.trace and len(args.trace) > 1:
+        raise UsageError("--selection-curve takes one --trace")
     trace = _input_paths(args.trace, _defaults().DEFAULT_TRACE, "--trace", "trace", False)[0]
     df = selection_curve(trace, args.selection_bs, num_batches=args.selection_batches, seed=args.seed)
     if not args.quiet:
@@ -285,7 +352,7 @@ def _defaults():
 
 
 def _run(args, console) -> None:
-    from ..simulator import check_output_path, plot_speedup, simulate, sweep, write_frame
+    from ..simulator import check_output_path, plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
 
     if args.selection_curve:
         _run_selection_curve(args, console)
@@ -301,14 +368,25 @@ def _run(args, console) -> None:
     if args.plot and args.sweep:
         raise UsageError("--plot draws one trace and curve; plot a sweep's --out file with analysis/ scripts")
     d = _defaults()
-    traces = _input_paths(args.trace, d.DEFAULT_TRACE, "--trace", "trace", args.sweep)
+    traces = _input_paths(args.trace, d.DEFAULT_TRACES, "--trace", "trace", True)
     costs = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", args.sweep)
+    benchmarks = len(traces) > 1 and not args.sweep  # the published protocol: mean over the traces
+    if args.steps is None:
+        args.steps = d.DEFAULT_BENCHMARK_STEPS if benchmarks else d.DEFAULT_NUM_STEPS
+    if args.warmup is None:
+        args.warmup = min(d.DEFAULT_BENCHMARK_WARMUP_STEPS if benchmarks else d.DEFAULT_WARMUP_STEPS,
+                          max(args.steps - 1, 0))
+    if args.policies == ["all"]:
+        args.policies = None
+    elif args.policies is None and benchmarks:
+        args.policies = list(d.DEFAULT_BENCHMARK_POLICIES)
     params: dict[str, dict[str, Any]] = {}
     for policy, key, value in args.param:
         params.setdefault(policy, {})[key] = value
     kwargs = dict(
         policies=args.policies, policy_params=params, mode=args.mode, num_steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, shuffle=not args.no_shuffle, overhead_ms=args.overhead_ms,
+        draft_scale=args.draft_scale,
         calibrator=_make_calibrator() if args.calibrate else None, rate_rps=args.rate, load=args.load,
         num_requests=args.requests, prompt_len=args.prompt_len, prefill_ms=args.prefill_ms,
         slo_tpot_ms=args.slo_tpot_ms,
@@ -326,6 +404,10 @@ def _run(args, console) -> None:
                         console=console, transient=True, disable=args.quiet)
     with progress:
         task = progress.add_task("simulating", total=None)
+
+        def on_run(done: int, total: int, label: str) -> None:
+            progress.update(task, completed=done, total=total, description=f"simulating {label}")
+
         if args.sweep:
             def on_job(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
@@ -337,11 +419,22 @@ def _run(args, console) -> None:
                     df = sweep(traces, costs, args.batch_sizes, executor=executor, on_job=on_job, **kwargs)
             else:
                 df = sweep(traces, costs, args.batch_sizes, jobs=args.jobs, on_job=on_job, **kwargs)
+        elif benchmarks:
+            df = simulate_benchmarks(traces, costs[0], batch_sizes=args.batch_sizes, on_run=on_run, **kwargs)
         else:
-            def on_run(done: int, total: int, label: str) -> None:
-                progress.update(task, completed=done, total=total, description=f"simulating {label}")
-
             df = simulate(traces[0], costs[0], batch_sizes=args.batch_sizes, on_run=on_run, **kwargs)
+    if benchmarks:
+        if not args.quiet:
+            _render_benchmarks(df, console, args, costs[0])
+        if args.out:
+            write_frame(df, args.out)
+        if args.plot:
+            from ..simulator import benchmark_table
+
+            mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
+            mean.attrs = dict(df.attrs)
+            plot_speedup(mean, args.plot, title=f"mean speedup over {len(traces)} benchmarks vs ar")
+        return
     if not args.quiet:
         approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
         loop = "closed loop" if args.mode == "closed" else "open loop"
@@ -352,7 +445,7 @@ def _run(args, console) -> None:
             what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
                     else "cells: speedup over ar (ar mean TPOT / mean TPOT), TPOT p50 in ms below")
             title = f"{PROG} {loop}: speedup over ar{approx}"
-            notes = [what, f"trace {trace}", f"cost {cost}"]
+            notes = [what, f"trace {trace}", f"cost {cost}; plain step C_ar: {part['plain_step'].iat[0]}"]
             if args.mode == "closed":
                 notes.append(f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}")
             else:

@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--num-requests", type=int, default=32, help="requests to generate (default 32)")
     syn.add_argument("--block-size", type=int, help="override B (default: the preset's)")
     syn.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    syn.add_argument("--calibration-gap", type=float, default=None, metavar="G",
+                     help="reported confidence = calibrated confidence ** (1 + G): G > 0 under-confident (as "
+                          "real DFlash confidence is reported), -1 < G < 0 over-confident (default: the "
+                          "preset's, 0 = calibrated)")
 
     # ---------------------------------------------------------------- validate
     val = sub.add_parser("validate", help="check trace files (exit 2 on any fault)",
@@ -200,6 +204,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         if args.block_size < 2:
             raise CliError(f"--block-size {args.block_size} must be >= 2")
         params = params.replace(block_size=args.block_size)
+    if args.calibration_gap is not None:
+        try:
+            params = params.replace(calibration_gap=args.calibration_gap)
+        except synth.SynthParamsError as exc:
+            raise CliError(f"--calibration-gap: {exc}") from None
     trace = synth.generate(params, num_requests=args.num_requests, seed=args.seed, dataset=name)
     trace.save(args.out)
     print(f"wrote {args.out}: {trace.num_requests} requests, {trace.num_rows} positions, B={trace.block_size}")

@@ -22,18 +22,21 @@ _DRAFTER_LAYER_FRACTION = 28 / 30  # self-speculative drafter: 28 of the 30 laye
 def builtin_cpu_curve(block_size: int, max_batch_size: int) -> CostCurve:
     """An analytic linear CPU curve for SmolLM2-135M: ``C_verify = 130 + 6.4 * num_tokens`` ms,
     ``C_draft(bs) = (B-1) * 28/30 * (130 + 6.4 * bs)`` ms (B-1 sequential one-token forwards of the
-    28-layer drafter), on every token count of batch sizes ``1..max_batch_size``.
+    28-layer drafter), ``C_ar(bs) = 130 + 6.4 * bs`` ms (the plain step: on this eager CPU path the
+    same one-token-per-request forward as verifying the anchors), on every token count of batch sizes
+    ``1..max_batch_size``.
 
     A rough stand-in (source: the comment above) until a measured profile exists; pass a measured
     curve with ``--cost`` for meaningful policy decisions.
     """
-    verify, draft = [], []
+    verify, draft, ar = [], [], []
     for bs in range(1, max_batch_size + 1):
         for k in range(bs, bs * block_size + 1):
             verify.append({"batch_size": bs, "num_tokens": k, "median_ms": _BASE_MS + _PER_TOKEN_MS * k,
                            "provenance": "analytic"})
         draft_ms = (block_size - 1) * _DRAFTER_LAYER_FRACTION * (_BASE_MS + _PER_TOKEN_MS * bs)
         draft.append({"batch_size": bs, "median_ms": draft_ms, "provenance": "analytic"})
+        ar.append({"batch_size": bs, "median_ms": _BASE_MS + _PER_TOKEN_MS * bs, "provenance": "analytic"})
     return CostCurve(
         hardware={"device_name": "cpu (2 cores, development machine)", "backend": "analytic"},
         model={"name": "SmolLM2-135M-Instruct", "config": {"preset": "smollm2-135m"}},
@@ -41,6 +44,7 @@ def builtin_cpu_curve(block_size: int, max_batch_size: int) -> CostCurve:
         context_len=64,
         verify=verify,
         draft=draft,
+        ar=ar,
         source=(
             f"dcut_sched.engine.default_cost.builtin_cpu_curve: linear fit {_BASE_MS} ms + {_PER_TOKEN_MS} "
             f"ms/token of eager fp32 CPU forwards; draft = (B-1) x 28/30 of a one-token-per-request forward"

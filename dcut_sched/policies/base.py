@@ -6,6 +6,11 @@ own parameters (plus, for the ``oracle``, the true acceptance lengths), and may 
 across steps (the ``fine`` policy's running utility). The same objects serve the simulator and the
 online controller: there is no second implementation of any policy.
 
+Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`: a policy is given a
+:class:`CostCurve` (the controller) or the simulator's :class:`StepCosts` (so it sees exactly the
+times the simulator charges: draft scale and controller overhead included), and reads every step
+time through :meth:`Policy._step_costs`.
+
 Inputs may be numpy arrays or torch tensors (CPU or CUDA); ``lengths`` in the plan is of the same kind
 and on the same device. A policy syncs with the host at most once per step (the budget decision).
 """
@@ -15,14 +20,18 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
 from ..cost_curve import CostCurve
 from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores
+from ..step_costs import StepCosts, step_costs
 
-__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+__all__ = ["CostLike", "Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+
+#: What a policy accepts as its cost model: a cost curve or the step costs built from one.
+CostLike = Union[CostCurve, StepCosts]
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,7 @@ class VerifyPlan:
         block_size: B.
         expected_tokens: expected tokens this step produces (sum of the verified slot scores; DESIGN §1).
         draft_next: whether the *next* step should run the draft model (False: a plain
-            autoregressive step, which costs only ``C_verify(bs, bs)``).
+            autoregressive step, which costs ``C_ar(bs)``).
         drafted: whether this step had a draft (False for a plan made without one).
     """
 
@@ -103,7 +112,7 @@ class Policy(ABC):
     def plan(
         self,
         conf: Array,
-        cost: CostCurve | None = None,
+        cost: CostLike | None = None,
         *,
         accept_len: Array | None = None,
         validate: bool = True,
@@ -112,7 +121,7 @@ class Policy(ABC):
 
         Args:
             conf: ``[bs, B-1]`` float draft confidences in [0, 1] (numpy or torch, any device).
-            cost: the cost curve (required when ``needs_cost``).
+            cost: the cost curve, or the :class:`StepCosts` built from it (required when ``needs_cost``).
             accept_len: ``[bs]`` ints in ``[0, B-1]``, the drafts each request would get accepted
                 (required when ``needs_accept_len``; ignored otherwise).
             validate: check ``conf`` (the controller sanitises on the device and passes False).
@@ -125,7 +134,7 @@ class Policy(ABC):
             CostCurveRangeError: the batch size or a budget is outside the cost curve's range.
         """
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostCurve | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
         """Plan a step that ran no draft: every request verifies its anchor only (plain decoding).
 
         The default asks for a draft again on the next step.
@@ -134,28 +143,42 @@ class Policy(ABC):
         return VerifyPlan(lengths, batch_size, block_size, float(batch_size), draft_next=True, drafted=False)
 
     # -- helpers for subclasses -------------------------------------------------------------
-    def _per_shape(self, batch_size: int, block_size: int, cost: CostCurve, build: Callable[[], Any]) -> Any:
-        """``build()``'s result, cached per (batch size, block size, cost curve).
-
-        Cost-curve lookups are the slow part of a plan and depend only on the batch shape, so a
-        serving loop pays them once per shape. The cache holds the curve itself, so the ``id`` in
-        the key cannot be reused by another curve while its entries live.
-        """
-        cache = self.__dict__.setdefault("_shape_cache", {})
-        key = (int(batch_size), int(block_size), id(cost))
-        hit = cache.get(key)
-        if hit is None or hit[0] is not cost:
-            hit = cache[key] = (cost, build())
-        return hit[1]
-
     def _scores(self, conf: Array, validate: bool) -> Array:
         return slot_scores(conf, validate=validate)
 
-    def _require_cost(self, cost: CostCurve | None, conf: Array) -> CostCurve:
+    def _step_costs(self, cost: CostLike | None, conf: Array) -> StepCosts:
+        """The step times for this batch's block size (:func:`~dcut_sched.step_costs.step_costs`): what
+        a policy asks for every "what does this step cost" question (verify, draft, plain step).
+
+        Raises:
+            ValueError: no cost given; CostCurveError: the curve is for another block size.
+        """
         if cost is None:
             raise ValueError(f"policy {self.name!r} needs a cost curve (cost=CostCurve.load(...))")
-        cost.require_block_size(conf.shape[1] + 1)
-        return cost
+        return step_costs(cost, conf.shape[1] + 1)
+
+    def _require_cost(self, cost: CostLike | None, conf: Array) -> CostCurve:
+        """The cost curve itself (unwrapped from a :class:`StepCosts`), block size checked.
+
+        For policies that read the curve directly; new code should use :meth:`_step_costs`, which
+        also carries the simulator's draft scale and controller overhead.
+        """
+        return self._step_costs(cost, conf).cost
+
+    def _per_shape(self, batch_size: int, block_size: int, cost: CostLike, build: Callable[[], Any]) -> Any:
+        """``build()``'s result, cached per (batch size, block size, cost curve) on this instance.
+
+        Kept for policies that tabulate straight from the curve; :class:`StepCosts` already caches
+        every step time per batch size, so policies that use :meth:`_step_costs` need no cache of
+        their own.
+        """
+        curve = cost.cost if isinstance(cost, StepCosts) else cost
+        cache = self.__dict__.setdefault("_shape_cache", {})
+        key = (int(batch_size), int(block_size), id(curve))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not curve:
+            hit = cache[key] = (curve, build())
+        return hit[1]
 
     def _make_plan(
         self,

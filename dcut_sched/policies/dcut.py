@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
-from ..cost_curve import CostCurve
 from ..scores import Array, ScoreRanking
-from .base import Policy, VerifyPlan, budget_from_ratio, check_conf_shape, register
+from .base import CostLike, Policy, VerifyPlan, budget_from_ratio, check_conf_shape, register
+
+
+@lru_cache(maxsize=256)
+def _bucket_budgets(ratios: tuple[float, ...], batch_size: int, block_size: int) -> np.ndarray:
+    ks = np.unique([budget_from_ratio(r, batch_size, block_size) for r in ratios])
+    ks.setflags(write=False)
+    return ks
 
 
 @register
@@ -40,25 +47,17 @@ class DCut(Policy):
 
     def budgets(self, batch_size: int, block_size: int) -> np.ndarray:
         """The distinct bucket budgets ``K_q`` (ascending) for this batch shape."""
-        return np.unique([budget_from_ratio(r, batch_size, block_size) for r in self.ratios])
-
-    def _table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket budgets, C_verify at each), cached per batch shape and curve."""
-
-        def build() -> tuple[np.ndarray, np.ndarray]:
-            ks = self.budgets(bs, block)
-            return ks, np.asarray(cost.verify_ms(bs, ks), dtype=np.float64)
-
-        return self._per_shape(bs, block, cost, build)
+        return _bucket_budgets(self.ratios, int(batch_size), int(block_size))
 
     def plan(
-        self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True
+        self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        cost = self._require_cost(cost, conf)
+        costs = self._step_costs(cost, conf)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
-        ks, verify_ms = self._table(bs, block, cost)
+        ks = self.budgets(bs, block)
+        verify_ms = costs.verify_ms_at(bs, ks)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
         utility = expected / verify_ms
         q = int(np.argmax(utility))

@@ -4,7 +4,8 @@ Beyond D-Cut in two ways:
 
 1. **Budget.** K ranges over every token count the engine can replay (the captured CUDA-graph cells;
    by default every multiple of ``granularity`` in ``[bs, bs*B]`` plus both ends), not 4 buckets, and
-   the objective charges the *full* step time ``C_draft(bs) + C_verify(bs, K)``.
+   the objective charges the *full* step time ``C_draft(bs) + C_verify(bs, K)`` (plus the controller
+   overhead where the step costs carry one; :class:`~dcut_sched.step_costs.StepCosts`).
 
    - ``objective="ratio"`` (default): ``K* = argmax_K E(K) / (C_draft + C_verify(K))``. Each step is
      one renewal cycle of the decode loop, so long-run throughput is E[tokens] / E[time]; the per-step
@@ -18,25 +19,41 @@ Beyond D-Cut in two ways:
 
 2. **Whether to draft at all.** When the confidences are known, the draft's cost is already spent,
    so the choice is taken one step ahead: the plan's ``draft_next`` compares an exponential moving
-   average of the best expected tokens per ms of recent drafted steps with a plain autoregressive
-   step (``bs`` tokens in ``C_verify(bs, bs)``). While not drafting, no confidences arrive, so the
-   policy drafts again after ``probe_interval`` plain steps to re-measure; the first drafted step
-   after a pause (a probe) restarts the average. A probe that finds plain decoding still better
-   doubles the interval (up to ``max_probe_interval``); one that resumes drafting resets it. The
-   back-off bounds what probing costs where a draft step is much dearer than a plain one (on a CPU a
-   self-speculative draft step can cost 13 plain steps; probing every 16 steps would then waste
-   almost half the time, every 1024 steps about 1 %).
+   average of the best expected tokens per ms of recent drafted steps with plain autoregressive
+   decoding (``bs`` tokens in ``C_ar(bs)``, the plain decode step; :class:`~dcut_sched.step_costs.StepCosts`).
+   While not drafting, no confidences arrive, so the policy drafts now and then (a **probe**) to
+   re-measure; the first drafted step after a plain stretch restarts the average.
+
+   **Probe budget.** A drafted step that makes ``E`` expected tokens in ``T`` ms loses
+   ``T - E / (bs / C_ar)`` ms against plain decoding (its time minus the time plain steps need for the
+   same tokens; negative when drafting pays). The policy keeps the run's account of that loss over all
+   its drafted steps (``debt_ms``; a gain is credited, but never more than ``probe_budget`` of the
+   elapsed time, so a long good stretch cannot pay for unbounded probing later) and the run's elapsed
+   time (``elapsed_ms``). A probe runs only when the account *plus the next probe's loss* (estimated
+   by the last probe's, >= 0) fits in ``probe_budget`` of the elapsed time, and at least
+   ``probe_interval`` plain steps after the previous drafted step. So:
+
+   - over a run, what drafting loses against plain decoding is at most ``probe_budget`` of the time,
+     plus one probe and the drafted steps it led to (by the confidences' estimate of the tokens; exact
+     when they are calibrated), however dear a draft step is (on a CPU a self-speculative draft step
+     costs 13..18 plain steps). Drafting stretches that a lucky probe starts where drafting does not
+     really pay are charged to the same account, so they too are bounded;
+   - when drafting starts to pay, a probe, which resumes drafting, comes within about
+     ``max(probe_interval * C_ar(bs), (L_probe + L_episode) / probe_budget)`` ms (``L``: the last
+     probe's and its episode's loss; a probe loses at most ``C_draft + C_verify(bs, bs*B) - C_ar``
+     since it makes at least ``bs`` tokens): bounded, and short where probes are cheap.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
-from ..cost_curve import CostCurve
 from ..scores import Array, ScoreRanking
-from .base import Policy, VerifyPlan, check_conf_shape, register
+from ..step_costs import StepCosts, step_costs
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
 
 OBJECTIVES = ("ratio", "marginal")
 
@@ -52,10 +69,15 @@ class Fine(Policy):
             in ``[bs, bs*B]`` and in the cost curve's range are used.
         objective: ``"ratio"`` or ``"marginal"`` (module docstring).
         ema_decay: weight of the history in the running utility, in [0, 1).
-        probe_interval: plain steps before the first probing drafted step (>= 1).
-        max_probe_interval: the back-off's cap on the plain steps between two probes.
-        speculate_margin: draft only when the running utility beats autoregressive decoding by this
-            relative margin (0 = any gain).
+        probe_interval: fewest plain steps between two probes (>= 1).
+        probe_budget: the most of the run's time that drafting may lose against plain decoding
+            before probes are held back, in (0, 1) (module docstring).
+        speculate_margin: draft only when the running utility beats plain decoding by this relative
+            margin. Default 0.05: the utility counts *expected* tokens, which run above the tokens
+            produced (by 2.8 % for fine on the shipped MATH-500 preset at bs 32 on H20: drafts past a
+            request's last token are never accepted, and real confidences are not calibrated), so
+            where drafting only breaks even by the estimate it loses in fact; 0 drafts on any
+            estimated gain.
     """
 
     name = "fine"
@@ -68,8 +90,8 @@ class Fine(Policy):
         objective: str = "ratio",
         ema_decay: float = 0.8,
         probe_interval: int = 16,
-        max_probe_interval: int = 1024,
-        speculate_margin: float = 0.0,
+        probe_budget: float = 0.005,
+        speculate_margin: float = 0.05,
     ):
         if granularity < 1:
             raise ValueError(f"fine: granularity={granularity} must be >= 1")
@@ -77,16 +99,16 @@ class Fine(Policy):
             raise ValueError(f"fine: objective={objective!r} must be one of {OBJECTIVES}")
         if not (0.0 <= ema_decay < 1.0):
             raise ValueError(f"fine: ema_decay={ema_decay} must be in [0, 1)")
-        if probe_interval < 1 or max_probe_interval < probe_interval:
-            raise ValueError(
-                f"fine: need 1 <= probe_interval <= max_probe_interval; got {probe_interval}, {max_probe_interval}"
-            )
+        if probe_interval < 1:
+            raise ValueError(f"fine: probe_interval={probe_interval} must be >= 1")
+        if not (0.0 < probe_budget < 1.0):
+            raise ValueError(f"fine: probe_budget={probe_budget} must be in (0, 1)")
         self.granularity = int(granularity)
         self.allowed_num_tokens = None if allowed_num_tokens is None else tuple(int(k) for k in allowed_num_tokens)
         self.objective = objective
         self.ema_decay = float(ema_decay)
         self.probe_interval = int(probe_interval)
-        self.max_probe_interval = int(max_probe_interval)
+        self.probe_budget = float(probe_budget)
         self.speculate_margin = float(speculate_margin)
         self.reset()
 
@@ -97,51 +119,44 @@ class Fine(Policy):
             "objective": self.objective,
             "ema_decay": self.ema_decay,
             "probe_interval": self.probe_interval,
-            "max_probe_interval": self.max_probe_interval,
+            "probe_budget": self.probe_budget,
             "speculate_margin": self.speculate_margin,
         }
 
     def reset(self) -> None:
         self.rate: float | None = None  # running best expected tokens per ms of drafted steps
-        self._plain_steps = 0
-        self.current_probe_interval = self.probe_interval  # grows by back-off, see module docstring
+        self._plain_steps = 0  # plain steps since the last drafted step
         self._probing = False  # the next drafted step is a probe after a plain stretch
+        self.elapsed_ms = 0.0  # time of every step this run (drafted and plain), ms
+        self.debt_ms = 0.0  # what drafted steps lost against plain decoding this run (signed), ms
+        self.next_probe_loss_ms = 0.0  # estimate of the next probe's loss (the last one's), ms
 
-    def candidates(self, batch_size: int, block_size: int, cost: CostCurve) -> np.ndarray:
-        """Candidate budgets (ascending int64) for this batch shape and curve."""
-        return self._table(batch_size, block_size, cost)[0]
+    def candidates(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
+        """Candidate budgets (ascending int64) for this batch shape and cost model."""
+        first, last = step_costs(cost, block_size).token_range(batch_size)
+        return self._candidates(batch_size, block_size, first, last)
 
-    def _table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """(candidates, C_verify at each, C_draft, autoregressive tokens/ms), cached per shape."""
-        return self._per_shape(bs, block, cost, lambda: self._build_table(bs, block, cost))
-
-    def _build_table(self, bs: int, block: int, cost: CostCurve) -> tuple[np.ndarray, np.ndarray, float, float]:
-        hi = bs * block
-        if self.allowed_num_tokens is not None:
-            ks = np.array(sorted(set(self.allowed_num_tokens)), dtype=np.int64)
-        else:
-            ks = np.arange(0, hi + 1, self.granularity, dtype=np.int64)
-            ks = np.union1d(ks, [bs, hi])
-        lo_curve, hi_curve = cost.token_range(bs)
-        ks = ks[(ks >= max(bs, lo_curve)) & (ks <= min(hi, hi_curve))]
+    def _candidates(self, bs: int, block: int, first: int, last: int) -> np.ndarray:
+        ks = _candidate_budgets(bs, block, self.granularity, self.allowed_num_tokens, first, last)
         if ks.size == 0:
             raise ValueError(
                 f"fine: no candidate budget for batch_size={bs}, B={block}: the allowed token counts do "
-                f"not meet the cost curve's range {lo_curve}..{hi_curve} within [{bs}, {hi}]"
+                f"not meet the cost curve's range {first}..{last} within [{bs}, {bs * block}]"
             )
-        verify = np.asarray(cost.verify_ms(bs, ks), dtype=np.float64)
-        return ks, verify, cost.draft_ms(bs), bs / cost.ar_ms(bs)
+        return ks
 
     def plan(
-        self, conf: Array, cost: CostCurve | None = None, *, accept_len=None, validate: bool = True
+        self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        cost = self._require_cost(cost, conf)
-        ks, verify_ms, draft_ms, ar_rate = self._table(bs, block, cost)
+        costs = self._step_costs(cost, conf)
+        ks = self._candidates(bs, block, *costs.token_range(bs))
+        verify_ms = costs.verify_ms_at(bs, ks)
+        plain_rate = costs.plain_tokens_per_ms(bs)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
-        step_ms = draft_ms + verify_ms
+        step_ms = costs.drafted_fixed_ms(bs) + verify_ms
         per_ms = expected / step_ms
         if self.objective == "marginal" and self.rate is not None:
             j = int(np.argmax(expected - self.rate * verify_ms))
@@ -153,21 +168,45 @@ class Fine(Policy):
         else:
             self.rate = self.ema_decay * self.rate + (1.0 - self.ema_decay) * best
         self._plain_steps = 0
-        draft_next = self.rate > (1.0 + self.speculate_margin) * ar_rate
-        if self._probing:
-            self._probing = False
-            self.current_probe_interval = (
-                self.probe_interval if draft_next
-                else min(2 * self.current_probe_interval, self.max_probe_interval)
-            )
+        draft_next = self.rate > (1.0 + self.speculate_margin) * plain_rate
+        loss_ms = float(step_ms[j]) - float(expected[j]) / plain_rate
+        self.elapsed_ms += float(step_ms[j])
+        self.debt_ms = max(self.debt_ms + loss_ms, -self.probe_budget * self.elapsed_ms)
+        if self._probing or not draft_next:  # a probe, or the step that stops drafting
+            self.next_probe_loss_ms = max(loss_ms, 0.0)
+        self._probing = False
         k = int(ks[j])
         return self._make_plan(
             scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
         )
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostCurve | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
+        """A plain step (``C_ar(bs)``); asks for a probe when the probe budget allows (module docstring).
+
+        Raises:
+            ValueError: no cost given (the probe budget is kept in time).
+        """
+        if cost is None:
+            raise ValueError("policy 'fine' needs a cost curve for its plain steps (the probe budget is in ms)")
+        costs: StepCosts = step_costs(cost, block_size)
         self._plain_steps += 1
-        plan = super().plan_without_draft(batch_size, block_size, cost)
-        probe = self._plain_steps >= self.current_probe_interval
+        self.elapsed_ms += costs.plain_ms(batch_size)
+        probe = (self._plain_steps >= self.probe_interval
+                 and self.debt_ms + self.next_probe_loss_ms <= self.probe_budget * self.elapsed_ms)
         self._probing = probe
+        plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
+
+
+@lru_cache(maxsize=1024)
+def _candidate_budgets(bs: int, block: int, granularity: int, allowed: tuple[int, ...] | None,
+                       first: int, last: int) -> np.ndarray:
+    """Ascending int64 candidate budgets in ``[first, last]`` (read-only; shared by every instance)."""
+    hi = bs * block
+    if allowed is not None:
+        ks = np.array(sorted(set(allowed)), dtype=np.int64)
+    else:
+        ks = np.union1d(np.arange(0, hi + 1, granularity, dtype=np.int64), [bs, hi])
+    ks = ks[(ks >= max(bs, first)) & (ks <= min(hi, last))]
+    ks.setflags(write=False)
+    return ks

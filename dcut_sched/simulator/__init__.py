@@ -5,7 +5,8 @@
 
 Modules: ``replay`` (vectorised trace cursor), ``step_cost`` (step times from the cost curve),
 ``engine`` (simpy processes, closed and open loop), ``results`` (figures and the DataFrame),
-``simulate`` (the public entry point), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
+``simulate`` (the public entry point), ``protocol`` (several benchmarks, mean speedup over them:
+the published protocol), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
 ``output`` (result files), ``defaults`` (default inputs). See docs/simulator.md.
 
 Names are imported on first use (PEP 562): ``from dcut_sched.simulator import defaults`` (what the
@@ -15,6 +16,8 @@ CLIs need to build their ``--help``) loads neither simpy, pandas nor matplotlib.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 # public name -> submodule that defines it
@@ -22,6 +25,9 @@ _EXPORTS: dict[str, str] = {
     "DEFAULT_BATCH_SIZES": ".defaults",
     "DEFAULT_COST": ".defaults",
     "DEFAULT_TRACE": ".defaults",
+    "DEFAULT_TRACES": ".defaults",
+    "benchmark_table": ".protocol",
+    "simulate_benchmarks": ".protocol",
     "Calibrator": ".engine",
     "ClosedLoopRun": ".engine",
     "OpenLoopRun": ".engine",
@@ -43,12 +49,29 @@ _EXPORTS: dict[str, str] = {
     "resolve_policies": ".simulate",
     "simulate": ".simulate",
     "StepCosts": ".step_cost",
+    "step_costs": ".step_cost",
     "dask_executor": ".sweep",
     "sweep": ".sweep",
     "sweep_job": ".sweep",
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """This package's module type: a submodule named like the function it defines (``simulate``,
+    ``selection_curve``, ``sweep``) does not replace the function as the package attribute when it is
+    first imported (the import system sets ``package.<child> = module``), so ``simulator.simulate`` is
+    the function whichever module imported ``.simulate`` first. The submodules stay in ``sys.modules``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (isinstance(value, types.ModuleType) and name in _EXPORTS
+                and value.__name__ == f"{__name__}.{name}" and _EXPORTS[name] == f".{name}"):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

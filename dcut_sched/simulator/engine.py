@@ -7,7 +7,10 @@ A step (DESIGN.md §1, issue 5):
    the trace, pass ``conf`` through the optional calibrator, and let the policy plan the verified
    lengths (``policy.plan``); the step takes ``C_draft(bs) + C_verify(bs, num_tokens) + overhead_ms``;
 2. otherwise ``policy.plan_without_draft``: every request verifies its anchor only and the step takes
-   ``C_verify(bs, bs)``;
+   ``C_ar(bs)``, the plain autoregressive decode step;
+
+Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, and the policy is given
+that same object, so what a policy optimises and what the simulator charges are the same numbers.
 3. every request advances by ``1 + min(accept_len, L - 1)`` tokens (:class:`~.replay.ReplayBatch`).
 
 The engine holds no policy logic of its own: policies come from :mod:`dcut_sched.policies`.
@@ -188,16 +191,16 @@ class _Stepper:
             conf, accept = batch.gather()
             conf_in = conf if self.calibrator is None else self.calibrator.transform(conf)
             if self.needs_accept_len:
-                plan = self.policy.plan(conf_in, self.cost, accept_len=accept, validate=self.validate)
+                plan = self.policy.plan(conf_in, self.costs, accept_len=accept, validate=self.validate)
             else:
-                plan = self.policy.plan(conf_in, self.cost, validate=self.validate)
+                plan = self.policy.plan(conf_in, self.costs, validate=self.validate)
             lengths = np.asarray(plan.lengths, dtype=np.int64)
             tokens, finished = batch.advance(lengths)
             if self.calibrator is not None:
                 self.calibrator.observe(conf, np.minimum(accept, lengths - 1), lengths)
             step_ms = self.costs.drafted_ms(bs, plan.num_tokens)
         else:
-            plan = self.policy.plan_without_draft(bs, self.block_size, self.cost)
+            plan = self.policy.plan_without_draft(bs, self.block_size, self.costs)
             lengths = None
             tokens, finished = batch.advance_plain()
             step_ms = self.costs.plain_ms(bs)
@@ -236,6 +239,7 @@ def run_closed_loop(
     seed: int = 0,
     shuffle: bool = True,
     overhead_ms: float = 0.0,
+    draft_scale: float = 1.0,
     calibrator: Calibrator | None = None,
     label: str | None = None,
     record: bool = False,
@@ -252,6 +256,7 @@ def run_closed_loop(
         seed: seed of the request order (:class:`RequestFeed`): same seed, same requests.
         shuffle: shuffle the request order (False: the trace's order).
         overhead_ms: fixed time added to each drafted step.
+        draft_scale: multiplier on the curve's draft step ``C_draft`` (what-if analyses; 1 = as measured).
         calibrator: optional; the run works on a deep copy, so every run starts from the same state.
         label: the policy's name in the results (default ``policy.name``).
         record: keep a per-step log of every slot (for tests and debugging; slow).
@@ -265,7 +270,8 @@ def run_closed_loop(
     feed = RequestFeed(trace.num_requests, seed=seed, shuffle=shuffle)
     batch = ReplayBatch(trace, seed=seed)
     batch.add(feed.take(batch_size))
-    stepper = _Stepper(batch, policy, cost, StepCosts(cost, trace.block_size, overhead_ms), calibrator, record)
+    stepper = _Stepper(batch, policy, cost, StepCosts(cost, trace.block_size, overhead_ms, draft_scale),
+                       calibrator, record)
     env = simpy.Environment()
     counters = {"finished_requests": 0, "finished_tokens": 0}
 
@@ -308,6 +314,7 @@ def run_open_loop(
     seed: int = 0,
     shuffle: bool = True,
     overhead_ms: float = 0.0,
+    draft_scale: float = 1.0,
     calibrator: Calibrator | None = None,
     prompt_len: int | None = None,
     prefill_ms: float | None = None,
@@ -317,7 +324,7 @@ def run_open_loop(
     """Simulate Poisson arrivals served with continuous batching until every request has finished.
 
     Args:
-        trace / cost / policy / seed / shuffle / overhead_ms / calibrator / label: as
+        trace / cost / policy / seed / shuffle / overhead_ms / draft_scale / calibrator / label: as
             :func:`run_closed_loop`; ``seed`` also seeds the arrival times (same seed, same arrivals).
         max_batch_size: most requests decoded together.
         rate_rps: mean arrival rate in requests per second (exponential inter-arrival times).
@@ -347,7 +354,7 @@ def run_open_loop(
     feed = RequestFeed(trace.num_requests, seed=seed, shuffle=shuffle)
     requests = feed.take(n)
     batch = ReplayBatch(trace, seed=seed)
-    costs = StepCosts(cost, trace.block_size, overhead_ms)
+    costs = StepCosts(cost, trace.block_size, overhead_ms, draft_scale)
     stepper = _Stepper(batch, policy, cost, costs, calibrator, record=False)
     start_ms = np.full(n, np.nan)
     first_token_ms = np.full(n, np.nan)

@@ -16,7 +16,7 @@ from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS, DEFAULT_WARMUP_STE
 from .engine import Calibrator, run_closed_loop, run_open_loop
 from .replay import output_lengths
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row, open_loop_row
-from .step_cost import StepCosts
+from .step_cost import StepCosts, step_costs
 
 __all__ = [
     "MODES", "PolicySpec", "SimulationError", "check_simulation", "default_rate_rps", "resolve_policies", "simulate",
@@ -97,9 +97,13 @@ def _load(trace: Trace | str | os.PathLike, cost: CostCurve | str | os.PathLike)
     return trace, cost
 
 
-def _check_batch_sizes(cost: CostCurve, block_size: int, batch_sizes: Sequence[int], drafting: bool, mode: str) -> None:
-    """Raise :class:`SimulationError` unless every step the runs can take is inside the cost curve."""
-    costs = StepCosts(cost, block_size)
+def _check_batch_sizes(costs: StepCosts, batch_sizes: Sequence[int], drafting: bool, mode: str) -> None:
+    """Raise :class:`SimulationError` unless every step the runs can take is inside the cost curve.
+
+    Asks ``costs`` (the step costs the runs will use) for each batch size's verify table, draft step
+    and plain step, so a curve that cannot answer one of them fails here, before anything runs.
+    """
+    cost, block_size = costs.cost, costs.block_size
     where = f"cost curve {cost.path}" if cost.path else "cost curve"
     measured = ", ".join(map(str, cost.batch_sizes))
     for bs in batch_sizes:
@@ -108,14 +112,14 @@ def _check_batch_sizes(cost: CostCurve, block_size: int, batch_sizes: Sequence[i
         needed = range(1, bs + 1) if mode == "open" else (bs,)
         for b in needed:
             try:
-                first, table = costs.verify_table(b)
-                last = first + len(table) - 1
+                first, last = costs.token_range(b)
                 if first > b or (drafting and last < b * block_size):
                     raise CostCurveRangeError(
                         f"{where}: at batch_size={b} it covers num_tokens {first}..{last}, not "
                         f"{b}..{b * block_size if drafting else b} (every request verifies 1..B={block_size} "
                         f"slots); profile those token counts"
                     )
+                costs.plain_ms(b)
                 if drafting:
                     costs.draft_ms(b)
             except CostCurveRangeError as exc:
@@ -127,15 +131,15 @@ def _check_batch_sizes(cost: CostCurve, block_size: int, batch_sizes: Sequence[i
 def default_rate_rps(trace: Trace, cost: CostCurve, max_batch_size: int, load: float = DEFAULT_LOAD) -> float:
     """Arrival rate (requests/s) at ``load`` times the ``ar`` capacity at ``max_batch_size``.
 
-    ``ar`` capacity = ``bs * 1000 / C_verify(bs, bs)`` tokens/s divided by the trace's mean output length.
+    ``ar`` capacity = ``1000 * bs / C_ar(bs)`` tokens/s divided by the trace's mean output length.
     """
-    tokens_per_s = max_batch_size * 1000.0 / cost.ar_ms(max_batch_size)
+    tokens_per_s = 1000.0 * step_costs(cost, trace.block_size).plain_tokens_per_ms(max_batch_size)
     return float(load * tokens_per_s / output_lengths(trace).mean())
 
 
 def _prepare(
     trace, cost, *, policies=None, policy_params=None, batch_sizes=DEFAULT_BATCH_SIZES, mode="closed",
-    num_steps=DEFAULT_NUM_STEPS, warmup_steps=DEFAULT_WARMUP_STEPS, overhead_ms=0.0, rate_rps=None,
+    num_steps=DEFAULT_NUM_STEPS, warmup_steps=DEFAULT_WARMUP_STEPS, overhead_ms=0.0, draft_scale=1.0, rate_rps=None,
     load=DEFAULT_LOAD, num_requests=DEFAULT_OPEN_REQUESTS, warmup_requests=None, prompt_len=None,
     prefill_ms=None, **_run_only: Any,
 ) -> tuple[Trace, CostCurve, list[tuple[str, Policy]], int]:
@@ -151,8 +155,10 @@ def _prepare(
         raise SimulationError(f"batch sizes {batch_sizes} repeat a value")
     if mode == "closed" and not (0 <= warmup_steps < num_steps):
         raise SimulationError(f"need 0 <= warmup_steps ({warmup_steps}) < num_steps ({num_steps})")
-    if overhead_ms < 0:
+    if not overhead_ms >= 0:
         raise SimulationError(f"overhead_ms={overhead_ms} must be >= 0")
+    if not (draft_scale > 0 and np.isfinite(draft_scale)):
+        raise SimulationError(f"draft_scale={draft_scale} must be a finite number > 0")
     if mode == "open":
         if num_requests < 1:
             raise SimulationError(f"num_requests={num_requests} must be >= 1")
@@ -166,7 +172,7 @@ def _prepare(
             raise SimulationError(f"prefill_ms={prefill_ms} must be >= 0")
     runs = resolve_policies(policies, policy_params)
     drafting = any(p.name != "ar" for _, p in runs)
-    _check_batch_sizes(cost, trace.block_size, batch_sizes, drafting, mode)
+    _check_batch_sizes(StepCosts(cost, trace.block_size, overhead_ms, draft_scale), batch_sizes, drafting, mode)
     if mode == "open" and prompt_len is not None:
         for bs in batch_sizes:
             for k in range(1, bs + 1):
@@ -204,6 +210,7 @@ def simulate(
     seed: int = 0,
     shuffle: bool = True,
     overhead_ms: float = 0.0,
+    draft_scale: float = 1.0,
     calibrator: Calibrator | None = None,
     rate_rps: float | None = None,
     load: float = DEFAULT_LOAD,
@@ -230,6 +237,7 @@ def simulate(
         seed: seeds the request order and the arrival times.
         shuffle: shuffle the request order (False: the trace's order).
         overhead_ms: fixed time added to every drafted step (controller overhead), ms.
+        draft_scale: multiplier on the curve's draft step (what-if: a cheaper or dearer drafter).
         calibrator: optional confidence calibrator (:class:`~.engine.Calibrator`); each run gets a deep
             copy of it as given.
         rate_rps: open loop: arrival rate in requests/s (None: ``load`` x the ``ar`` capacity at each
@@ -244,7 +252,8 @@ def simulate(
     Returns:
         One row per (policy, batch_size) with the columns of :data:`~.results.CLOSED_COLUMNS` first
         (plus :data:`~.results.OPEN_COLUMNS` in open loop), then run details (steps, trace_cycles,
-        ``approximate`` = step-indexed trace, ``trace``, ``cost``, ``mode``, ``seed``, ``prefill``).
+        ``approximate`` = step-indexed trace, ``trace``, ``cost``, ``mode``, ``seed``, ``draft_scale``,
+        ``plain_step`` = provenance of ``C_ar``, ``prefill``).
         ``df.attrs`` holds the same run-level facts (``approximate``, ``mode``, ``warmup_steps``, ...).
 
     Raises:
@@ -253,7 +262,8 @@ def simulate(
     """
     trace, cost, runs, warmup_requests = _prepare(
         trace, cost, policies=policies, policy_params=policy_params, batch_sizes=batch_sizes, mode=mode,
-        num_steps=num_steps, warmup_steps=warmup_steps, overhead_ms=overhead_ms, rate_rps=rate_rps, load=load,
+        num_steps=num_steps, warmup_steps=warmup_steps, overhead_ms=overhead_ms, draft_scale=draft_scale,
+        rate_rps=rate_rps, load=load,
         num_requests=num_requests, warmup_requests=warmup_requests, prompt_len=prompt_len, prefill_ms=prefill_ms,
     )
     batch_sizes = list(batch_sizes)
@@ -267,13 +277,15 @@ def simulate(
                 if mode == "closed":
                     run = run_closed_loop(
                         trace, cost, policy, bs, num_steps=num_steps, warmup_steps=warmup_steps, seed=seed,
-                        shuffle=shuffle, overhead_ms=overhead_ms, calibrator=calibrator, label=label,
+                        shuffle=shuffle, overhead_ms=overhead_ms, draft_scale=draft_scale, calibrator=calibrator,
+                        label=label,
                     )
                     rows.append(closed_loop_row(run))
                 else:
                     run = run_open_loop(
                         trace, cost, policy, bs, rate_rps=rate, num_requests=num_requests,
                         warmup_requests=warmup_requests, seed=seed, shuffle=shuffle, overhead_ms=overhead_ms,
+                        draft_scale=draft_scale,
                         calibrator=calibrator, prompt_len=prompt_len, prefill_ms=prefill_ms, label=label,
                     )
                     rows.append(open_loop_row(run, slo_tpot_ms))
@@ -288,6 +300,8 @@ def simulate(
     df["cost"] = cost.path or repr(cost)
     df["mode"] = mode
     df["seed"] = seed
+    df["draft_scale"] = float(draft_scale)
+    df["plain_step"] = cost.ar_provenance  # where C_ar comes from ("assumed: ..." for a curve without ar rows)
     if mode == "open":
         df["prefill"] = (f"C_verify(k, k*{prompt_len})" if prompt_len is not None
                          else f"{prefill_ms} ms/request" if prefill_ms is not None else "none (free)")
@@ -301,6 +315,8 @@ def simulate(
         "trace": str(df["trace"].iat[0]),
         "cost": str(df["cost"].iat[0]),
         "seed": seed,
+        "draft_scale": float(draft_scale),
+        "plain_step": cost.ar_provenance,
         "num_steps": num_steps if mode == "closed" else None,
         "warmup_steps": warmup_steps if mode == "closed" else None,
         "trace_cycles": int(df["trace_cycles"].max()),

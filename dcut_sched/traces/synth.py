@@ -15,6 +15,14 @@ Generative model (one trace = R requests; request i has n_i output positions):
   q (it knows how hard the spot is but not whether this draft is right); large separation makes
   confidence nearly reveal the outcome, which is what makes global top-K close to the oracle.
   ``calibration_bias`` > 0 is over-confidence, < 0 under-confidence; slope < 1 squashes toward 1/2.
+- Calibration gap: the reported confidence is finally ``conf ** (1 + calibration_gap)``, a monotone
+  distortion of the (calibrated, with slope 1 and bias 0) probability that the draft is right. Gap 0
+  (the presets' default) is calibrated; a gap > 0 is **under-confidence** (real DFlash confidence is
+  reported under-calibrated; the SGLang port leaves anchors out of the numerator for that reason),
+  -1 < gap < 0 over-confidence. A power keeps the order of every prefix product
+  (``prod_t c_t**(1+g) = (prod_t c_t)**(1+g)``), so a global top-K at a fixed budget selects the same
+  slots; only the *budget* a cost-aware policy (``dcut``, ``fine``) chooses from the expected-token
+  estimates changes, and ``threshold`` cut-offs. Acceptance (``accept_len``) does not change.
 
 Positions are conditionally independent given the request's difficulty: the right shape for a block
 drafter that re-drafts every step (DFlash). An autoregressive drafter's real trace also has the exact
@@ -69,6 +77,9 @@ class SynthParams:
         separation: mu, how sharply confidence separates accepted from rejected drafts (>= 0).
         calibration_slope: multiplies the calibrated confidence logit (1 = calibrated, > 0).
         calibration_bias: added to the confidence logit (0 = calibrated; > 0 over-confident).
+        calibration_gap: reported confidence = ``conf ** (1 + gap)`` (0 = calibrated; > 0 under-confident,
+            as real DFlash confidence is reported; must be > -1). Not fitted: the sources do not
+            quantify it, so the presets keep 0 and analyses vary it (analysis/report_reproduce.py).
         length_median: median output positions per request.
         length_sd: s.d. of log output length.
         min_length, max_length: output length bounds (positions).
@@ -82,6 +93,7 @@ class SynthParams:
     separation: float = 1.0
     calibration_slope: float = 1.0
     calibration_bias: float = 0.0
+    calibration_gap: float = 0.0
     length_median: float = 192.0
     length_sd: float = 0.35
     min_length: int = 16
@@ -94,6 +106,7 @@ class SynthParams:
             ("position_sd", self.position_sd >= 0, "must be >= 0"),
             ("separation", self.separation >= 0, "must be >= 0"),
             ("calibration_slope", self.calibration_slope > 0, "must be > 0"),
+            ("calibration_gap", self.calibration_gap > -1, "must be > -1 (confidence ** (1 + gap))"),
             ("length_median", self.length_median >= 1, "must be >= 1"),
             ("length_sd", self.length_sd >= 0, "must be >= 0"),
             ("min_length", 1 <= self.min_length <= self.max_length, "need 1 <= min_length <= max_length"),
@@ -189,6 +202,8 @@ def sample_rows(p: SynthParams, rng: np.random.Generator, request_shift: np.ndar
     right = rng.random((n, k)) < expit(lq)
     s = rng.normal(0.0, 1.0, size=(n, k)) + p.separation * (2.0 * right - 1.0)
     conf = expit(p.calibration_slope * (lq + 2.0 * p.separation * s) + p.calibration_bias)
+    if p.calibration_gap != 0.0:
+        conf = conf ** (1.0 + p.calibration_gap)
     return right, conf.astype(np.float32)
 
 

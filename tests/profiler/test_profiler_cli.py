@@ -21,11 +21,23 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
     assert curve.hardware["backend"] == "cpu-eager" and curve.hardware["threads"] == 1
     assert curve.model["name"] == "tiny" and curve.model["draft"] == "dflash:1"
     cells = build_cells([1, 2, 4, 8], 16, grid_step=16)
-    assert len(curve.verify) + len(curve.draft) == len(cells)
+    assert len(curve.verify) + len(curve.ar) + len(curve.draft) == len(cells)
     assert all(r.provenance == "measured" and r.repeats == 5 and r.p20_ms <= r.median_ms <= r.p80_ms
-               for r in curve.verify)
+               for r in [*curve.verify, *curve.ar])
+    # the plain decode step is its own measured family, one row per batch size
+    assert curve.ar_batch_sizes == [1, 2, 4, 8] and curve.ar_provenance == "measured"
+    assert json.loads(out.read_text())["schema"] == "dcut.cost-curve/2"
+    load = curve.hardware["load_average"]
+    assert load["cpu_count"] >= 1 and load["end_1min"] >= 0 and load["start_1min"] >= 0
+    from profiler.cli import _load_warnings, _spread_warnings
+
+    from profiler.cli import _monotone_warnings
+
+    expected = _load_warnings(load, load["cpu_count"], 1) + _spread_warnings(curve) + _monotone_warnings(curve)
+    assert curve.hardware.get("warnings", []) == expected  # what was warned is kept in the file
     assert not (tmp_path / "X.json.partial").exists()
-    assert "wrote" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "wrote" in text and "4 ar" in text and "p20-p80 spread median" in text and "plain step: measured" in text
 
 
 def test_cpu_small_grid_self_skip_and_report(tmp_path, capsys):
@@ -67,7 +79,41 @@ def test_analytic_fit_fills_gaps(tmp_path, capsys):
     for r in src.verify:  # every source row kept as it was
         assert rows[(r.batch_size, r.num_tokens)] == r
     assert rows[(12, 12)].provenance == "fitted" and rows[(64, 128)].provenance == "fitted"
-    assert "efficiency fit" in capsys.readouterr().out
+    ar = {r.batch_size: r for r in curve.ar}
+    assert ar[12].provenance == "fitted" and ar[64] == {r.batch_size: r for r in src.ar}[64]
+    text = capsys.readouterr().out
+    assert "efficiency fit" in text and "verify: 20 rows" in text and "ar: 5 rows" in text
+
+
+def test_analytic_fit_derives_b8_or_refuses_larger(tmp_path, capsys):
+    out = tmp_path / "b8.json"
+    assert main(["--analytic", "--device", "h20", "--fit", str(SHIPPED), "--block-size", "8", "--out", str(out),
+                 "--quiet"]) == 0
+    curve = CostCurve.load(out, check_hardware=False)
+    assert curve.block_size == 8 and all(r.num_tokens <= 8 * r.batch_size for r in curve.verify)
+    assert curve.token_range(64) == (64, 512) and curve.has_draft() and curve.ar_ms(64) == pytest.approx(17.8055, abs=1e-4)
+    b16 = CostCurve.load(SHIPPED, check_hardware=False)
+    assert curve.draft_ms(64) < b16.draft_ms(64)  # a block of 8 slots drafts cheaper than one of 16
+    assert main(["--analytic", "--device", "h20", "--fit", str(SHIPPED), "--block-size", "32", "--out",
+                 str(tmp_path / "b32.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--block-size 32" in err and "measured for block size 16" in err and not (tmp_path / "b32.json").exists()
+
+
+def test_analytic_models_the_decode_path_on_its_own(tmp_path):
+    from profiler.analytic import DEFAULT_AR_EFFICIENCY, ar_step_ms
+    from profiler.devices import get_device
+    from profiler.shapes import resolve_model
+
+    out = tmp_path / "a.json"
+    assert main(["--analytic", "--device", "h20", "--grid-step", "0", "--out", str(out), "--quiet"]) == 0
+    curve = CostCurve.load(out)
+    shape, _ = resolve_model("qwen3-8b")
+    for row in curve.ar:
+        assert row.provenance == "analytic"
+        assert row.median_ms == pytest.approx(float(ar_step_ms(shape, get_device("h20"), DEFAULT_AR_EFFICIENCY,
+                                                               row.batch_size, 1024)), abs=1e-4)
+    assert curve.ar_ms(64) < curve.verify_ms(64, 64)  # the decode path's own factors, not the verify cell
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -98,3 +144,31 @@ def test_existing_partial_needs_resume(tmp_path, capsys):
 def test_gpu_without_cuda(tmp_path, capsys):
     assert main(["--gpu", "--model", "tiny", "--out", str(tmp_path / "g.json")]) == 2
     assert "--gpu needs a CUDA device" in capsys.readouterr().err
+
+
+def test_load_and_spread_warnings_by_hand():
+    from profiler.cli import _load_warnings, _spread_warnings
+
+    quiet = {"start_1min": 0.9, "end_1min": 1.1, "end_5min": 1.0}
+    assert _load_warnings(quiet, cpu_count=2, threads=1) == []
+    busy = {"start_1min": 0.5, "end_1min": 7.5, "end_5min": 6.0}
+    (msg,) = _load_warnings(busy, cpu_count=2, threads=1)
+    assert "load average reached 7.5 on 2 cores" in msg and "inflated" in msg
+
+    def curve(p20, p80):
+        return CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=2, context_len=0,
+                         verify=[{"batch_size": 1, "num_tokens": k, "median_ms": 10.0, "p20_ms": p20, "p80_ms": p80}
+                                 for k in (1, 2)],
+                         ar=[{"batch_size": 1, "median_ms": 10.0, "p20_ms": 9.9, "p80_ms": 10.1}])
+
+    assert _spread_warnings(curve(9.8, 10.2)) == []  # 4 % spread
+    (msg,) = _spread_warnings(curve(8.0, 12.0))  # 40 % on both verify cells, median over the 3 cells 40 %
+    assert "median 40.0%, max 40.0%" in msg and "verify:1:1" in msg
+
+    from profiler.cli import _monotone_warnings
+
+    c = CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=1, context_len=0,
+                  verify=[{"batch_size": b, "num_tokens": b, "median_ms": 1.0} for b in (4, 8)],
+                  ar=[{"batch_size": 4, "median_ms": 11.9}, {"batch_size": 8, "median_ms": 9.9}])
+    assert _monotone_warnings(c) == ["ar step not monotone in batch size (bs 4 11.9 ms > bs 8 9.9 ms): noise or load "
+                                     "drift; the lookup interpolates these medians as they are"]

@@ -78,19 +78,32 @@ def test_shipped_published_curve():
     published = {(r.batch_size, r.num_tokens): r.median_ms for r in curve.verify if r.provenance == "published"}
     expected = {(bs, rho * bs * 4): ms for bs, times in PUBLISHED_H20_QWEN3_8B.items()
                 for rho, ms in zip((1, 2, 3, 4), times)}
-    assert published == expected  # exact, not approximate
+    assert published == expected and len(expected) == 20  # exact, not approximate
+    assert expected[(8, 32)] == 10.6 and expected[(32, 512)] == 70.1
     assert expected[(64, 1024)] == 133.9 and expected[(4, 16)] == 8.2
     assert {r.provenance for r in curve.verify} == {"published", "fitted"}
     assert curve.batch_sizes == [1, 2, 4, 8, 16, 32, 64] and curve.block_size == 16
-    for bs in curve.batch_sizes:  # the AR point exists and the curve rises with num_tokens
+    for bs in curve.batch_sizes:  # the num_tokens = bs point exists and the curve never falls with num_tokens
         ms = curve.verify_ms(bs, np.array(curve.token_counts(bs)))
-        assert curve.token_counts(bs)[0] == bs and np.all(np.diff(ms) > 0)
+        assert curve.token_counts(bs)[0] == bs and np.all(np.diff(ms) >= 0)
         assert curve.draft_ms(bs) > 0
-    assert curve.hardware["fit"]["max_abs_rel_err"] < 0.03
+    # the published plain AR steps, 1000 * bs / throughput, by hand from the tok/s figures
+    ar = {r.batch_size: r for r in curve.ar}
+    for bs, tok_s in {4: 525.8, 8: 958.7, 16: 1691.3, 32: 2700.2, 64: 3594.4}.items():
+        assert ar[bs].provenance == "published" and ar[bs].median_ms == 1000.0 * bs / tok_s
+    assert curve.ar_ms(64) == pytest.approx(17.8055, abs=1e-4) and curve.ar_ms(4) == pytest.approx(7.6075, abs=1e-4)
+    assert curve.ar_ms(48) == pytest.approx((11.8510 + 17.8055) / 2, abs=1e-4)  # linear between 32 and 64
+    assert {ar[1].provenance, ar[2].provenance} == {"fitted"}
+    assert curve.ar_provenance == "fitted (bs 1, 2); published (bs 4, 8, 16, 32, 64)"
+    assert curve.ar_ms(64) < 0.4 * curve.verify_ms(64, 256)  # the plain step is not the verify intercept
+    fam = curve.hardware["fit"]["families"]
+    assert fam["verify"]["rows"] == 20 and fam["ar"]["rows"] == 5
+    assert fam["verify"]["max_abs_rel_err"] < 0.03 and fam["ar"]["max_abs_rel_err"] < 0.03
     # the file is what the builder makes today (apart from its time stamp)
     rebuilt, fit = build_h20_qwen3_8b()
-    assert rebuilt.to_dict()["verify"] == curve.to_dict()["verify"] and rebuilt.to_dict()["draft"] == curve.to_dict()["draft"]
-    assert fit.max_abs_rel_err < 0.03
+    for key in ("verify", "draft", "ar"):
+        assert rebuilt.to_dict()[key] == curve.to_dict()[key], key
+    assert fit.max_abs_rel_err < 0.03 and fit.ar_efficiency is not None
     # controller-side checks the core provides
     with pytest.raises(CostCurveError, match="measured for block size 16, not 8"):
         curve.require_block_size(8)
@@ -120,3 +133,54 @@ def test_interpolation_error_by_hand():
     e = interpolation_error(lin)
     assert e.loc[0, "linear_max_ms"] == pytest.approx(0, abs=1e-9) and e.loc[0, "curve_max_ms"] == pytest.approx(0, abs=1e-9)
     assert interpolation_error(published_rows_curve()).empty  # buckets only: nothing to compare
+
+
+def test_joint_fit_recovers_both_paths():
+    """Synthetic verify rows from one Efficiency and ar rows from another sharing eta_compute/eta_memory:
+    the joint fit recovers all six factors and reports residuals per family."""
+    from profiler.analytic import ar_step_ms
+
+    truth = Efficiency(eta_compute=0.6, eta_memory=0.85, eta_attention=0.1, overhead_ms=2.5)
+    truth_ar = Efficiency(eta_compute=0.6, eta_memory=0.85, eta_attention=0.3, overhead_ms=0.8)
+    base = synthetic_curve(truth, device="h20", batch_sizes=(4, 16, 64), ctx=1024)
+    shape, _ = resolve_model("qwen3-8b")
+    dev = get_device("h20")
+    ar = [{"batch_size": bs, "median_ms": float(ar_step_ms(shape, dev, truth_ar, bs, 1024))} for bs in (4, 8, 16, 32, 64)]
+    curve = CostCurve(hardware=base.hardware, model=base.model, block_size=16, context_len=1024, verify=base.verify, ar=ar)
+    fit = fit_efficiency(curve, shape, dev)
+    for name in ("eta_compute", "eta_memory", "eta_attention", "overhead_ms"):
+        assert getattr(fit.efficiency, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+        assert getattr(fit.ar_efficiency, name) == pytest.approx(getattr(truth_ar, name), rel=1e-3), name
+    fam = fit.family_errors().set_index("family")
+    assert fam.loc["verify", "rows"] == 15 and fam.loc["ar", "rows"] == 5 and fam["max_abs_rel_err"].max() < 1e-6
+    filled = fill_curve(curve, shape, fit, batch_sizes=[1, 4])
+    ar_rows = {r.batch_size: r for r in filled.ar}
+    assert ar_rows[1].provenance == "fitted" and ar_rows[4].provenance == "measured"
+    assert ar_rows[1].median_ms == pytest.approx(float(ar_step_ms(shape, dev, truth_ar, 1, 1024)), abs=1e-4)
+    # one ar row is not enough to fit the decode path: it stays unfitted and no ar rows are invented
+    one = CostCurve(hardware=base.hardware, model=base.model, block_size=16, context_len=1024, verify=base.verify,
+                    ar=ar[:1])
+    fit1 = fit_efficiency(one, shape, dev)
+    assert fit1.ar_efficiency is None and set(fit1.residuals["family"]) == {"verify"}
+    assert [r.batch_size for r in fill_curve(one, shape, fit1, batch_sizes=[1, 4]).ar] == [4]
+
+
+def test_fill_derives_a_smaller_block_size():
+    from profiler.analytic import draft_ms
+
+    base = published_rows_curve()
+    shape, _ = resolve_model("qwen3-8b")
+    fit = fit_efficiency(base, shape, get_device("h20"))
+    b8 = fill_curve(base, shape, fit, batch_sizes=[4, 64], grid_step=0, draft=parse_draft_spec("dflash:5"),
+                    block_size=8)
+    assert b8.block_size == 8
+    assert all(r.num_tokens <= 8 * r.batch_size for r in b8.verify)
+    published = {(r.batch_size, r.num_tokens) for r in b8.verify if r.provenance == "published"}
+    # the B16 buckets at rho 0.25 and 0.5 are the B8 buckets at rho 0.5 and 1.0: kept verbatim
+    assert {(4, 16), (4, 32), (64, 256), (64, 512)} <= published and (4, 48) not in published
+    assert b8.token_counts(4) == [4, 8, 16, 24, 32]  # bs, and ceil(rho * 4 * 8)
+    for row in b8.draft:  # the B8 draft step, not the B16 one
+        assert row.median_ms == pytest.approx(float(draft_ms(shape, parse_draft_spec("dflash:5"), fit.device,
+                                                             fit.efficiency, row.batch_size, 8, 1024)), abs=1e-4)
+    assert b8.ar == fill_curve(base, shape, fit, batch_sizes=[4, 64]).ar  # the plain step does not depend on B
+    assert b8.hardware["fit"]["derived_block_size"]["from"] == 16

@@ -32,9 +32,10 @@ def test_buckets_and_cells():
     assert bucket_tokens(1, 8, (0.3,)) == [3]  # ceil(2.4)
     cells = build_cells([1, 2], 4)
     assert [c.key for c in cells] == ["verify:1:1", "verify:1:2", "verify:1:3", "verify:1:4",
-                                      "verify:2:2", "verify:2:4", "verify:2:6", "verify:2:8", "draft:1", "draft:2"]
-    assert Cell("draft", 2, 8).size() == 8
-    assert len(build_cells([1, 2], 4, draft=False)) == 8
+                                      "verify:2:2", "verify:2:4", "verify:2:6", "verify:2:8", "ar:1", "ar:2",
+                                      "draft:1", "draft:2"]
+    assert Cell("draft", 2, 8).size() == 8 and Cell("ar", 2, 2).size() == 2
+    assert len(build_cells([1, 2], 4, draft=False)) == 10 and len(build_cells([1, 2], 4, draft=False, ar=False)) == 8
 
 
 # ---------------------------------------------------------------- devices and shapes

@@ -67,10 +67,12 @@ def test_run_profile_rows_order_and_partial(tmp_path):
 
     run = run_profile(EagerTimer(work, clock=clock), cells, warmups=0, repeats=2, seed=7, partial_path=partial,
                       settings={"model": "x"}, progress=False, on_visit=on_visit)
-    assert len(run.verify) == 8 and len(run.draft) == 2 and not run.skipped
-    # every cell took num_tokens + (0 or 1) ms: the median is num_tokens + 0.5
+    assert len(run.verify) == 8 and len(run.draft) == 2 and len(run.ar) == 2 and not run.skipped
+    # every cell took num_tokens + (0 or 1) ms: the median is num_tokens + 0.5 (an ar cell: bs tokens)
     for row in run.verify:
         assert row["median_ms"] == pytest.approx(row["num_tokens"] + 0.5) and row["repeats"] == 2
+    assert [r["batch_size"] for r in run.ar] == [1, 2]
+    np.testing.assert_allclose([r["median_ms"] for r in run.ar], [1.5, 2.5])
     assert [r["batch_size"] for r in run.draft] == [1, 2]
     visit = list(dict.fromkeys(work.calls))
     assert sorted(visit) == sorted(c.key for c in cells) and visit != [c.key for c in cells]  # shuffled
@@ -86,7 +88,7 @@ def test_run_profile_rows_order_and_partial(tmp_path):
 def test_rounds_interleave_cells_and_warm_up_once():
     clock = StepClock()
     work = StandIn(clock)
-    cells = build_cells([1, 2], 4, draft=False)
+    cells = build_cells([1, 2], 4, draft=False, ar=False)
     run = run_profile(EagerTimer(work, clock=clock), cells, warmups=2, repeats=3, rounds=3, seed=1, progress=False)
     # 8 cells x (2 warm-ups on the first visit + 3 samples), one sample per cell per pass
     assert len(work.calls) == 8 * 5 and all(r["repeats"] == 3 for r in run.verify)
@@ -127,7 +129,7 @@ def test_interrupt_keeps_cells_and_resume_finishes(tmp_path):
                       settings={"model": "x", "block_size": 4}, resume=True, progress=False)
     assert run.resumed_cells == 5
     assert len(set(work.calls)) == len(cells) - 5 and not set(work.calls) & set(kept)
-    assert len(run.verify) + len(run.draft) == len(cells)
+    assert len(run.verify) + len(run.draft) + len(run.ar) == len(cells)
     with pytest.raises(PartialMismatch, match=r"block_size: 4 -> 8"):
         run_profile(EagerTimer(work, clock=work.clock), cells, warmups=0, repeats=3, partial_path=partial,
                     settings={"model": "x", "block_size": 8}, resume=True, progress=False)
@@ -257,6 +259,8 @@ def test_graph_timer_captures_largest_first_in_one_pool_and_times_replays():
     timer = GraphTimer(work, cuda=cuda, capture_warmups=2)
     cells = build_cells([1, 2, 4], 4)
     run = run_profile(timer, cells, warmups=3, repeats=4, progress=False)
+    assert {c.key for c in timer.graphs} >= {"ar:1", "ar:2", "ar:4"}  # one full graph per plain decode step
+    assert [r["median_ms"] for r in run.ar] == [1.0, 2.0, 4.0]
     sizes = [c.num_tokens for c in timer.capture_order]
     assert sizes == sorted(sizes, reverse=True) and len(sizes) == len(cells)
     assert cuda.log["pools"] == [("pool", 1)] * len(cells)
@@ -270,7 +274,7 @@ def test_graph_timer_captures_largest_first_in_one_pool_and_times_replays():
 def test_graph_capture_oom_skips_cell():
     cuda = FakeCuda(oom_cells={"verify:4:16"})
     timer = GraphTimer(GraphWorkload(cuda), cuda=cuda)
-    run = run_profile(timer, build_cells([2, 4], 4, draft=False), warmups=0, repeats=1, progress=False)
+    run = run_profile(timer, build_cells([2, 4], 4, draft=False, ar=False), warmups=0, repeats=1, progress=False)
     assert run.skipped == {"verify:4:16": "out of memory during capture: CUDA out of memory"}
     assert cuda.log["empty_cache"] == 1 and len(run.verify) == 7
 
@@ -289,12 +293,14 @@ def test_real_graph_capture_on_cuda():
     from profiler.workload import ForwardWorkload
 
     work = ForwardWorkload(PRESETS["tiny"], 4, 32, 2, parse_draft_spec("dflash:1"), dtype=torch.bfloat16, device="cuda")
-    run = run_profile(GraphTimer(work), build_cells([1, 2], 4), warmups=2, repeats=5, progress=False)
-    assert len(run.verify) == 8 and len(run.draft) == 2 and not run.skipped
+    timer = GraphTimer(work)
+    run = run_profile(timer, build_cells([1, 2], 4), warmups=2, repeats=5, progress=False)
+    assert len(run.verify) == 8 and len(run.draft) == 2 and len(run.ar) == 2 and not run.skipped
+    assert Cell("ar", 2, 2) in timer.graphs  # the plain decode step is captured as one full graph
 
 
 def test_resume_in_the_middle_of_a_round(tmp_path):
-    cells = build_cells([1, 2], 4, draft=False)
+    cells = build_cells([1, 2], 4, draft=False, ar=False)
     partial = tmp_path / "p.partial"
     first = StandIn(StepClock())
     with pytest.raises(KeyboardInterrupt):

@@ -80,3 +80,25 @@ def test_draft_steps():
         none.draft_fn(1)
     with pytest.raises(ValueError, match="out of range"):
         ForwardWorkload(CFG, B, ctx, max_batch_size=2, draft=parse_draft_spec("self-skip:9"))
+
+
+def test_ar_cell_is_the_plain_decode_step():
+    """One token per request at position ctx over ctx cached slots: writes slot ctx only, and its logits
+    are the plain greedy step's (the same forward as dcut_sched.model.generate runs)."""
+    ctx, B = 5, 4
+    w = ForwardWorkload(CFG, B, ctx, max_batch_size=3, draft=parse_draft_spec("none"), seed=2)
+    before = w.cache.k.clone()
+    fn = w.fn_for(Cell("ar", 3, 3))
+    assert fn.inputs["kv_len"] == ctx + 1 and fn.inputs["input_ids"].shape == (3, 1)
+    logits = fn()
+    assert logits.shape == (3, 1, 64) and torch.isfinite(logits).all()
+    k = w.cache.k
+    assert torch.equal(k[:, :, :, :ctx], before[:, :, :, :ctx])  # context untouched
+    assert not torch.equal(k[:, :3, :, ctx], before[:, :3, :, ctx])  # the new token's K/V at slot ctx
+    assert torch.equal(k[:, :, :, ctx + 1:], before[:, :, :, ctx + 1:])  # nothing else written
+    # the same step through the full-length default mask (what greedy_generate does) gives the same logits
+    with torch.inference_mode():
+        full = w.model(fn.inputs["input_ids"], fn.inputs["position_ids"], w.cache)
+    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        w.ar_fn(4)

@@ -174,10 +174,24 @@ def test_missing_default_names_the_file_and_flag(tmp_path, capsys, monkeypatch):
     assert defaults.DEFAULT_TRACE in err and "--trace" in err
 
 
-def test_several_traces_need_sweep(files, capsys):
+def test_several_traces_give_the_mean_over_benchmarks(files, tmp_path, capsys, make_curve):
     trace, cost = files
-    rc, _, err = run(["--trace", trace, "--trace", trace, "--cost", cost, *FAST], capsys)
-    assert rc == 2 and "--sweep" in err
+    other = random_trace(num_requests=5, block_size=4, max_len=16, seed=7)
+    other_path = tmp_path / "u.parquet"
+    other.save(other_path)
+    out = tmp_path / "rows.csv"
+    rc, text, err = run(["--trace", trace, "--trace", other_path, "--cost", cost, "--batch-sizes", "2,4",
+                         "--policies", "full,dcut", "--steps", "30", "--warmup", "5", "--out", out], capsys)
+    assert rc == 0, err
+    assert "2 benchmarks" in text and "geomean over all 4" in text
+    df = pd.read_csv(out)
+    assert len(df) == 2 * 3 * 2 and set(df["benchmark"]) == {"t", "u"}  # (trace, policy, bs)
+    mean = df.groupby(["policy", "batch_size"])["speedup_vs_ar"].mean()
+    for bs in (2, 4):
+        assert f"{mean['dcut', bs]:.2f}x" in text
+    rc, _, err = run(["--trace", trace, "--trace", trace, "--cost", cost, "--selection-curve", tmp_path / "s.csv"],
+                     capsys)
+    assert rc == 2 and "one --trace" in err
 
 
 def test_calibrate_flag(files, capsys):

@@ -118,11 +118,14 @@ def test_fine_default_stops_drafting(hand_trace, hand_curve):
 def test_fine_granularity_one(hand_trace, hand_curve):
     # Every K in 2..8: E = 2, 2.95, 3.85, 4.705, 5.4745, 5.9245, 6.0145 over 6.5..12.5 ms;
     # per ms peaks at K = 6 (5.4745 / 10.5 = .5214 > .5): L = (2, 4), tokens 2, 4; keeps drafting.
-    run = replay(hand_trace, hand_curve, "fine", 2, granularity=1)
+    run = replay(hand_trace, hand_curve, "fine", 2, granularity=1, speculate_margin=0.0)
     assert lengths(run)[0] == [2, 4]
     assert tokens(run)[0] == [2, 4]
     assert run.steps.step_ms[0] == 10.5
     assert run.steps.drafted.tolist() == [True, True]
+    # the default margin (5 %) asks for more than .5214 / .5 = 4.3 %: the next step is plain
+    run = replay(hand_trace, hand_curve, "fine", 2, granularity=1)
+    assert run.steps.drafted.tolist() == [True, False]
 
 
 def test_oracle(hand_trace, hand_curve):

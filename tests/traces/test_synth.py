@@ -42,6 +42,28 @@ def test_calibrated_by_construction_and_bias_shows_in_ece():
     assert all(r["accept_rate"] < r["mean_conf"] for r in over["reliability"] if r["count"] > 200)
 
 
+def test_calibration_gap_is_a_power_of_the_calibrated_confidence():
+    base = SynthParams(block_size=8, accept_logit=1.0, depth_decay=0.1, request_sd=0.5, position_sd=1.0,
+                       separation=1.0, length_median=300, length_sd=0.0)
+    cal = generate(base, num_requests=20, seed=4)
+    gap = generate(base.replace(calibration_gap=0.5), num_requests=20, seed=4)
+    # same outcomes (same random draws), confidence = calibrated ** 1.5 exactly
+    np.testing.assert_array_equal(gap.accept_len, cal.accept_len)
+    np.testing.assert_allclose(gap.conf, cal.conf.astype(np.float64) ** 1.5, rtol=1e-5)
+    # the order of every prefix product is kept, so the slot ranking is unchanged
+    # (up to float32 rounding of near-ties)
+    s_cal = np.cumprod(cal.conf.astype(np.float64), axis=1).ravel()
+    s_gap = np.cumprod(gap.conf.astype(np.float64), axis=1).ravel()
+    assert np.all(np.diff(s_gap[np.argsort(s_cal)]) >= -1e-6)
+    # under-confident: every well-populated bin accepts more often than it says
+    st = trace_stats(gap)
+    assert st["ece"] > 0.03
+    assert all(r["accept_rate"] > r["mean_conf"] for r in st["reliability"] if r["count"] > 200)
+    with pytest.raises(SynthParamsError, match="calibration_gap"):
+        base.replace(calibration_gap=-1.0)
+    assert SynthParams().calibration_gap == 0.0 and all(p.params.calibration_gap == 0.0 for p in PRESETS.values())
+
+
 def test_separation_sharpens_confidence():
     base = SynthParams(block_size=8, accept_logit=1.0, request_sd=0.0, position_sd=0.0, separation=0.0,
                        length_median=300, length_sd=0.0)

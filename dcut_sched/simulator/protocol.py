@@ -1,0 +1,104 @@
+"""The published protocol: the same policies on several benchmarks, mean speedup over them per batch size.
+
+The D-Cut publication reports, per batch size, the **mean of the speedups over five benchmarks**
+(GSM8K, MATH-500, HumanEval, MBPP, MT-Bench; greedy, one cost curve; DESIGN.md §1 "Speedup").
+:func:`simulate_benchmarks` runs :func:`~.simulate.simulate` once per trace (same options, same
+seed, so every policy sees the same request sequence of each benchmark) and stacks the rows;
+:func:`benchmark_table` reduces them to the published table: per policy and batch size the
+arithmetic mean of ``speedup_vs_ar`` over the benchmarks, and per policy the geometric mean over all
+(benchmark, batch size) settings (``scipy.stats.gmean``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.stats import gmean
+
+from ..cost_curve import CostCurve
+from ..traces import Trace
+from .simulate import _load, check_simulation, simulate
+
+__all__ = ["benchmark_table", "simulate_benchmarks"]
+
+
+def _benchmark_name(trace: Trace) -> str:
+    return trace.metadata.get("dataset") or trace.name
+
+
+def simulate_benchmarks(
+    traces: Sequence[Trace | str | os.PathLike],
+    cost: CostCurve | str | os.PathLike,
+    *,
+    on_run: Callable[[int, int, str], None] | None = None,
+    **simulate_kwargs: Any,
+) -> pd.DataFrame:
+    """:func:`simulate` on each trace with the same cost curve and options; one row per (trace, policy, bs).
+
+    Args:
+        traces: the benchmarks' traces (objects or paths); all are loaded and checked before any runs.
+        cost: one cost curve for all of them.
+        on_run: progress, called as ``on_run(done, total, label)`` over all traces' runs.
+        **simulate_kwargs: :func:`simulate`'s options (policies, batch_sizes, num_steps, seed, ...).
+
+    Returns:
+        The stacked result rows with a ``benchmark`` column (the trace's ``dataset`` metadata, else its
+        file stem) first; ``df.attrs`` as :func:`simulate`'s plus ``benchmarks`` (their names in order).
+
+    Raises:
+        TraceError / CostCurveError / SimulationError: as :func:`simulate`, for the first bad input.
+    """
+    if not traces:
+        raise ValueError("no traces given")
+    loaded = []
+    for t in traces:
+        trace, cost = _load(t, cost)
+        check_simulation(trace, cost, **simulate_kwargs)
+        loaded.append(trace)
+    names = [_benchmark_name(t) for t in loaded]
+    if len(set(names)) != len(names):
+        names = [t.name for t in loaded]
+    frames = []
+    per_trace = None
+    for n, (trace, name) in enumerate(zip(loaded, names)):
+        def progress(done: int, total: int, label: str, n=n, name=name) -> None:
+            if on_run is not None:
+                on_run(n * total + done, len(loaded) * total, f"{name}: {label}")
+
+        df = simulate(trace, cost, on_run=progress, **simulate_kwargs)
+        per_trace = df.attrs
+        df.insert(0, "benchmark", name)
+        frames.append(df)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs.update(dict(per_trace or {}))
+    out.attrs.update({
+        "benchmarks": names,
+        "trace": ", ".join(str(f["trace"].iat[0]) for f in frames),
+        "approximate": bool(out["approximate"].any()),
+        "trace_cycles": int(out["trace_cycles"].max()),
+    })
+    return out
+
+
+def benchmark_table(df: pd.DataFrame, value: str = "speedup_vs_ar") -> pd.DataFrame:
+    """Policies x batch sizes of the mean of ``value`` over benchmarks, plus ``geomean`` over all settings.
+
+    Args:
+        df: rows of :func:`simulate_benchmarks` (columns ``benchmark``, ``policy``, ``batch_size``, ``value``).
+
+    Returns:
+        One row per policy (in first-seen order), one column per batch size (ascending) holding
+        ``mean over benchmarks of value``, and ``geomean``: the geometric mean of ``value`` over every
+        (benchmark, batch size) setting of that policy (NaN if any is <= 0 or missing).
+    """
+    order = list(dict.fromkeys(df["policy"]))
+    table = df.pivot_table(index="policy", columns="batch_size", values=value, aggfunc="mean").reindex(order)
+    geo = []
+    for policy in order:
+        v = df.loc[df["policy"] == policy, value].to_numpy(dtype=np.float64)
+        geo.append(float(gmean(v)) if v.size and np.all(v > 0) else np.nan)
+    table["geomean"] = geo
+    return table
