@@ -313,8 +313,8 @@ def _run_seeds(args, console) -> None:
         frames.append(simulate(
             trace, cost, batch_sizes=args.batch_sizes, policies=args.policies, policy_params=params, mode=args.mode,
             num_steps=steps, warmup_steps=warmup, seed=seed, shuffle=not args.no_shuffle,
-            overhead_ms=args.overhead_ms, calibrator=_make_calibrator() if args.calibrate else None,
-            rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
+            overhead_ms=args.overhead_ms, draft_scale=args.draft_scale,
+            calibrator=_make_calibrator() if args.calibrate else None, rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
             prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
         ))
     import pandas as pd
