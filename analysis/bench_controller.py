@@ -4,7 +4,7 @@ For each batch size (default 4, 16, 64), B = 16, each policy (default dcut, fine
 input kind (numpy, CPU torch; CUDA torch when available), times ``plan(conf)`` on random DFlash-like
 confidences (Beta(4, 1), seeded) with ``timeit`` (best of ``--repeats`` runs of ``--number`` calls),
 with and without online calibration. The simulated step it is compared with is the published Qwen3-8B
-H20 verification curve of DESIGN.md §4 (D-Cut buckets at rho = 0.25/0.5/0.75/1.0, linear between
+H20 verification curve of docs/design.md §4 (D-Cut buckets at rho = 0.25/0.5/0.75/1.0, linear between
 them): ``overhead_pct = plan_us / C_verify(bs, K of the plan)``, verify time only (no draft), so the
 percentage is an upper bound.
 
@@ -37,7 +37,7 @@ from dcut_sched import CostCurve, RatioController  # noqa: E402
 from dcut_sched.atomic import atomic_write_text  # noqa: E402
 
 B = 16
-# DESIGN.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
+# docs/design.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
 H20_VERIFY_MS = {4: (8.2, 8.7, 9.7, 10.9), 16: (16.0, 22.7, 29.8, 35.8), 64: (55.2, 82.2, 107.9, 133.9)}
 
 
@@ -56,7 +56,7 @@ def h20_curve() -> CostCurve:
         hardware={"device_name": "NVIDIA H20", "backend": "analytic"},
         model={"name": "Qwen3-8B", "config": {}},
         block_size=B, context_len=0, verify=verify, draft=draft,
-        source="DESIGN.md §4 (D-Cut docs); draft row assumed 10% of full verification",
+        source="docs/design.md §4 (D-Cut docs); draft row assumed 10% of full verification",
     )
 
 
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
                 for calibrate in (False, True):
                     rows.append(bench(curve, policy, bs, kind, calibrate, args.number, args.repeats, args.seed))
     frame = pd.DataFrame(rows)
-    from rich.console import Console
+    from dcut_sched.console import make_console
     from rich.table import Table
 
     table = Table(title=f"RatioController.plan() overhead, B={B} (best of {args.repeats} x {args.number} calls)")
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         table.add_column(col, justify="right")
     for row in frame.itertuples(index=False):
         table.add_row(*[str(v) for v in row])
-    Console(width=200).print(table)
+    make_console().print(table)
     print(f"machine load (1/5/15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     # Machine-load reference: the one sort every global top-K plan does, timed alone.
     x = -np.random.default_rng(args.seed).random(64 * B).astype(np.float32)

@@ -15,10 +15,10 @@ import timeit
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 import dcut_sched as d
+from dcut_sched.console import make_console
 
 
 def linear_curve(batch_sizes, block_size):
@@ -65,7 +65,7 @@ def main() -> None:
     for r in rows:
         table.add_row(r["policy"], str(r["batch_size"]), r["backend"], f"{r['us_per_plan']:.1f}",
                       f"{r['us_per_plan_unvalidated']:.1f}")
-    Console().print(table)
+    make_console().print(table)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

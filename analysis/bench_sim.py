@@ -15,7 +15,7 @@ Without ``--trace/--cost`` it builds its inputs in code so it runs anywhere:
 - trace: 400 position-indexed requests of 150..450 tokens, B = 16, confidences ~ Beta(8, 1.2) and a
   draft accepted with probability equal to its confidence (mean acceptance length about 6);
 - cost curve: ``analytic``, C_verify(bs, K) linear in K through the public Qwen3-8B / H20 points of
-  DESIGN.md §4 (rho = 0.25 and 1.0 at bs 4, 16, 64), extended down to K = bs; C_draft = 1.5 + 0.02 bs ms
+  docs/design.md §4 (rho = 0.25 and 1.0 at bs 4, 16, 64), extended down to K = bs; C_draft = 1.5 + 0.02 bs ms
   (assumed). Only the simulator's speed is measured here, not a speedup claim.
 
 Timings are noisy on a shared machine; run it on an idle one for figures to quote.
@@ -38,7 +38,7 @@ from dcut_sched.simulator.defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS
 from dcut_sched.traces import Trace
 
 B = 16
-# Public H20 / Qwen3-8B verify ms at rho = 0.25 and 1.0 (DESIGN.md §4).
+# Public H20 / Qwen3-8B verify ms at rho = 0.25 and 1.0 (docs/design.md §4).
 PUBLISHED = {4: (8.2, 10.9), 16: (16.0, 35.8), 64: (55.2, 133.9)}
 
 
@@ -70,7 +70,7 @@ def analytic_curve() -> CostCurve:
         draft.append({"batch_size": bs, "median_ms": 1.5 + 0.02 * bs, "provenance": "analytic"})
     return CostCurve(hardware={"device_name": "NVIDIA H20 (published points, linear fit)", "backend": "analytic"},
                      model={"name": "Qwen3-8B", "config": {}}, block_size=B, context_len=0, verify=verify,
-                     draft=draft, source="bench_sim.py: linear through DESIGN.md §4 public points")
+                     draft=draft, source="bench_sim.py: linear through docs/design.md §4 public points")
 
 
 def main(argv=None) -> int:
@@ -81,12 +81,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the figures as JSON")
     args = p.parse_args(argv)
 
-    from rich.console import Console
+    from dcut_sched.console import make_console
     from rich.table import Table
 
     trace = Trace.load(args.trace) if args.trace else synthetic_trace()
     cost = CostCurve.load(args.cost, check_hardware=False) if args.cost else analytic_curve()
-    console = Console()
+    console = make_console()
     console.print(f"trace: {trace.describe()}\ncost: {cost!r}")
 
     names = policies.names()

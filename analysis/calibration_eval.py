@@ -8,7 +8,7 @@ scored against the true outcomes:
   over the observed slots (every slot up to and including the first rejection);
 - ``nll``: mean Bernoulli negative log-likelihood of the same outcomes (``scipy.special.xlogy``);
 - ``tokens_mae``: per step, |expected tokens - actual tokens| with all B slots verified, where
-  expected = sum of slot scores (DESIGN.md §1) and actual = 1 + accept_len.
+  expected = sum of slot scores (docs/design.md §1) and actual = 1 + accept_len.
 
 Rows: ``raw`` (identity), ``pooled`` (one map for all depths) and ``banded`` (default depth bands).
 The trace's ``accept_len`` must be exact (position-indexed, or step-indexed with full verification,

@@ -84,7 +84,7 @@ def engine_matched_trace(trace: Trace, output_lengths: Sequence[int], requests: 
     produces ``y_0`` in the prefill and decodes from position 1. For output length ``n`` (the
     engine's, ``<=`` the recorded one) this keeps positions ``1..n-1`` renumbered ``0..n-2``, with
     ``accept_len`` capped at ``n - p - 1`` (the recorder's own cap for an output of length ``n``;
-    DESIGN.md §3), so the replay produces exactly the ``n - 1`` decode tokens.
+    docs/design.md §3), so the replay produces exactly the ``n - 1`` decode tokens.
 
     Args:
         trace: position-indexed trace whose request ``j`` is prompt ``j``.
@@ -201,7 +201,7 @@ def error_summary(errors: Any) -> dict[str, float]:
 def step_time_ms(curve: CostCurve, batch_size: Sequence[int], num_tokens: Sequence[int], drafted: Sequence[bool],
                  *, overhead_plain_ms: Any = 0.0, overhead_drafted_ms: Any = 0.0,
                  verify_tokens: Sequence[int] | None = None) -> np.ndarray:
-    """Per-step time from a cost curve plus per-step overheads (the simulator's step model, DESIGN.md §1).
+    """Per-step time from a cost curve plus per-step overheads (the simulator's step model, docs/design.md §1).
 
     A drafted step costs ``C_draft(bs) + C_verify(bs, K) + overhead_drafted(bs)``, a plain step
     ``C_ar(bs) + overhead_plain(bs)``, both read from the curve's

@@ -153,7 +153,7 @@ def compute(settings: Settings, bar) -> dict:
     return out
 
 
-def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: float) -> list[Path]:
+def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path]:
     """CSV files, figures and the Markdown report under ``out_dir``; returns the paths written."""
     res, fig = out_dir / "results", out_dir / "figures"
     res.mkdir(parents=True, exist_ok=True)
@@ -195,7 +195,7 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path, elapsed_s: f
     summary_path = res / "fidelity_summary.json"
     sampling_path = ROOT / SAMPLING_MD
     sampling = sampling_path.read_text() if sampling_path.exists() else None
-    text = render_report(results, families(), settings, fidelity=fidelity, sampling=sampling, elapsed_s=elapsed_s)
+    text = render_report(results, families(), settings, fidelity=fidelity, sampling=sampling)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
     blocks = {"headline": report_reproduce.headline_markdown(results["reproduce"])}
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
         return 2
     run_fidelity_predict(Path(args.out_dir))
     elapsed = time.perf_counter() - start
-    written = write_outputs(results, settings, Path(args.out_dir), elapsed)
+    written = write_outputs(results, settings, Path(args.out_dir))
     print(f"report computed in {elapsed:.0f} s; wrote {len(written)} files, e.g. {written[-1]}")
     return 0
 

@@ -52,9 +52,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def render_report(results: dict, families: list, settings, *, fidelity: str | None, elapsed_s: float,
+def render_report(results: dict, families: list, settings, *, fidelity: str | None,
                   sampling: str | None = None) -> str:
-    """The whole ``analysis/README.md``."""
+    """The whole ``analysis/README.md`` (a function of the results only: no run time or date in it)."""
     from report_commentary import commentary
 
     c = commentary(results, families, settings)
@@ -63,8 +63,8 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     w = out.append
     w("# Results report\n")
     w("Regenerate everything below (tables, `analysis/figures/*.png`, `analysis/results/*.csv`) from the "
-      "shipped traces and cost curves with one command (seeded; about "
-      f"{max(1, round(elapsed_s / 60))} min on the project's 2-core machine, progress bar on stderr):\n")
+      "shipped traces and cost curves with one command (seeded, so a rerun rewrites the same files; it "
+      "prints its own run time; progress bar on stderr):\n")
     w("```\nPYTHONPATH=. python analysis/make_report.py      # or: python analysis/make_report.py after pip install -e .[analysis]\n```\n")
     w(f"Settings: closed loop, {settings.num_steps} steps per run, first {settings.warmup_steps} left out "
       f"(warm-up), seed {settings.seed}; every policy of the registry with its default parameters. "

@@ -1,6 +1,6 @@
 """Reproducing the published D-Cut results: the simulated mean-over-five table beside the published one.
 
-The published protocol (DESIGN.md §1): Qwen3-8B on one H20, B = 16, greedy, the mean of the
+The published protocol (docs/design.md §1): Qwen3-8B on one H20, B = 16, greedy, the mean of the
 speedups over five benchmarks (GSM8K, MATH-500, HumanEval, MBPP, MT-Bench) per batch size. The
 simulation runs exactly what ``dcut-sim`` with no arguments runs (the five shipped DFlash presets on
 the shipped H20 curve, :data:`dcut_sched.simulator.defaults.DEFAULT_BENCHMARK_STEPS` steps), so the

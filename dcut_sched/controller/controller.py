@@ -54,7 +54,7 @@ class ControllerPlan:
         num_tokens: ``K = sum(lengths)``, host int.
         block_size: B.
         expected_tokens: expected tokens this step produces (sum of the verified slot scores,
-            DESIGN.md §1; with ``calibrate=True`` the scores of calibrated confidences).
+            docs/design.md §1; with ``calibrate=True`` the scores of calibrated confidences).
         draft_next: whether the next step should run the draft model.
         drafted: whether this step had a draft.
         graph_cell: ``(batch_size, num_tokens)`` of the captured cell to replay (the token count

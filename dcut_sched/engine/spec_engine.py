@@ -279,6 +279,7 @@ class SpecEngine:
         record_trace: bool = False,
         on_request_done: Callable[[int], None] | None = None,
         keys: Sequence[int] | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
     ) -> EngineResult:
         """Generate for every prompt.
 
@@ -288,6 +289,7 @@ class SpecEngine:
             on_request_done: called with the prompt index when a request finishes (progress bars).
             keys: per-request sampling keys (default ``request_keys(sampling.seed, len(prompt_ids))``);
                 a request's output depends only on its prompt and key. Ignored at T = 0.
+            on_step: called with each step's :class:`StepRecord` once the step is committed (progress).
 
         Returns:
             The :class:`EngineResult`.
@@ -442,6 +444,8 @@ class SpecEngine:
                 )
             )
             decode_ms += (t3 - t0) * 1e3
+            if on_step is not None:
+                on_step(steps[-1])
             draft_next = plan.draft_next
             step += 1
             admit()

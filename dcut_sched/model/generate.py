@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -12,7 +12,8 @@ from dcut_sched.sampling import SamplingParams, request_keys, sample_at
 
 @torch.inference_mode()
 def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
-                    eos_id: int | None, batch_size: int | None = None) -> list[list[int]]:
+                    eos_id: int | None, batch_size: int | None = None,
+                    on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
     """Plain autoregressive greedy decoding (argmax, first index on exact ties, as torch.argmax).
 
     Prompts are processed `batch_size` at a time (default: all together), right-padded; each
@@ -26,6 +27,8 @@ def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_
         eos_id: generation of a request stops after it emits this id (included in the output);
             None = never stop early.
         batch_size: requests per batch (None = all).
+        on_step: called after every decode step of a batch with (steps done, max_new_tokens)
+            (progress reports; a batch may stop before max_new_tokens when every request hit EOS).
     Returns:
         The generated ids of each request (prompt excluded), in input order.
     Raises:
@@ -43,13 +46,14 @@ def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_
         raise ValueError("greedy_generate: every prompt needs at least one token")
     if not prompts or max_new_tokens == 0:
         return [[] for _ in prompts]
-    return _generate(model, prompts, max_new_tokens, eos_id, batch_size, SamplingParams(), None)
+    return _generate(model, prompts, max_new_tokens, eos_id, batch_size, SamplingParams(), None, on_step)
 
 
 @torch.inference_mode()
 def sample_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
                     eos_id: int | None, sampling: SamplingParams, keys: Sequence[int] | None = None,
-                    batch_size: int | None = None) -> list[list[int]]:
+                    batch_size: int | None = None,
+                    on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
     """Plain autoregressive sampled decoding: the token at sequence index n of request i is
     :func:`dcut_sched.sampling.sample_at` of the target's logits with key ``keys[i]`` at index n.
 
@@ -70,20 +74,21 @@ def sample_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_
         raise ValueError(f"sample_generate: {len(keys)} keys for {len(prompts)} prompts")
     if not prompts or max_new_tokens == 0:
         return [[] for _ in prompts]
-    return _generate(model, prompts, max_new_tokens, eos_id, batch_size, sampling, keys)
+    return _generate(model, prompts, max_new_tokens, eos_id, batch_size, sampling, keys, on_step)
 
 
-def _generate(model, prompts, max_new_tokens, eos_id, batch_size, sampling, keys) -> list[list[int]]:
+def _generate(model, prompts, max_new_tokens, eos_id, batch_size, sampling, keys, on_step=None) -> list[list[int]]:
     bsz = batch_size or len(prompts)
     out: list[list[int]] = []
     for i in range(0, len(prompts), bsz):
         out.extend(_decode_batch(model, prompts[i:i + bsz], max_new_tokens, eos_id, sampling,
-                                 None if keys is None else keys[i:i + bsz]))
+                                 None if keys is None else keys[i:i + bsz], on_step))
     return out
 
 
 def _decode_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos_id: int | None,
-                  sampling: SamplingParams, keys: list[int] | None) -> list[list[int]]:
+                  sampling: SamplingParams, keys: list[int] | None,
+                  on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
     dev = model.device
     bs = len(prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=dev)
@@ -107,6 +112,8 @@ def _decode_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos
             if not done[b]:
                 outs[b].append(t)
                 done[b] = (eos_id is not None and t == eos_id) or len(outs[b]) >= max_new
+        if on_step is not None:
+            on_step(step + 1, max_new)
         if all(done) or step == max_new - 1:
             break
         logits = model(nxt[:, None], pos[:, None], cache)[:, 0]

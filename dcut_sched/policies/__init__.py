@@ -1,4 +1,4 @@
-"""The verification policies of DESIGN.md §2, behind one interface and one registry.
+"""The verification policies of docs/design.md §2, behind one interface and one registry.
 
 >>> import dcut_sched as d
 >>> d.policies.names()
@@ -16,7 +16,7 @@ import pkgutil
 
 from .base import Policy, VerifyPlan, budget_from_ratio, get, names, register
 
-# Registration order = the order of DESIGN.md §2 (the order tables list policies in).
+# Registration order = the order of docs/design.md §2 (the order tables list policies in).
 _ORDER = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
 for _name in _ORDER:
     importlib.import_module(f"{__name__}.{_name}")

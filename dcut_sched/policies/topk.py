@@ -10,7 +10,7 @@ from .base import Policy, VerifyPlan, budget_from_ratio, check_conf_shape, regis
 class TopK(Policy):
     """Verify the ``K = ceil(rho * bs * B)`` highest-scoring slots of the whole batch.
 
-    Scores fall along each request, so the top-K is a prefix per request (DESIGN.md §1); a
+    Scores fall along each request, so the top-K is a prefix per request (docs/design.md §1); a
     confident request gets a long prefix and a doubtful one its anchor only.
 
     Args:

@@ -1,6 +1,6 @@
 """The simulated serving engine: simpy processes with one event per engine step.
 
-A step (DESIGN.md §1, issue 5):
+A step (docs/design.md §1, issue 5):
 
 1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
    previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from

@@ -1,7 +1,7 @@
 """The published protocol: the same policies on several benchmarks, mean speedup over them per batch size.
 
 The D-Cut publication reports, per batch size, the **mean of the speedups over five benchmarks**
-(GSM8K, MATH-500, HumanEval, MBPP, MT-Bench; greedy, one cost curve; DESIGN.md §1 "Speedup").
+(GSM8K, MATH-500, HumanEval, MBPP, MT-Bench; greedy, one cost curve; docs/design.md §1 "Speedup").
 :func:`simulate_benchmarks` runs :func:`~.simulate.simulate` once per trace (same options, same
 seed, so every policy sees the same request sequence of each benchmark) and stacks the rows;
 :func:`benchmark_table` reduces them to the published table: per policy and batch size the

@@ -11,7 +11,7 @@ Two pieces:
   with one fancy index each; :meth:`ReplayBatch.advance` moves every request by the tokens its
   verified prefix produced.
 
-Replay rule (DESIGN.md §1, §3): a request that verifies ``L`` slots produces
+Replay rule (docs/design.md §1, §3): a request that verifies ``L`` slots produces
 ``1 + min(accept_len, L - 1)`` tokens.
 
 - **Position-indexed** trace (exact): the request's cursor is its output position ``p``; it moves to

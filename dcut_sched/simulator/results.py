@@ -4,7 +4,7 @@ Closed loop (steady state, the steps after the warm-up):
 
 - ``tokens_per_s``: output tokens / simulated time (``1000 * sum(tokens) / sum(step_ms)``).
 - ``speedup_vs_ar``: ``tokens_per_s`` / the ``ar`` run's ``tokens_per_s`` at the same batch size
-  (DESIGN.md §1, "Speedup").
+  (docs/design.md §1, "Speedup").
 - ``mean_tokens_per_step``: output tokens per request per step (exactly 1 for ``ar``; ``1 + tau`` for
   ``full`` on a position-indexed trace, tau the mean acceptance length).
 - ``verified_tokens_per_step``: slots verified per request per step (``B`` for ``full``).

@@ -19,7 +19,6 @@ A published figure set (e.g. the DFlash selection curve) uses only the statistic
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -207,11 +206,12 @@ def fit_trace(trace: Trace, *, seed: int = 0, max_evals: int = 400, num_batches:
 
 
 def print_fit(result: FitResult) -> None:
-    """Print a fit result as rich tables."""
-    from rich.console import Console
+    """Print a fit result as rich tables and a labelled summary line."""
     from rich.table import Table
 
-    console = Console()
+    from ..console import make_console
+
+    console = make_console()
     p = Table(title="Fitted generator parameters")
     p.add_column("parameter")
     p.add_column("value", justify="right")
@@ -219,10 +219,27 @@ def print_fit(result: FitResult) -> None:
         p.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(p)
     t = Table(title=f"Fit (RMS relative error {result.rms_rel_error:.2%}, {result.evaluations} evaluations)")
-    for col in ("statistic", "target", "fitted"):
+    for col in ("statistic", "target", "fitted", "relative error"):
         t.add_column(col, justify="right")
+    worst = ("", 0.0)
     for key, want in result.target.items():
         got = result.fitted[key]
-        t.add_row(key, " ".join(f"{x:.3f}" for x in want), " ".join(f"{x:.3f}" for x in got))
+        errs = list(result.rel_errors.get(key, []))
+        for i, e in enumerate(errs):
+            if abs(e) > abs(worst[1]):
+                worst = (f"{key}[{i}]" if len(errs) > 1 else key, e)
+        t.add_row(key, " ".join(f"{x:.3f}" for x in want), " ".join(f"{x:.3f}" for x in got),
+                  " ".join(f"{e:+.1%}" for e in errs))
+    for key in (k for k in result.rel_errors if k not in result.target):  # e.g. tau, derived from the histogram
+        errs = list(result.rel_errors[key])
+        for i, e in enumerate(errs):
+            if abs(e) > abs(worst[1]):
+                worst = (key, e)
+        fitted = result.fitted.get(key)
+        t.add_row(key, "(from hist)", "" if fitted is None else " ".join(f"{x:.3f}" for x in np.atleast_1d(fitted)),
+                  " ".join(f"{e:+.1%}" for e in errs))
     console.print(t)
-    console.print(json.dumps(result.rel_errors))
+    points = sum(len(v) for v in result.rel_errors.values())
+    console.print(f"fit result: RMS relative error {result.rms_rel_error:.2%} over {points} statistics, worst "
+                  f"{worst[0]} {worst[1]:+.1%}; objective {result.objective:.4g} after {result.evaluations} "
+                  f"evaluations", highlight=False, soft_wrap=True)

@@ -1,4 +1,4 @@
-"""Acceptance traces: the Parquet format of DESIGN.md §3, loading, validation and saving.
+"""Acceptance traces: the Parquet format of docs/design.md §3, loading, validation and saving.
 
 One row per (request, output position) for a **position-indexed** trace, or per (request, step) for a
 **step-indexed** one. Columns: ``request_id`` int32, ``pos`` int32, ``accept_len`` int8,
@@ -263,7 +263,7 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
 def check_trace_columns(
     df: pd.DataFrame, metadata: Mapping[str, str], path: str, max_faults: int = MAX_FAULTS
 ) -> list[TraceFault]:
-    """Every fault of DESIGN.md §3 in a trace table, up to ``max_faults``.
+    """Every fault of docs/design.md §3 in a trace table, up to ``max_faults``.
 
     Checks: required metadata and its values, columns present for the block size, no extra
     confidence columns, confidences finite in [0, 1], accept_len in ``[0, B-1]``, positions

@@ -4,11 +4,11 @@ For each prompt the target decodes greedily (up to ``max_new_tokens``, stopping 
 output ``y_0..y_{n-1}``. Then, for **every** output position p (the request has produced
 ``y_0..y_{p-1}``; the anchor is the last committed token, ``y_{p-1}`` or the prompt's last token), the
 draft proposes B-1 tokens greedily from the committed prefix, ``d_1..d_{B-1}``, with confidences
-``c_t = exp(max_logit - logsumexp(logits))`` (DESIGN.md §1), and
+``c_t = exp(max_logit - logsumexp(logits))`` (docs/design.md §1), and
 
     accept_len[p] = min(#leading t with d_t == y_{p+t-1}, n - p - 1)
 
-(the cap keeps ``p + 1 + accept_len`` inside the output; DESIGN.md §3). The draft's proposals after
+(the cap keeps ``p + 1 + accept_len`` inside the output; docs/design.md §3). The draft's proposals after
 its first wrong token are recorded too: they decide what a policy verifies.
 
 Backends:
@@ -44,7 +44,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -82,7 +82,7 @@ def accept_lengths(draft_tokens: np.ndarray, output_ids: Sequence[int]) -> np.nd
 
     Returns:
         ``[n]`` int8: the number of leading ``t`` with ``draft_tokens[p, t-1] == y[p+t-1]``, capped at
-        ``n - p - 1`` so the bonus token stays inside the output (DESIGN.md §3).
+        ``n - p - 1`` so the bonus token stays inside the output (docs/design.md §3).
     """
     y = np.asarray(output_ids, dtype=np.int64)
     n, k = draft_tokens.shape
@@ -295,6 +295,7 @@ class RecordBackend(Protocol):
     def encode_prompt(self, text: str) -> list[int]: ...
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]: ...
+    # A backend may also accept ``on_step(done, total)``: called during the target decode (progress).
 
     def draft_positions(self, prompt_ids: list[int], output_ids: list[int],
                         num_draft: int) -> tuple[np.ndarray, np.ndarray]: ...
@@ -342,13 +343,15 @@ class NativeBackend:
         return list(self.tokenizer.chat_ids([{"role": "user", "content": text}]))
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
-                 sampling: SamplingParams | None = None, keys: Sequence[int] | None = None) -> list[list[int]]:
+                 sampling: SamplingParams | None = None, keys: Sequence[int] | None = None,
+                 on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
         from dcut_sched.model import greedy_generate, sample_generate
 
         if sampling is None or sampling.is_greedy:
-            return greedy_generate(self.model, prompts, max_new_tokens, self.eos_id, batch_size=self.generate_batch)
+            return greedy_generate(self.model, prompts, max_new_tokens, self.eos_id, batch_size=self.generate_batch,
+                                   on_step=on_step)
         return sample_generate(self.model, prompts, max_new_tokens, self.eos_id, sampling, keys=keys,
-                               batch_size=self.generate_batch)
+                               batch_size=self.generate_batch, on_step=on_step)
 
     def draft_positions(self, prompt_ids, output_ids, num_draft):
         return draft_all_positions(self.model, self.layers, prompt_ids, output_ids, num_draft)
@@ -440,8 +443,10 @@ class HFBackend:
         out = model(input_ids=x, position_ids=pos, use_cache=True, **{self._cache_kw: cache})
         return out.logits[0, -1].float()
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int,
+                 on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
         outs = []
+        total = len(prompts) * max_new_tokens
         for prompt in prompts:
             cache = self._cache_cls()
             logits = self._step(self.target, prompt, 0, cache)
@@ -449,6 +454,8 @@ class HFBackend:
             while len(out) < max_new_tokens:
                 tok = int(logits.argmax())
                 out.append(tok)
+                if on_step is not None:  # one request at a time: report tokens over the whole group
+                    on_step(sum(len(o) for o in outs) + len(out), total)
                 if tok == self.eos_id or len(out) >= max_new_tokens:
                     break
                 logits = self._step(self.target, [tok], len(prompt) + len(out) - 1, cache)
@@ -525,7 +532,9 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
         max_new_tokens: longest target output per prompt.
         dataset: metadata label of the prompt set.
         resume: continue a matching partial file (False: start over and overwrite it).
-        progress: show a progress bar (tqdm, on stderr).
+        progress: show progress on stderr (a bar on a terminal, else a status line with rate and
+            ETA every ``DCUT_PROGRESS_INTERVAL_S`` s, also during the target decode; see
+            :mod:`dcut_sched.progress`).
         max_positions: stop after the request that brings the total to at least this many.
         extra_metadata: more file metadata (JSON-encoded when not a string).
         sampling: the target's sampling (default greedy); T > 0 records a sampled trace (``p`` columns,
@@ -590,29 +599,48 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     total_positions = sum(len(r) for r in rows.request_id)
     todo = [(i, p) for i, p in enumerate(prompts) if i not in done_ids]
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from dcut_sched.progress import RunProgress, format_duration
 
-        bar = tqdm(total=len(prompts), initial=len(done_ids), unit="req", desc=Path(out_path).name)
-        bar.set_postfix(positions=total_positions)
     batch = max(1, int(getattr(backend, "generate_batch", 1)))
+    num_batches = -(-len(todo) // batch)
+    takes_on_step = "on_step" in inspect.signature(backend.generate).parameters
+    bar = RunProgress(f"dcut-trace record {Path(out_path).name}", len(prompts), "requests", enabled=progress)
+    bar.update(completed=len(done_ids), detail=f"{total_positions} positions")
     t_start = time.perf_counter()
-    try:
+    with bar:
+        bar.note(f"dcut-trace record: {len(todo)} prompts to go ({len(done_ids)} done) in {num_batches} "
+                 f"batch(es) of {batch}: the target decodes up to {max_new_tokens} tokens each, then the draft "
+                 f"proposes {k} tokens at every output position; an estimate of the run time follows the "
+                 f"first request")
+        estimated = False
         for b in range(0, len(todo), batch):
             if max_positions is not None and total_positions >= max_positions:
                 break
             group = todo[b:b + batch]
+            label = f"batch {b // batch + 1}/{num_batches}"
             ids = [backend.encode_prompt(p.text) for _, p in group]
+            t_decode = time.perf_counter()
+
+            def on_step(done: int, total: int, label: str = label, t_decode: float = t_decode) -> None:
+                dt = time.perf_counter() - t_decode
+                eta = format_duration((total - done) * dt / done) if done else "?"
+                bar.update(detail=f"{label}: target decode {done}/{total} ({done / dt:.1f}/s, ETA ~{eta}); "
+                                  f"{total_positions} positions")
+
+            bar.update(detail=f"{label}: target decode of {len(group)} prompts; {total_positions} positions")
+            gen_kwargs = {"on_step": on_step} if takes_on_step else {}
             if sampled:
-                outputs = backend.generate(ids, max_new_tokens, sampling=sampling, keys=[keys[rid] for rid, _ in group])
-            else:
-                outputs = backend.generate(ids, max_new_tokens)
-            for (rid, prompt), prompt_ids, out in zip(group, ids, outputs):
+                gen_kwargs.update(sampling=sampling, keys=[keys[rid] for rid, _ in group])
+            outputs = backend.generate(ids, max_new_tokens, **gen_kwargs)
+            decode_s = time.perf_counter() - t_decode
+            for j, ((rid, prompt), prompt_ids, out) in enumerate(zip(group, ids, outputs)):
                 if max_positions is not None and total_positions >= max_positions:
                     break
                 if not out:
                     continue
+                bar.update(detail=f"{label}: drafting request {j + 1}/{len(group)} ({len(out)} positions); "
+                                  f"{total_positions} positions")
+                t_draft = time.perf_counter()
                 toks, conf = backend.draft_positions(prompt_ids, out, k)
                 n = len(out)
                 rows.request_id.append(np.full(n, rid, np.int32)); rows.pos.append(np.arange(n, dtype=np.int32))
@@ -623,12 +651,14 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
                 total_positions += n
                 elapsed = seconds + time.perf_counter() - t_start
                 rows.trace({**metadata, "requests": done, "record_seconds": f"{elapsed:.1f}"}, block_size).save(part)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(positions=total_positions)
-    finally:
-        if bar is not None:
-            bar.close()
+                bar.update(advance=1, detail=f"{total_positions} positions")
+                if not estimated:
+                    estimated = True
+                    draft_s = time.perf_counter() - t_draft
+                    guess = (num_batches - 1) * decode_s + (len(todo) - 1) * draft_s  # what is left
+                    bar.note(f"dcut-trace record: estimate ~{format_duration(guess)} to go (target decode "
+                             f"{format_duration(decode_s)} per batch, drafting {format_duration(draft_s)} per "
+                             f"request, from the first ones)")
     elapsed = seconds + time.perf_counter() - t_start
     trace = rows.trace({**metadata, "requests": done, "record_seconds": f"{elapsed:.1f}"}, block_size)
     if trace.num_rows == 0:

@@ -1,6 +1,6 @@
 """Statistics of an acceptance trace: tau, per-depth acceptance, histogram, calibration, selection curve.
 
-Definitions (DESIGN.md §1, §3):
+Definitions (docs/design.md §1, §3):
 
 - **Full-verification replay**: each request starts at position 0 and, verifying all B slots, moves
   from p to ``p + 1 + accept_len[p]``. The positions it visits are the *steps* an engine running
@@ -141,10 +141,11 @@ def _sampled_stats(trace: Trace, steps: np.ndarray) -> dict[str, Any]:
 
 def print_stats(stats: dict[str, Any]) -> None:
     """Print :func:`trace_stats` as rich tables."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from ..console import make_console
+
+    console = make_console()
     console.print(f"[bold]{stats['file']}[/bold]: {stats['num_requests']} requests, {stats['num_positions']} "
                   f"positions, B={stats['block_size']}, source={stats['source']}")
     console.print(f"tau (full-verification replay, incl. bonus) = [bold]{stats['tau']:.3f}[/bold] over "
@@ -201,7 +202,7 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
 
     Each policy runs as ``policies.get(name, rho=K / (bs * B))`` (so ``uniform`` verifies
     ``ceil(K / bs)`` slots per request and ``topk`` the global top-K), plans every batch, and the
-    batch produces ``sum(1 + min(accept_len, L - 1))`` tokens (DESIGN.md §1).
+    batch produces ``sum(1 + min(accept_len, L - 1))`` tokens (docs/design.md §1).
 
     Args:
         trace: the trace.

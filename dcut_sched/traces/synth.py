@@ -7,7 +7,7 @@ Generative model (one trace = R requests; request i has n_i output positions):
   1/R quantile slice), position shift ``e_{i,p} ~ N(0, position_sd)``.
 - Acceptance: draft t (t = 1..B-1) at position p is right, given drafts 1..t-1 were, with probability
   ``q = sigmoid(accept_logit - depth_decay * (t - 1) + z_i + e_{i,p})``; ``X ~ Bernoulli(q)``.
-  ``accept_len[p]`` = number of leading right drafts, capped at ``n_i - p - 1`` (DESIGN.md §3).
+  ``accept_len[p]`` = number of leading right drafts, capped at ``n_i - p - 1`` (docs/design.md §3).
 - Confidence: the drafter sees a noisy signal of the outcome, ``s ~ N(separation * (2X - 1), 1)``, and
   reports ``conf = sigmoid(calibration_slope * (logit q + 2 * separation * s) + calibration_bias)``.
   With slope 1 and bias 0 this is exactly calibrated: ``P(X = 1 | q, s) = sigmoid(logit q + 2 mu s)``

@@ -142,10 +142,11 @@ def test_render_report_fidelity_placeholder_and_include(inputs):
         "calibrate": calibrated_throughput(traces[:1], cost, (4,), num_steps=STEPS, warmup_steps=WARMUP, seed=0),
     }
     settings = SimpleNamespace(num_steps=STEPS, warmup_steps=WARMUP, seed=0, selection_batches=5)
-    text = render_report(results, [fam], settings, fidelity=None, elapsed_s=1.0)
+    text = render_report(results, [fam], settings, fidelity=None)
+    assert render_report(results, [fam], settings, fidelity=None) == text  # no run time or date in the file
     for heading in ("## 1. Speedup", "## 2. Selection curve", "## 3. Where `fine` beats `dcut`",
                     "## 4. Calibration", "## 5. Simulator fidelity", "## Caveats"):
         assert heading in text
     assert "python analysis/fidelity.py" in text
-    with_fid = render_report(results, [fam], settings, fidelity="| policy | error |\n", elapsed_s=1.0)
+    with_fid = render_report(results, [fam], settings, fidelity="| policy | error |\n")
     assert "| policy | error |" in with_fid and "Not generated yet" not in with_fid

@@ -1,6 +1,6 @@
 """Make the corpus of broken trace files used by tests/traces/test_cli.py.
 
-Each file breaks one rule of DESIGN.md §3; ``expected.json`` maps file name -> the field the first
+Each file breaks one rule of docs/design.md §3; ``expected.json`` maps file name -> the field the first
 fault must name (``file`` for files that are not readable Parquet at all).
 Run from the repository root: ``PYTHONPATH=. python tests/data/make_broken_traces.py``.
 """

@@ -214,3 +214,42 @@ def test_help_lists_flags(capsys):
     for flag in ("--trace", "--cost", "--policies", "--batch-sizes", "--mode", "--out", "--plot", "--sweep",
                  "--selection-curve", "--calibrate"):
         assert flag in text
+
+
+def test_open_loop_table_shows_batch_goodput_and_percentiles(files, tmp_path, capsys):
+    """The open-loop table prints, per (max bs, policy), the frame's mean batch, goodput and latencies."""
+    trace, cost = files
+    out = tmp_path / "open.json"
+    rc, text, err = run(["--trace", trace, "--cost", cost, "--mode", "open", "--batch-sizes", "4",
+                         "--policies", "dcut", "--requests", "40", "--out", out], capsys)
+    assert rc == 0, err
+    assert f"wrote {out}" in err
+    df = pd.DataFrame(json.loads(out.read_text())["rows"])
+    header = next(line for line in text.splitlines() if "mean batch" in line)
+    for col in ("TPOT speedup", "goodput tok/s", "TPOT p50 ms", "TPOT p99 ms", "TTFT p99 ms"):
+        assert col in header  # whole headers: piped output is not cut at 80 columns
+    assert "TPOT speedup = ar's mean TPOT / the policy's mean TPOT" in text
+    for r in df.itertuples():
+        row = next(line for line in text.splitlines() if f" {r.policy} " in line)
+        cells = [c.strip() for c in row.strip("│ ").split("│")]
+        assert cells[:4] == ["4", f"{r.rate_rps:.2f}", r.policy, f"{r.speedup_vs_ar:.2f}x"]
+        assert cells[4:7] == [f"{r.mean_batch_size:.1f}", f"{r.goodput_tokens_per_s:,.0f}", f"{r.tpot_ms_p50:.2f}"]
+
+
+def test_plot_names_its_inputs_and_is_deterministic(files, tmp_path, capsys):
+    """The plot title names trace, model and device; two runs write the same bytes (png and pdf)."""
+    from dcut_sched.simulator.plot import describe_inputs
+
+    trace, cost = files
+    from dcut_sched import simulate
+
+    df = simulate(trace, cost, batch_sizes=[2, 4], policies=["full", "dcut", "oracle"], num_steps=30,
+                      warmup_steps=5)
+    assert describe_inputs(df) == "trace t, cost linear-test on test (analytic)"
+    for suffix in (".png", ".pdf"):
+        a, b = tmp_path / f"a{suffix}", tmp_path / f"b{suffix}"
+        for path in (a, b):
+            rc, _, err = run(["--trace", trace, "--cost", cost, "--batch-sizes", "2,4", "--policies", "dcut,oracle",
+                              "--plot", path, *FAST], capsys)
+            assert rc == 0 and f"wrote {path}" in err
+        assert a.read_bytes() == b.read_bytes()

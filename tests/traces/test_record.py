@@ -225,3 +225,26 @@ def test_hf_backend_with_the_target_as_draft_accepts_everything(tmp_path):
     n = 9
     expected = [min(4, n - 1 - p) for p in range(n)] * 2
     assert t.accept_len.tolist() == expected
+
+
+def test_record_progress_in_logs_reports_the_target_decode(tiny, tmp_path, capsys, monkeypatch):
+    """Not on a terminal: an up-front line, status lines from inside the target decode, an estimate."""
+    import time as _time
+
+    be = tiny_backend(tiny)
+    slow = be.generate
+
+    def slow_generate(prompts, max_new_tokens, on_step=None):
+        def step(done, total):
+            _time.sleep(0.01)  # a decode step long enough for the 0.02 s status timer
+            on_step(done, total)
+        return slow(prompts, max_new_tokens, on_step=step)
+
+    monkeypatch.setattr(be, "generate", slow_generate)
+    monkeypatch.setenv("DCUT_PROGRESS_INTERVAL_S", "0.02")
+    record_trace(be, PROMPTS, tmp_path / "p.parquet", block_size=4, max_new_tokens=8, progress=True)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("dcut-trace record: 4 prompts to go (0 done) in 2 batch(es) of 2")
+    assert any(": target decode " in line and "/8 (" in line and "ETA ~" in line for line in err)
+    assert any(line.startswith("dcut-trace record: estimate ~") for line in err)
+    assert err[-1].startswith("dcut-trace record p.parquet: 4/4 requests (100%)") and err[-1].endswith("(done)")
