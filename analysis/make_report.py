@@ -16,7 +16,9 @@ Sections (each also reproducible with the ``dcut-sim`` command the report prints
 5. the simulator-fidelity table: ``analysis/fidelity.py predict`` re-run on the committed engine
    measurements (seconds), its figures also written into README.md and docs/fidelity.md between
    ``<!-- generated:fidelity -->`` markers;
-6. the sampling section of ``analysis/sampling_report.py`` (included when its Markdown exists).
+6. the published peer policies next to ``fine`` at bs 1..64 (report_peers).
+7. the vLLM benchmark of ``analysis/bench_vllm.py`` (included when its Markdown exists).
+8. the sampling section of ``analysis/sampling_report.py`` (included when its Markdown exists).
 
 About two minutes on the project's 2-core machine (one process).
 """
@@ -41,12 +43,13 @@ from tqdm import tqdm  # noqa: E402
 
 from dcut_sched.atomic import atomic_write_text  # noqa: E402
 from dcut_sched.cost_curve import CostCurveError  # noqa: E402
-from dcut_sched.policies import names as policy_names  # noqa: E402
+from dcut_sched.policies import PEERS, names as policy_names  # noqa: E402
 from dcut_sched.traces import TraceError  # noqa: E402
 from report_budgets import VARIANTS, budget_steps, budget_summary, plot_budgets  # noqa: E402
 from report_calibration import CONFIDENCE_POLICIES, calibrated_throughput, plot_reliability, reliability  # noqa: E402
 from report_markdown import render_report  # noqa: E402
 import report_reproduce  # noqa: E402
+from report_peers import PEER_FAMILIES, peers_commentary, peers_markdown, plot_peers, policies_run, run_peers  # noqa: E402
 from report_selection import PUBLISHED_GSM8K, plot_selection, selection_table  # noqa: E402
 from report_speedup import Family, plot_family, run_family  # noqa: E402
 
@@ -60,6 +63,9 @@ BATCH_SIZES = (4, 8, 16, 32, 64)
 CPU_BATCH_SIZES = (4, 8, 16)  # the CPU curve is measured at bs 1..16
 FIDELITY_MD = "analysis/results/fidelity.md"
 SAMPLING_MD = "analysis/results/sampling.md"
+VLLM_MD = "analysis/results/vllm/bench_vllm.md"
+#: Section 1 runs the policies of DESIGN.md §2; the published peers have their own section (report_peers).
+CORE_POLICIES = [p for p in policy_names() if p not in PEERS]
 
 
 def families() -> list[Family]:
@@ -67,11 +73,14 @@ def families() -> list[Family]:
     return [
         Family("dflash-h20", "DFlash-like synthetic traces (5 datasets) on the published H20 Qwen3-8B curve",
                DFLASH, H20, BATCH_SIZES,
-               note="synthetic traces fitted to published DFlash acceptance figures; calibrated by construction"),
+               note="synthetic traces fitted to published DFlash acceptance figures; calibrated by construction",
+               policies=CORE_POLICIES),
         Family("real-h20", "real SmolLM2-135M traces on the H20 Qwen3-8B curve (what-if)", REAL_B16, H20, BATCH_SIZES,
-               note="what-if: SmolLM2-135M self-speculative acceptance combined with Qwen3-8B-on-H20 step costs"),
+               note="what-if: SmolLM2-135M self-speculative acceptance combined with Qwen3-8B-on-H20 step costs",
+               policies=CORE_POLICIES),
         Family("real-cpu", "real SmolLM2-135M traces on their own measured CPU curve", REAL_B16, CPU, CPU_BATCH_SIZES,
-               note="consistent pair: the traces' model pair and its cost curve measured on this project's CPU"),
+               note="consistent pair: the traces' model pair and its cost curve measured on this project's CPU",
+               policies=CORE_POLICIES),
     ]
 
 
@@ -90,8 +99,9 @@ class Settings:
 
 def count_runs(settings: Settings) -> int:
     """Simulated runs (and selection traces) the report does, for the progress bar."""
-    n_pol = len(policy_names())
+    n_pol = len(CORE_POLICIES)
     total = sum(len(f.traces) * n_pol * len(f.batch_sizes) for f in families())
+    total += sum(len(f.traces) * len(policies_run()) * len(f.batch_sizes) for f in PEER_FAMILIES)
     total += 2  # selection curves: gsm8k, real
     total += 2 * len(settings.budget_batch_sizes) * len(VARIANTS) + len(settings.cpu_budget_batch_sizes) * 2
     total += len(REAL_ALL)  # reliability
@@ -150,6 +160,10 @@ def compute(settings: Settings, bar) -> dict:
         calibrated_throughput(REAL_B16, CPU, CPU_BATCH_SIZES, **kw),
         calibrated_throughput([GSM8K], H20, BATCH_SIZES, **kw),
     ], ignore_index=True)
+
+    bar.set_description("published peers")
+    out["peers"] = run_peers(PEER_FAMILIES, num_steps=s.num_steps, warmup_steps=s.warmup_steps, seed=s.seed,
+                             on_run=tick)
     return out
 
 
@@ -173,6 +187,7 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path
     csv("reliability_bins.csv", results["reliability_bins"])
     csv("reliability.csv", results["reliability"])
     csv("calibrate_throughput.csv", results["calibrate"])
+    csv("peers.csv", results["peers"])
     csv("reproduce.csv", results["reproduce"]["rows"])
 
     for fam in families():
@@ -186,16 +201,20 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path
                      (fig / "budgets-cpu.png", lambda p: plot_budgets(results["budget_steps_cpu"], p,
                                                                       first_step=settings.warmup_steps)),
                      (fig / "reliability.png", lambda p: plot_reliability(results["reliability_bins"],
-                                                                          results["reliability"], p))):
+                                                                          results["reliability"], p)),
+                     (fig / "peers.png", lambda p: plot_peers(results["peers"], p))):
         fn(path)
         written.append(path)
 
     fidelity_path = res / "fidelity.md"
     fidelity = fidelity_path.read_text() if fidelity_path.exists() else None
     summary_path = res / "fidelity_summary.json"
+    peers = peers_markdown(results["peers"], commentary=peers_commentary(results["peers"]))
+    vllm_path = ROOT / VLLM_MD
+    vllm = vllm_path.read_text() if vllm_path.exists() else None
     sampling_path = ROOT / SAMPLING_MD
     sampling = sampling_path.read_text() if sampling_path.exists() else None
-    text = render_report(results, families(), settings, fidelity=fidelity, sampling=sampling)
+    text = render_report(results, families(), settings, fidelity=fidelity, peers=peers, vllm=vllm, sampling=sampling)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
     blocks = {"headline": report_reproduce.headline_markdown(results["reproduce"])}

@@ -38,7 +38,8 @@ def speedup_markdown(table: pd.DataFrame, exclude_best: tuple = ("oracle",)) -> 
 
 
 def _cmd_family(fam) -> str:
-    lines = [f"{SIM} --trace {t} --cost {fam.cost} --batch-sizes {','.join(map(str, fam.batch_sizes))}"
+    pols = f" --policies {','.join(fam.policies)}" if getattr(fam, "policies", None) else ""
+    lines = [f"{SIM} --trace {t} --cost {fam.cost}{pols} --batch-sizes {','.join(map(str, fam.batch_sizes))}"
              for t in fam.traces]
     return "```\n" + "\n".join(lines) + "\n```"
 
@@ -52,9 +53,19 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} %"
 
 
-def render_report(results: dict, families: list, settings, *, fidelity: str | None,
-                  sampling: str | None = None) -> str:
-    """The whole ``analysis/README.md`` (a function of the results only: no run time or date in it)."""
+VLLM_INTRO = (
+    "`analysis/bench_vllm.py` runs vLLM 0.32.0 (CPU, fp32, eager) without speculation and with the D-Cut plugin "
+    "(`full`, `dcut`, `fine`; SmolLM2-135M target, its skip-14-15 draft, B = 8) at bs 1..16, profiles the cost "
+    "curve in vLLM's own forward (`dcut-profile --vllm`), records a step-indexed trace in vLLM (the `full` runs), "
+    "and replays it with `dcut_sched.simulate` at the same batch sizes (docs/vllm.md). Files: "
+    "`analysis/results/vllm/`.\n")
+
+
+def render_report(results: dict, families: list, settings, *, fidelity: str | None, peers: str | None = None,
+                  vllm: str | None = None, sampling: str | None = None) -> str:
+    """The whole ``analysis/README.md`` (a function of the results only: no run time or date in it;
+    ``peers``: the Markdown of report_peers' section, if computed; ``vllm``: analysis/bench_vllm.py's
+    Markdown, if written; ``sampling``: analysis/sampling_report.py's Markdown, if written)."""
     from report_commentary import commentary
 
     c = commentary(results, families, settings)
@@ -67,7 +78,7 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
       "prints its own run time; progress bar on stderr):\n")
     w("```\nPYTHONPATH=. python analysis/make_report.py      # or: python analysis/make_report.py after pip install -e .[analysis]\n```\n")
     w(f"Settings: closed loop, {settings.num_steps} steps per run, first {settings.warmup_steps} left out "
-      f"(warm-up), seed {settings.seed}; every policy of the registry with its default parameters. "
+      f"(warm-up), seed {settings.seed}; the policies of DESIGN.md §2 (section 6: the published peers) with their default parameters. "
       "Each section names the equivalent `dcut-sim` command.\n")
     w(c["summary"])
     if "reproduce" in results:
@@ -192,6 +203,17 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
         w("*Not generated yet: run `PYTHONPATH=. python analysis/fidelity.py` (writes `analysis/results/fidelity.csv` "
           "and `analysis/results/fidelity.md`), then `python analysis/make_report.py` to include it here.*\n")
 
+    if peers:
+        w("## 6. Published peer policies side by side\n")
+        w(peers.strip() + "\n")
+    # ---------------------------------------------------------------- vLLM
+    w("## 7. D-Cut inside real vLLM (CPU): measured vs simulated\n")
+    w(VLLM_INTRO)
+    if vllm:
+        w(vllm.strip().split("\n", 1)[1].strip() + "\n")  # drop its own title
+    else:
+        w("*No vLLM benchmark yet: run `PYTHONPATH=. python analysis/bench_vllm.py` (needs the vLLM environment), then "
+          "`python analysis/make_report.py` to include it here.*\n")
     # ---------------------------------------------------------------- sampling
     if sampling:
         w(sampling.strip() + "\n")

@@ -14,7 +14,7 @@ greedy trace restricted to the sampled traces' requests and positions, its ``acc
    redraws the acceptance from ``p`` (``dcut-sim --seeds``); mean and sample sd per (policy, bs).
 
 Writes ``analysis/results/sampling_*.csv``, ``analysis/figures/sampling_*.png`` and the markdown
-section ``analysis/results/sampling.md`` (pasted into analysis/README.md, section 6).
+section ``analysis/results/sampling.md`` (pasted into analysis/README.md, section 8).
 
     PYTHONPATH=. python analysis/sampling_report.py            # about 5-10 min on the shared 2-core machine
 """
@@ -130,7 +130,7 @@ def plot_selection_vs_temperature(sel: pd.DataFrame, path: Path) -> None:
 
 def markdown(facts, rel, sel, spread, seeds, steps, warmup, elapsed_s) -> str:
     lines = [
-        "## 6. Sampling: calibration and speedup vs temperature",
+        "## 8. Sampling: calibration and speedup vs temperature",
         "",
         "Traces: real SmolLM2-135M-Instruct target, drafter = the same weights with layers 14-15 skipped, B = 16, "
         "greedy drafts; T = 0.7 and 1.0 are the sampled traces (target samples its output; `p1..p15` = the "

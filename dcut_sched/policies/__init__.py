@@ -2,7 +2,7 @@
 
 >>> import dcut_sched as d
 >>> d.policies.names()
-['ar', 'full', 'uniform', 'threshold', 'topk', 'dcut', 'fine', 'oracle']
+['ar', 'full', 'uniform', 'threshold', 'topk', 'dcut', 'fine', 'oracle', 'tetris', 'smartspec', 'vllm_adaptive', 'dspark', 'dense_fallback']
 >>> policy = d.policies.get("dcut")
 
 Every module in this package that defines a ``@register``-ed :class:`Policy` is imported here, so a
@@ -16,12 +16,15 @@ import pkgutil
 
 from .base import Policy, VerifyPlan, budget_from_ratio, get, names, register
 
-# Registration order = the order of docs/design.md §2 (the order tables list policies in).
+# Registration order = the order of docs/design.md §2 (the order tables list policies in), then the
+# published peers (docs/policies.md).
 _ORDER = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
+PEERS = ("tetris", "smartspec", "vllm_adaptive", "dspark", "dense_fallback")
+_ORDER = _ORDER + PEERS
 for _name in _ORDER:
     importlib.import_module(f"{__name__}.{_name}")
 for _mod in pkgutil.iter_modules(__path__):
     if _mod.name not in _ORDER and _mod.name != "base":
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+__all__ = ["PEERS", "Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]

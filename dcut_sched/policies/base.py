@@ -108,6 +108,15 @@ class Policy(ABC):
     def reset(self) -> None:
         """Forget state kept across steps (start of a new run)."""
 
+    def observe(self, lengths: Array, num_accepted: Array) -> None:
+        """Learn from the outcome of the last drafted step (default: nothing to learn).
+
+        Called by the simulator and by ``RatioController.observe`` after every drafted step, with
+        the plan's ``lengths [bs]`` int64 and ``num_accepted [bs]`` int64 (drafts the verification
+        accepted, ``<= lengths - 1``). Policies that estimate acceptance from outcomes (``smartspec``)
+        override it and keep what they learn in their state object.
+        """
+
     @abstractmethod
     def plan(
         self,

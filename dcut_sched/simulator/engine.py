@@ -196,8 +196,10 @@ class _Stepper:
                 plan = self.policy.plan(conf_in, self.costs, validate=self.validate)
             lengths = np.asarray(plan.lengths, dtype=np.int64)
             tokens, finished = batch.advance(lengths)
+            num_accepted = np.minimum(accept, lengths - 1)
             if self.calibrator is not None:
-                self.calibrator.observe(conf, np.minimum(accept, lengths - 1), lengths)
+                self.calibrator.observe(conf, num_accepted, lengths)
+            self.policy.observe(lengths, num_accepted)
             step_ms = self.costs.drafted_ms(bs, plan.num_tokens)
         else:
             plan = self.policy.plan_without_draft(bs, self.block_size, self.costs)

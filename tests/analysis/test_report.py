@@ -150,3 +150,7 @@ def test_render_report_fidelity_placeholder_and_include(inputs):
     assert "python analysis/fidelity.py" in text
     with_fid = render_report(results, [fam], settings, fidelity="| policy | error |\n")
     assert "| policy | error |" in with_fid and "Not generated yet" not in with_fid
+    assert "## 7. D-Cut inside real vLLM" in text and "No vLLM benchmark yet" in text
+    with_vllm = render_report(results, [fam], settings, fidelity=None,
+                              vllm="# own title\n\n| bs | tok/s |\n")
+    assert "| bs | tok/s |" in with_vllm and "own title" not in with_vllm and "No vLLM benchmark yet" not in with_vllm

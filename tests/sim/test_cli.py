@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dcut_sched import policies
 from dcut_sched.cli import sim as cli
 from dcut_sched.simulator import defaults
 
@@ -52,7 +53,7 @@ def test_outputs_by_suffix(files, tmp_path, capsys, suffix):
         assert doc["attrs"]["approximate"] is False and doc["attrs"]["warmup_steps"] == 5
     assert list(df.columns[:9]) == ["policy", "batch_size", "tokens_per_s", "speedup_vs_ar", "mean_tokens_per_step",
                                     "verified_tokens_per_step", "waste_frac", "mean_ratio", "draft_frac"]
-    assert len(df) == 8 * 2 and set(df["batch_size"]) == {2, 4}
+    assert len(df) == len(policies.names()) * 2 and set(df["batch_size"]) == {2, 4}
     assert np.allclose(df.loc[df.policy == "ar", "speedup_vs_ar"], 1.0)
     assert leftovers(tmp_path) == []
 

@@ -1,0 +1,69 @@
+"""RatioController inside vLLM 0.32.0 (V1 engine): the D-Cut plugin.
+
+Importable without vLLM: this package holds the configuration (:mod:`.config`), the checkpoint
+writer for the project's SmolLM2 pair (:mod:`.checkpoint`) and :func:`llm_kwargs`. The parts that
+hook vLLM (:mod:`.scheduler`, :mod:`.hooks`, :mod:`.startup_profile`) import vLLM and are only
+imported inside it (by ``scheduler_cls`` and the ``vllm.general_plugins`` entry point).
+
+>>> from vllm import LLM, SamplingParams                                    # doctest: +SKIP
+>>> from dcut_sched.integrations.vllm import llm_kwargs                      # doctest: +SKIP
+>>> llm = LLM(**llm_kwargs("target/", "draft/", block_size=8, policy="dcut",  # doctest: +SKIP
+...                        cost_curve="profiler/profiles/cpu-smollm2-135m-b8.json"))
+
+See docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import (CONFIG_ENV, CONFIG_KEY, SUPPORTED_VLLM_VERSION, DCutConfigError, DCutVllmConfig,
+                     require_vllm_version)
+
+__all__ = ["CONFIG_ENV", "CONFIG_KEY", "SCHEDULER_CLS", "SUPPORTED_VLLM_VERSION", "DCutConfigError",
+           "DCutVllmConfig", "llm_kwargs", "load_general_plugin", "require_vllm_version"]
+
+#: What to pass as vLLM's ``scheduler_cls`` (``--scheduler-cls`` on ``vllm serve``).
+SCHEDULER_CLS = "dcut_sched.integrations.vllm.scheduler.DCutScheduler"
+
+
+def llm_kwargs(target: str, draft: str, block_size: int, policy: str = "dcut", *,
+               cost_curve: str | None = None, dtype: str = "float32", **dcut: Any) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for ``target`` verified by D-Cut over a ``draft`` model.
+
+    Args:
+        target, draft: Hugging Face model folders (:mod:`.checkpoint` writes the SmolLM2 pair).
+        block_size: B; vLLM drafts ``num_speculative_tokens = B - 1`` tokens per request.
+        policy, cost_curve, **dcut: the D-Cut config (:mod:`.config` lists the keys).
+        dtype: ``float32`` for bit-exact greedy equality with plain decoding on CPU.
+
+    Raises:
+        DCutConfigError: a bad D-Cut config (checked here too, before the engine is built).
+    """
+    doc = {"policy": policy, "cost_curve": cost_curve, **dcut}
+    DCutVllmConfig.from_mapping(doc, "llm_kwargs")
+    return {
+        "model": target,
+        "dtype": dtype,
+        "enforce_eager": True,
+        "speculative_config": {"method": "draft_model", "model": draft,
+                               "num_speculative_tokens": int(block_size) - 1},
+        "scheduler_cls": SCHEDULER_CLS,
+        "async_scheduling": False,
+        "additional_config": {CONFIG_KEY: doc},
+    }
+
+
+def load_general_plugin() -> None:
+    """``vllm.general_plugins`` entry point: install the worker hooks in every vLLM process.
+
+    A no-op on other vLLM versions (the scheduler then refuses to start with the reason), so an
+    environment that merely has dcut-sched installed keeps a working vLLM.
+    """
+    import vllm
+
+    if vllm.__version__ != SUPPORTED_VLLM_VERSION:
+        return
+    from . import hooks
+
+    hooks.install()

@@ -1,0 +1,132 @@
+"""Worker-side hooks into vLLM 0.32.0 (imported only inside vLLM): capture draft confidences.
+
+vLLM's greedy draft proposers (``SpecDecodeBaseProposer._greedy_sample``, used by the
+``draft_model`` method and by EAGLE-style drafters) keep only the argmax of each draft step's
+logits. :func:`install` wraps three methods so that, while a D-Cut config is active
+(:meth:`DCutVllmConfig.resolve` is not ``None`` for the engine's config), each drafted step also
+yields the draft's confidence ``c[i, t] = exp(max_logit - logsumexp(logits))`` (DESIGN.md §1) and
+hands it to the scheduler **inside the step's own outputs**:
+
+- ``SpecDecodeBaseProposer._greedy_sample``: computes the logits once, keeps the argmax (the same
+  call vLLM makes, so the drafts are unchanged) and appends the ``[bs]`` confidences of the step;
+- ``SpecDecodeBaseProposer.propose``: stacks them into ``[bs, k]`` float32 beside the returned
+  draft tensor (tied to that tensor, so a later zeroed-out draft never reuses stale confidences);
+- ``GPUModelRunner.take_draft_token_ids`` (the CPU runner inherits it): returns
+  :class:`DCutDraftTokenIds`, vLLM's ``DraftTokenIds`` plus ``confidences`` rows in the same
+  request order; pickled across processes like its parent.
+
+The worker also records the draft lengths it verifies (``GPUModelRunner._calc_spec_decode_metadata``,
+the ragged ``SpecDecodeMetadata`` the rejection sampler consumes) when the config names a
+``record_path``: one JSON line per verification step in ``<record_path>.worker.jsonl``.
+
+Drafters without logits (ngram, suffix) never call ``_greedy_sample``; their steps carry no
+confidences and the scheduler fails at the first one with a clear message. Heterogeneous-vocabulary
+and local-argmax drafters are not captured (the wrapper passes them through).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import DCutVllmConfig, require_vllm_version
+
+__all__ = ["DCutDraftTokenIds", "install"]
+
+_installed = False
+_lock = threading.Lock()
+
+
+def _config_of(obj: Any) -> DCutVllmConfig | None:
+    cached = obj.__dict__.get("_dcut_config", False)
+    if cached is False:
+        vllm_config = getattr(obj, "vllm_config", None)
+        extra = getattr(vllm_config, "additional_config", None)
+        cached = DCutVllmConfig.resolve(extra)
+        obj.__dict__["_dcut_config"] = cached
+    return cached
+
+
+def install() -> None:
+    """Wrap the vLLM methods (idempotent). Raises ``DCutConfigError`` on another vLLM version."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        import vllm
+        from vllm.v1.outputs import DraftTokenIds
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        require_vllm_version(vllm.__version__)
+
+        @dataclass
+        class _DCutDraftTokenIds(DraftTokenIds):
+            # num_reqs x num_draft_tokens draft confidences in [0, 1], same order as req_ids.
+            confidences: list[list[float]] | None = None
+
+        _DCutDraftTokenIds.__name__ = _DCutDraftTokenIds.__qualname__ = "DCutDraftTokenIds"
+        _DCutDraftTokenIds.__module__ = __name__
+        globals()["DCutDraftTokenIds"] = _DCutDraftTokenIds
+
+        orig_sample = SpecDecodeBaseProposer._greedy_sample
+        orig_propose = SpecDecodeBaseProposer.propose
+        orig_take = GPUModelRunner.take_draft_token_ids
+        orig_meta = GPUModelRunner._calc_spec_decode_metadata
+
+        def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            steps = self.__dict__.get("_dcut_conf_steps")
+            if steps is None or self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
+                return orig_sample(self, hidden_states)
+            logits = self.model.compute_logits(hidden_states)
+            token_ids = logits.argmax(dim=-1)
+            lf = logits.float()
+            steps.append(torch.exp(lf.max(dim=-1).values - torch.logsumexp(lf, dim=-1)))
+            return token_ids
+
+        def propose(self, *args: Any, **kwargs: Any):
+            if _config_of(self) is None:
+                return orig_propose(self, *args, **kwargs)
+            self._dcut_conf_steps = []
+            try:
+                out = orig_propose(self, *args, **kwargs)
+            finally:
+                steps, self._dcut_conf_steps = self._dcut_conf_steps, None
+            conf = None
+            if torch.is_tensor(out) and out.dim() == 2 and out.shape[1] > 0 and len(steps) == out.shape[1]:
+                conf = torch.stack(steps, dim=1)[: out.shape[0]].to(torch.float32)
+            self._dcut_conf = (out, conf)
+            return out
+
+        def take_draft_token_ids(self):
+            result = orig_take(self)
+            if result is None or _config_of(self) is None:
+                return result
+            held = getattr(getattr(self, "drafter", None), "_dcut_conf", None)
+            conf_rows = None
+            if held is not None and held[0] is self._draft_token_ids and held[1] is not None:
+                conf_rows = held[1][: len(result.req_ids)].cpu().tolist()
+            return _DCutDraftTokenIds(result.req_ids, result.draft_token_ids, conf_rows)
+
+        def _calc_spec_decode_metadata(self, num_draft_tokens, cu_num_scheduled_tokens):
+            cfg = _config_of(self)
+            if cfg is not None and cfg.record_path:
+                n = len(num_draft_tokens)
+                rec = {"req_ids": list(self.input_batch.req_ids[:n]),
+                       "num_draft_tokens": [int(x) for x in num_draft_tokens]}
+                with open(cfg.record_path + ".worker.jsonl", "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+            return orig_meta(self, num_draft_tokens, cu_num_scheduled_tokens)
+
+        SpecDecodeBaseProposer._greedy_sample = _greedy_sample
+        SpecDecodeBaseProposer.propose = propose
+        GPUModelRunner.take_draft_token_ids = take_draft_token_ids
+        GPUModelRunner._calc_spec_decode_metadata = _calc_spec_decode_metadata
+        _installed = True
+
+
+DCutDraftTokenIds: Any = None  # set by install() (the class derives from vLLM's DraftTokenIds)

@@ -1,0 +1,134 @@
+"""Run vLLM generations for several configurations in one process and write their outputs (JSON).
+
+Used by the vLLM tests and ``analysis/bench_vllm.py``; runs inside the vLLM environment::
+
+    .venv-vllm/bin/python -m dcut_sched.integrations.vllm.run --job job.json --out result.json
+
+The job (JSON object):
+
+- ``target``, ``draft``: model folders; ``block_size``: B (drafts ``B - 1`` tokens);
+- ``prompts``: ``{"file": "traces/prompts.jsonl", "n": 16, "chat": true}`` (SmolLM2 chat template
+  from the target's tokenizer) or a list of token-id lists;
+- ``max_tokens`` per request, ``ignore_eos`` [true], ``max_num_seqs`` (the batch size), ``max_model_len``;
+- ``runs``: list of ``{"name": str, "dcut": {...} | null}``; ``dcut: null`` runs vLLM without
+  speculation, otherwise the D-Cut config of :mod:`.config` (``record_path`` per run is allowed).
+  For start-up failure tests a run may also give ``raw_additional_config`` (passed to vLLM as is,
+  skipping :func:`llm_kwargs`' own check) and ``fake_vllm_version`` (vLLM's ``__version__`` is
+  set to it while the engine starts); ``max_num_seqs`` and ``num_prompts`` override the job's.
+
+The result: per run, its token ids per prompt, start-up and generation seconds, output tokens/s,
+the scheduler's D-Cut metrics, or ``error`` (exception type and message) when the engine failed to
+start or run. Written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "load_prompts"]
+
+
+def load_prompts(spec: Any, target: str) -> list[list[int]]:
+    if isinstance(spec, list):
+        return [list(map(int, p)) for p in spec]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    rows = [json.loads(line) for line in Path(spec["file"]).read_text().splitlines() if line.strip()]
+    rows = rows[int(spec.get("offset", 0)): int(spec.get("offset", 0)) + int(spec["n"])]
+    out = []
+    for r in rows:
+        if spec.get("chat", True):
+            ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                          tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tok(r["prompt"])["input_ids"]
+        out.append([int(x) for x in ids])
+    return out
+
+
+def _scheduler(llm):
+    core = llm.llm_engine.engine_core
+    core = getattr(core, "engine_core", core)  # InprocClient -> EngineCore
+    return core.scheduler
+
+
+def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from . import llm_kwargs
+
+    t0 = time.perf_counter()
+    common = {"max_model_len": int(job.get("max_model_len", 1024)),
+              "max_num_seqs": int(run.get("max_num_seqs", job["max_num_seqs"])),
+              "seed": 0, "disable_log_stats": False}
+    dcut = run.get("dcut")
+    if dcut is None:
+        kw = {"model": job["target"], "dtype": job.get("dtype", "float32"), "enforce_eager": True}
+    else:
+        dcut = dict(dcut)
+        kw = llm_kwargs(job["target"], job["draft"], int(job["block_size"]), dcut.pop("policy", "dcut"),
+                        cost_curve=dcut.pop("cost_curve", None), dtype=job.get("dtype", "float32"), **dcut)
+        if "raw_additional_config" in run:  # bypass llm_kwargs' own check: test the engine's start-up
+            kw["additional_config"] = run["raw_additional_config"]
+    import vllm
+
+    real_version = vllm.__version__
+    if run.get("fake_vllm_version"):  # test the version pin at start-up
+        vllm.__version__ = run["fake_vllm_version"]
+    try:
+        llm = LLM(**kw, **common)
+    finally:
+        vllm.__version__ = real_version
+    t1 = time.perf_counter()
+    sp = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=bool(job.get("ignore_eos", True)))
+    prompts = prompts[: int(run.get("num_prompts", len(prompts)))]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    t2 = time.perf_counter()
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    sched = _scheduler(llm)
+    metrics = dict(sched.dcut_metrics) if hasattr(sched, "dcut_metrics") else None
+    n_out = sum(len(t) for t in tokens)
+    result = {"name": run["name"], "token_ids": tokens, "startup_s": t1 - t0, "generate_s": t2 - t1,
+              "output_tokens": n_out, "tok_per_s": n_out / (t2 - t1), "dcut_metrics": metrics}
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort between runs
+        pass
+    del llm, sched
+    gc.collect()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dcut_sched.integrations.vllm.run",
+                                 description="Run vLLM (with and without D-Cut) on a job file; write outputs as JSON.")
+    ap.add_argument("--job", required=True, help="job JSON (module docstring)")
+    ap.add_argument("--out", required=True, help="result JSON (written atomically)")
+    args = ap.parse_args(argv)
+    from ...atomic import atomic_write_text
+
+    job = json.loads(Path(args.job).read_text())
+    prompts = load_prompts(job["prompts"], job["target"])
+    results = []
+    for run in job["runs"]:
+        try:
+            results.append(run_one(job, run, prompts))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, which asserts on it
+            results.append({"name": run["name"], "error": {"type": type(exc).__name__, "message": str(exc),
+                                                           "traceback": traceback.format_exc()}})
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "token_ids"})[:2000], flush=True)
+    atomic_write_text(args.out, json.dumps({"prompts": prompts, "runs": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""``dense_fallback``: D-Cut with the SGLang port's dense-fallback rule.
+
+Source: the SGLang port of D-Cut (adaptive verification for DFlash in SGLang, following the AngelSlim
+D-Cut documentation). It keeps D-Cut's bucket choice but guards it: a compact (pruned) verification
+runs a ragged, piecewise-captured forward, while full verification replays the dense graph the
+engine captured anyway, so the port stays at full verification unless a compact ratio saves at
+least ``min_saving`` (12 %) of the full verify cost. (The port's pull request itself was not in the
+reference corpora this was checked against; the rule and the 12 % are as issue 15 states them, and the
+eligibility reading below is this file's.)
+
+The rule, per step: the D-Cut buckets ``rho_q`` give budgets ``K_q = ceil(rho_q * bs * B)``; a bucket
+with ``K_q < bs * B`` is *eligible* only if ``1 - C_verify(bs, K_q) / C_verify(bs, bs * B) >=
+min_saving``; among the eligible buckets and full verification the one with the best
+``U_q = E_q / C_verify(bs, K_q)`` wins (ties: the smaller budget), exactly as in ``dcut``. With
+``min_saving = 0`` the policy is ``dcut``. Where the curve is flat (a small batch on a large GPU, an
+MoE target) no compact bucket saves 12 % and the port verifies the whole block every step.
+
+Engine needs: per-token confidences, no lag, one host sync per step (as ``dcut``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..scores import Array, ScoreRanking
+from .base import CostLike, VerifyPlan, check_conf_shape, register
+from .dcut import DCut
+
+
+def eligible_buckets(num_tokens: np.ndarray, verify_ms: np.ndarray, min_saving: float) -> np.ndarray:
+    """Mask of the budgets the dense-fallback rule allows: full itself, or a saving ``>= min_saving``.
+
+    Args:
+        num_tokens: ``[n]`` bucket budgets ascending; the last is the full block ``bs * B``.
+        verify_ms: ``[n]`` ``C_verify`` of each budget.
+        min_saving: the fraction of the full verify cost a compact bucket must save.
+    """
+    num_tokens = np.asarray(num_tokens)
+    verify_ms = np.asarray(verify_ms, dtype=np.float64)
+    saving = 1.0 - verify_ms / verify_ms[-1]
+    return (num_tokens == num_tokens[-1]) | (saving >= min_saving - 1e-12)
+
+
+@register
+class DenseFallback(DCut):
+    """D-Cut buckets; a compact bucket counts only if it saves ``min_saving`` of the full verify cost.
+
+    Args:
+        ratios: the captured verification ratios (as ``dcut``); full verification is always a candidate.
+        min_saving: in [0, 1); the SGLang port uses 0.12.
+    """
+
+    name = "dense_fallback"
+
+    def __init__(self, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0), min_saving: float = 0.12):
+        super().__init__(ratios=tuple(ratios) + (1.0,))
+        if not (0.0 <= min_saving < 1.0):
+            raise ValueError(f"dense_fallback: min_saving={min_saving} must be in [0, 1)")
+        self.min_saving = float(min_saving)
+
+    def params(self) -> dict:
+        return {"ratios": self.ratios, "min_saving": self.min_saving}
+
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+        bs, block = check_conf_shape(conf, validate)
+        costs = self._step_costs(cost, conf)
+        scores = self._scores(conf, validate=False)
+        ranking = ScoreRanking(scores)
+        ks = self.budgets(bs, block)  # ascending, the last is bs * B
+        verify_ms = costs.verify_ms_at(bs, ks)
+        expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
+        utility = np.where(eligible_buckets(ks, verify_ms, self.min_saving),
+                           expected / verify_ms, -np.inf)
+        q = int(np.argmax(utility))
+        k = int(ks[q])
+        return self._make_plan(scores, ranking.lengths(k), num_tokens=k, expected=float(expected[q]))

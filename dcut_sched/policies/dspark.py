@@ -1,0 +1,129 @@
+"""``dspark``: DSpark-style adaptive verification: a stale, smoothed batch budget, a fresh allocation.
+
+Source: vLLM pull request 47808, "[Spec Decode] DSpark confidence-scheduled verification", and its
+documentation (the vLLM blog post "Adaptive Verification in vLLM"); the DSpark paper (arXiv
+2607.05147) describes the split this policy follows. The verification budget of a step is sized
+from confidences the scheduler already has, i.e. from earlier steps (the paper uses the confidence
+head's outputs from two steps prior; the vLLM port one snapshot), because the engine must fix the
+step's token count, and with it the CUDA graph to replay, before the current drafts are scored. The
+per-request allocation within that budget then ranks the *current* drafts by their up-to-date
+cumulative confidence (global top-K, as D-Cut).
+
+The rule here, per drafted step at batch size bs:
+
+1. candidate budgets ``K``: the CUDA-graph capture sizes (vLLM's default list: 1, 2, 4, then every
+   multiple of 8 up to 256, then of 16) within ``[bs, bs * B]`` and not above ``capture_limit``
+   (vLLM's ``max_cudagraph_capture_size``, default 512), plus ``bs`` and the largest feasible
+   budget. The cost curve is a step function: ``K`` tokens replay the graph of the smallest capture
+   size ``>= K``, so ``T(K) = C_draft(bs) + C_verify(bs, pad(K))`` (read from ``StepCosts``, the times
+   the simulator charges: draft scale and controller overhead included).
+2. the expected tokens ``E(K)`` (sum of the top-K slot scores) are smoothed across steps by an
+   exponential moving average, ``ema <- alpha * E_t + (1 - alpha) * ema`` with ``alpha = 0.8``
+   (the weight of the newest step), kept in :class:`DSparkState`;
+3. the budget ``K* = argmax_K ema(K) / T(K)`` uses the average *before* this step's confidences are
+   folded in (stale by one step); the very first step of a run, and the first after the batch size
+   changed, use the current confidences (no history exists);
+4. the lengths are the global top-``K*`` of the current scores.
+
+Engine needs: per-token confidences; the smoothed expected-token curve carried across steps (one
+float vector per batch size); one host sync per step (reading the current ``E(K)``, which the next
+step's budget needs; an engine can overlap it with the verification forward since the current
+budget does not depend on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost_curve import CostCurveRangeError
+from ..scores import Array, ScoreRanking
+from ..step_costs import step_costs
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
+
+
+def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
+    """vLLM's default CUDA-graph capture sizes up to ``capture_limit``: 1, 2, 4, 8..256 by 8, 272.. by 16,
+    and the limit itself (the largest captured graph)."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max(int(capture_limit), 256) + 1, 16)]
+    return np.union1d([s for s in sizes if s <= capture_limit], [int(capture_limit)]).astype(np.int64)
+
+
+def padded_num_tokens(num_tokens: np.ndarray, capture_sizes: np.ndarray) -> np.ndarray:
+    """The smallest capture size ``>= num_tokens`` for each entry (the graph a budget replays)."""
+    sizes = np.sort(np.asarray(capture_sizes, dtype=np.int64))
+    j = np.searchsorted(sizes, np.asarray(num_tokens, dtype=np.int64), side="left")
+    if np.any(j >= len(sizes)):
+        raise ValueError(f"num_tokens above the capture limit {int(sizes[-1])}")
+    return sizes[j]
+
+
+@dataclass
+class DSparkState:
+    """Exponential moving average of the expected-token curve over the candidate budgets.
+
+    Attributes:
+        batch_size: the batch size the average belongs to (None before the first step).
+        ema: ``[num candidates]`` float64 smoothed ``E(K)``.
+    """
+
+    batch_size: int | None = None
+    ema: np.ndarray | None = None
+
+
+@register
+class DSpark(Policy):
+    """Batch budget from stale, EMA-smoothed confidences over a stepped graph cost; allocation from current ones.
+
+    Args:
+        ema_alpha: weight of the newest step in the moving average, in (0, 1].
+        capture_limit: the largest CUDA-graph capture size (budgets above it are not candidates).
+    """
+
+    name = "dspark"
+    needs_cost = True
+
+    def __init__(self, ema_alpha: float = 0.8, capture_limit: int = 512):
+        if not (0.0 < ema_alpha <= 1.0):
+            raise ValueError(f"dspark: ema_alpha={ema_alpha} must be in (0, 1]")
+        if int(capture_limit) != capture_limit or capture_limit < 1:
+            raise ValueError(f"dspark: capture_limit={capture_limit} must be an integer >= 1")
+        self.ema_alpha = float(ema_alpha)
+        self.capture_limit = int(capture_limit)
+        self.reset()
+
+    def params(self) -> dict:
+        return {"ema_alpha": self.ema_alpha, "capture_limit": self.capture_limit}
+
+    def reset(self) -> None:
+        self.state = DSparkState()
+
+    def table(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[np.ndarray, np.ndarray]:
+        """``(candidate budgets ascending, step ms at each)``: ``StepCosts.drafted_ms`` at the padded budget."""
+        hi = min(batch_size * block_size, self.capture_limit)
+        if hi < batch_size:
+            raise CostCurveRangeError(f"dspark: batch_size={batch_size} exceeds the capture limit {self.capture_limit}")
+        costs = step_costs(cost, block_size)
+        sizes = vllm_capture_sizes(self.capture_limit)
+        ks = np.union1d(sizes[(sizes >= batch_size) & (sizes <= hi)], [batch_size, hi]).astype(np.int64)
+        lo_curve, hi_curve = costs.token_range(batch_size)
+        graph = np.clip(padded_num_tokens(ks, sizes), lo_curve, hi_curve)
+        return ks, costs.drafted_fixed_ms(batch_size) + costs.verify_ms_at(batch_size, graph)
+
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+        bs, block = check_conf_shape(conf, validate)
+        costs = self._step_costs(cost, conf)
+        ks, step_ms = self.table(bs, block, costs)
+        scores = self._scores(conf, validate=False)
+        ranking = ScoreRanking(scores)
+        expected_now = ranking.expected_tokens_at(ks)  # the one host sync of the step
+        st = self.state
+        fresh = st.ema is None or st.batch_size != bs
+        sizing = expected_now if fresh else st.ema
+        j = int(np.argmax(sizing / step_ms))
+        a = self.ema_alpha
+        st.ema = expected_now.copy() if fresh else a * expected_now + (1.0 - a) * st.ema
+        st.batch_size = bs
+        k = int(ks[j])
+        return self._make_plan(scores, ranking.lengths(k), num_tokens=k, expected=float(expected_now[j]))

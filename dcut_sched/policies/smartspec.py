@@ -1,0 +1,171 @@
+"""``smartspec``: SmartSpec, one draft length per step chosen for goodput from a running acceptance rate.
+
+Source: X. Liu, C. Daniel, L. Hu, W. Kwon, Z. Li, X. Mo, A. Cheung, Z. Deng, I. Stoica, H. Zhang,
+"Optimizing Speculative Decoding for Serving Large Language Models Using Goodput" (SmartSpec,
+arXiv 2406.14066). Each step SmartSpec picks the proposed length ``k`` in ``[0, n]`` (0 = no
+speculation) that maximises *goodput*: the tokens the batch is expected to produce divided by the
+step's execution time. It uses no per-token confidence: the expected tokens of a request come from
+the token acceptance rate ``a`` estimated from the observed acceptance history, under the model of
+independent token acceptance (the speculative-decoding expectation of Leviathan et al.):
+
+    E[tokens per request | k] = (1 - a^(k+1)) / (1 - a)        (= k + 1 when a = 1)
+    goodput(k) = bs * E[tokens | k] / T(k)
+
+Step times come from the project's cost curve: ``T(0) = C_ar(bs)`` (a plain decode step, the drafter
+does not run), ``T(k) = C_draft(bs) + C_verify(bs, bs * (k + 1))`` for ``k >= 1`` (a block drafter
+costs the same for any ``k``; only the verified width changes). Every request verifies ``k + 1``
+slots. Both are read from ``StepCosts`` (``plain_ms``, ``drafted_ms``): the times the simulator charges.
+
+Acceptance-rate estimate (the state, :class:`SmartSpecState`): after each drafted step the policy
+sees, per request, the accepted drafts ``m`` out of the ``L - 1`` verified. Under independent
+acceptance each verified draft up to and including the first rejection is one Bernoulli trial, so
+``a = sum(m) / sum(min(m + 1, L - 1))`` (the maximum-likelihood estimate; the plain ratio accepted /
+proposed would be biased low when drafts are truncated). SmartSpec keeps a moving average of the
+history; here both counts decay by ``history_decay`` per drafted step (an exponential window of about
+``1 / (1 - history_decay)`` steps). Until a first outcome is known the policy verifies the whole
+block, which measures ``a`` without truncation.
+
+Timing of the decision: whether the *next* step drafts is decided when this step is planned, with the
+estimate known then (this step's outcome arrives after planning, as in an engine that schedules the
+next step before the current one finishes); the length of a drafted step uses the estimate updated by
+the previous step's outcome. At a fixed batch size a decision not to speculate is final, since no new
+outcome arrives while not drafting (SmartSpec's behaviour under high load).
+
+Engine needs: no per-token confidences (the confidences passed to :meth:`SmartSpec.plan` only fill the
+plan's expected-token figure); the per-request accepted counts after each step (``observe``: one
+host read of two sums per step); no lag beyond the one above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..scores import Array, is_tensor
+from ..step_costs import step_costs
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+
+
+def geometric_expected_tokens(acceptance_rate: float, draft_len: np.ndarray | int) -> np.ndarray:
+    """Expected tokens per request when ``draft_len`` drafts are verified: ``(1 - a^(k+1)) / (1 - a)``.
+
+    Args:
+        acceptance_rate: ``a`` in [0, 1], the probability that a draft token is accepted given that the
+            ones before it were.
+        draft_len: ``k >= 0`` (scalar or array).
+
+    Returns:
+        float64 array of the same shape; ``k + 1`` when ``a == 1``.
+    """
+    a = float(acceptance_rate)
+    if not (0.0 <= a <= 1.0):
+        raise ValueError(f"acceptance rate {a} must be in [0, 1]")
+    k = np.asarray(draft_len, dtype=np.float64)
+    if a == 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1.0)) / (1.0 - a)
+
+
+def smartspec_goodput(acceptance_rate: float, batch_size: int, step_ms: np.ndarray) -> np.ndarray:
+    """Goodput (tokens/ms) of every draft length ``k = 0..len(step_ms)-1``: ``bs * E[tokens | k] / T(k)``."""
+    step_ms = np.asarray(step_ms, dtype=np.float64)
+    ks = np.arange(step_ms.shape[0])
+    return batch_size * geometric_expected_tokens(acceptance_rate, ks) / step_ms
+
+
+@dataclass
+class SmartSpecState:
+    """Decayed acceptance counts of recent drafted steps.
+
+    Attributes:
+        accepted: decayed sum of accepted drafts.
+        trials: decayed sum of drafts examined (accepted ones plus the first rejected one, if any).
+    """
+
+    accepted: float = 0.0
+    trials: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """The estimate ``accepted / trials``; None before any outcome."""
+        return None if self.trials <= 0.0 else self.accepted / self.trials
+
+    def update(self, accepted: float, trials: float, decay: float) -> None:
+        self.accepted = decay * self.accepted + accepted
+        self.trials = decay * self.trials + trials
+
+
+@register
+class SmartSpec(Policy):
+    """One draft length ``k`` for every request, argmax of goodput under a running acceptance rate.
+
+    Args:
+        history_decay: weight of the older history in the acceptance-rate estimate per drafted step,
+            in [0, 1) (0: the last step only).
+        max_draft_len: the largest ``k`` (``n`` in the paper); None: ``B - 1``, the whole block.
+    """
+
+    name = "smartspec"
+    needs_cost = True
+
+    def __init__(self, history_decay: float = 0.9, max_draft_len: int | None = None):
+        if not (0.0 <= history_decay < 1.0):
+            raise ValueError(f"smartspec: history_decay={history_decay} must be in [0, 1)")
+        if max_draft_len is not None and (int(max_draft_len) != max_draft_len or max_draft_len < 1):
+            raise ValueError(f"smartspec: max_draft_len={max_draft_len} must be an integer >= 1 or None")
+        self.history_decay = float(history_decay)
+        self.max_draft_len = None if max_draft_len is None else int(max_draft_len)
+        self.reset()
+
+    def params(self) -> dict:
+        return {"history_decay": self.history_decay, "max_draft_len": self.max_draft_len}
+
+    def reset(self) -> None:
+        self.state = SmartSpecState()
+
+    def step_ms(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
+        """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.plain_ms`` for ``k = 0``, ``drafted_ms(bs, bs (k+1))``
+        after (the times the simulator charges, draft scale and overhead included)."""
+        costs = step_costs(cost, block_size)
+        n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
+        verify = costs.verify_ms_at(batch_size, batch_size * np.arange(2, n + 2))
+        return np.concatenate([[costs.plain_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
+
+    def _choose(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[int, bool]:
+        """(draft length for a drafted step, whether drafting beats plain decoding) from the state."""
+        step = self.step_ms(batch_size, block_size, cost)
+        rate = self.state.acceptance_rate
+        if rate is None:
+            return len(step) - 1, True  # no outcome yet: verify the whole block to measure a
+        goodput = smartspec_goodput(rate, batch_size, step)
+        k = 1 + int(np.argmax(goodput[1:]))
+        return k, bool(goodput[k] > goodput[0])
+
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+        bs, block = check_conf_shape(conf, validate)
+        costs = self._step_costs(cost, conf)
+        k, draft_next = self._choose(bs, block, costs)
+        scores = self._scores(conf, validate=False)
+        return self._make_plan(scores, constant_lengths(bs, k + 1, like=conf), num_tokens=bs * (k + 1),
+                               draft_next=draft_next)
+
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
+        plan = super().plan_without_draft(batch_size, block_size, cost)
+        if cost is None:
+            raise ValueError("policy 'smartspec' needs a cost curve (cost=CostCurve.load(...))")
+        _, draft_next = self._choose(batch_size, block_size, cost)
+        return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, draft_next, False)
+
+    def observe(self, lengths: Array, num_accepted: Array) -> None:
+        if is_tensor(lengths):
+            import torch
+
+            trials_t = torch.minimum(torch.as_tensor(num_accepted, device=lengths.device) + 1, lengths - 1)
+            accepted, trials = float(torch.as_tensor(num_accepted).sum()), float(trials_t.sum())
+        else:
+            lengths = np.asarray(lengths, dtype=np.int64)
+            num_accepted = np.asarray(num_accepted, dtype=np.int64)
+            accepted, trials = float(num_accepted.sum()), float(np.minimum(num_accepted + 1, lengths - 1).sum())
+        if trials > 0:
+            self.state.update(accepted, trials, self.history_decay)

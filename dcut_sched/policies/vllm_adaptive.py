@@ -1,0 +1,126 @@
+"""``vllm_adaptive``: vLLM's adaptive verifier step length (D-Cut-style), decisions one step late.
+
+Source: vLLM pull request 44885, "[Spec Decode] Adaptive verifier step-length for DFlash/PARD
+(D-Cut-style)", and its design note ``verify_adaptive.md``. The drafter still proposes the full block;
+the verifier shortens each request's query length from the drafter's softmax probabilities and an
+ITL (inter-token latency) table profiled at startup:
+
+- the batch size is rounded *up* to the next profiled level ``bs'`` (the table holds a few batch
+  sizes only);
+- the candidates are the total query lengths ``Q`` profiled at ``bs'`` that fit the batch
+  (``bs <= Q <= bs * B``);
+- each candidate scores ``U(Q) = (bs + sum of the top (Q - bs) draft prefix products) / ITL(bs', Q)``:
+  every request verifies its anchor (the ``bs`` term) and the remaining ``Q - bs`` slots go to the
+  highest prefix products of the batch (D-Cut's global top-K); the best ``Q`` wins, its top-K
+  allocation gives the per-request lengths;
+- the decision is applied one step late: the lengths computed after step N-1 from that step's
+  drafter probabilities truncate the query lengths of step N (the PR's runtime flow reads the cached
+  per-request draft length at the start of ``execute_model``). A step without cached lengths (the
+  first of a run, or after the batch changed shape) verifies the whole block.
+
+Here the ITL table is the project's cost curve read at its measured cells (``CostCurve.batch_sizes``
+and ``CostCurve.token_counts``), without interpolation, as a profiled table is. The previous step's
+confidences are kept in :class:`LaggedConfidences`, the policy's state; the simulator calls the
+policy with each step's fresh confidences, so the lag happens exactly as online. Row ``i`` of the
+stale confidences is the request that sat in batch row ``i`` a step ago: a request that has just
+replaced a finished one inherits that row for its first step (an engine keyed by request id would
+verify it in full instead).
+
+Engine needs: per-token confidences; the previous step's confidences (or lengths) cached across one
+step; one host sync per step (the expected tokens of the candidates, to pick ``Q``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost_curve import CostCurve, CostCurveRangeError
+from ..scores import Array, ScoreRanking, is_tensor
+from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+
+
+def profiled_level(batch_size: int, levels: list[int] | np.ndarray) -> int:
+    """The smallest profiled batch size ``>= batch_size`` (vLLM rounds the batch size up).
+
+    Raises:
+        CostCurveRangeError: ``batch_size`` exceeds every profiled level.
+    """
+    levels = np.sort(np.asarray(levels, dtype=np.int64))
+    j = int(np.searchsorted(levels, int(batch_size), side="left"))
+    if j >= len(levels):
+        raise CostCurveRangeError(
+            f"batch_size={batch_size} is above the largest profiled batch size {int(levels[-1])}; "
+            f"profile that batch size"
+        )
+    return int(levels[j])
+
+
+def best_query_len(expected: np.ndarray, itl_ms: np.ndarray) -> int:
+    """Index of ``argmax expected / itl_ms`` (ties: the smaller query length, listed first)."""
+    return int(np.argmax(np.asarray(expected, dtype=np.float64) / np.asarray(itl_ms, dtype=np.float64)))
+
+
+@dataclass
+class LaggedConfidences:
+    """The confidences ``[bs, B-1]`` of the previous drafted step (None before the first)."""
+
+    conf: Array | None = None
+
+
+@register
+class VllmAdaptive(Policy):
+    """Best total query length ``Q`` from a profiled ITL table, per-request lengths by global top-K, one step late.
+
+    Args:
+        lag_steps: 1 (the published behaviour) or 0 (decide on the current step's confidences; an
+            ablation that isolates the cost of the lag).
+    """
+
+    name = "vllm_adaptive"
+    needs_cost = True
+
+    def __init__(self, lag_steps: int = 1):
+        if lag_steps not in (0, 1):
+            raise ValueError(f"vllm_adaptive: lag_steps={lag_steps} must be 0 or 1")
+        self.lag_steps = int(lag_steps)
+        self.reset()
+
+    def params(self) -> dict:
+        return {"lag_steps": self.lag_steps}
+
+    def reset(self) -> None:
+        self.state = LaggedConfidences()
+
+    def table(self, batch_size: int, block_size: int, cost: CostCurve) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(bs', candidate Q ascending, ITL(bs', Q) ms)`` for this batch shape (cached)."""
+
+        def build() -> tuple[int, np.ndarray, np.ndarray]:
+            level = profiled_level(batch_size, cost.batch_sizes)
+            qs = np.asarray(cost.token_counts(level), dtype=np.int64)
+            qs = qs[(qs >= batch_size) & (qs <= batch_size * block_size)]
+            if qs.size == 0:
+                raise CostCurveRangeError(
+                    f"vllm_adaptive: the cost curve profiles no query length in [{batch_size}, "
+                    f"{batch_size * block_size}] at batch_size={level} (the level batch_size={batch_size} rounds up to)"
+                )
+            return level, qs, np.asarray(cost.verify_ms(level, qs), dtype=np.float64)
+
+        return self._per_shape(batch_size, block_size, cost, build)
+
+    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+        bs, block = check_conf_shape(conf, validate)
+        cost = self._require_cost(cost, conf)
+        _, qs, itl = self.table(bs, block, cost)
+        scores = self._scores(conf, validate=False)
+        stale = self.state.conf
+        self.state.conf = conf.clone() if is_tensor(conf) else np.array(conf, copy=True)
+        decide_on = conf if self.lag_steps == 0 else stale
+        if decide_on is None or tuple(decide_on.shape) != tuple(conf.shape):
+            # no cached decision for this batch: the scheduled (full) query lengths stand
+            return self._make_plan(scores, constant_lengths(bs, block, like=conf), num_tokens=bs * block)
+        ranking = ScoreRanking(self._scores(decide_on, validate=False))
+        expected = ranking.expected_tokens_at(qs)  # the one host sync of the step
+        q = int(qs[best_query_len(expected, itl)])
+        return self._make_plan(scores, ranking.lengths(q), num_tokens=q)

