@@ -175,10 +175,15 @@ def _cpu_hardware(threads: int) -> dict[str, Any]:
             "note": "eager CPU times of this machine only; not a GPU cost curve"}
 
 
-def _load_warnings(load: dict[str, Any], cpu_count: int | None, threads: int) -> list[str]:
-    """Why the recorded machine load makes the timings suspect (empty when it does not)."""
+def _load_warnings(load: dict[str, Any], cpu_count: int | None, threads: int,
+                   seconds: float | None = None) -> list[str]:
+    """Why the recorded machine load makes the timings suspect (empty when it does not): the 1-minute
+    load average at the start or the end above the core count, or the 5-minute one at the end for a
+    profile that took 5 minutes or more (a shorter one's 5-minute average is mostly the time before)."""
     cores = cpu_count or 1
-    worst = max(x for x in (load.get("start_1min"), load.get("end_1min"), load.get("end_5min")) if x is not None)
+    keys = ["start_1min", "end_1min"] + (["end_5min"] if seconds is not None and seconds >= 300 else [])
+    seen = [load.get(k) for k in keys if load.get(k) is not None]
+    worst = max(seen) if seen else 0.0
     if worst > cores:
         return [f"machine load average reached {worst:g} on {cores} cores (this profile uses {threads} thread(s)): "
                 f"other processes competed for the CPU, so the times are inflated and noisy; re-profile on a quiet "
@@ -209,8 +214,8 @@ def _monotone_warnings(curve: CostCurve, tolerance: float = 0.05) -> list[str]:
                  for a, b in zip(rows, rows[1:]) if b.median_ms < a.median_ms * (1 - tolerance)]
         if drops:
             out.append(f"{fam} step not monotone in batch size ({'; '.join(drops[:3])}"
-                       f"{'; ...' if len(drops) > 3 else ''}): noise or load drift; the lookup interpolates "
-                       f"these medians as they are")
+                       f"{'; ...' if len(drops) > 3 else ''}): noise, load drift or a real shape effect (matmul "
+                       f"blocking at some batch sizes); the lookup interpolates these medians as they are")
     return out
 
 
@@ -384,7 +389,8 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
                       graph_mode="full" if backend == "cuda-graph" else None,
                       profile_seconds=round(run.measure_seconds + run.prepare_seconds, 2),
                       source=f"measured by {command}")
-    for msg in (_load_warnings(hardware["load_average"], os.cpu_count(), args.threads) if not gpu and
+    for msg in (_load_warnings(hardware["load_average"], os.cpu_count(), args.threads, run.measure_seconds)
+                if not gpu and
                 hardware["load_average"] else []) + _spread_warnings(curve) + _monotone_warnings(curve):
         curve.hardware.setdefault("warnings", []).append(msg)  # the curve holds its own copy of hardware
         console.print(f"[yellow]warning: {msg}[/]", soft_wrap=True)

@@ -33,7 +33,8 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
 
     from profiler.cli import _monotone_warnings
 
-    expected = _load_warnings(load, load["cpu_count"], 1) + _spread_warnings(curve) + _monotone_warnings(curve)
+    expected = (_load_warnings(load, load["cpu_count"], 1, curve.profile_seconds) + _spread_warnings(curve)
+                + _monotone_warnings(curve))
     assert curve.hardware.get("warnings", []) == expected  # what was warned is kept in the file
     assert not (tmp_path / "X.json.partial").exists()
     text = capsys.readouterr().out
@@ -154,6 +155,9 @@ def test_load_and_spread_warnings_by_hand():
     busy = {"start_1min": 0.5, "end_1min": 7.5, "end_5min": 6.0}
     (msg,) = _load_warnings(busy, cpu_count=2, threads=1)
     assert "load average reached 7.5 on 2 cores" in msg and "inflated" in msg
+    before = {"start_1min": 1.5, "end_1min": 1.8, "end_5min": 6.0}  # a busy time before a short profile
+    assert _load_warnings(before, cpu_count=2, threads=1, seconds=100) == []
+    assert "reached 6 on 2 cores" in _load_warnings(before, cpu_count=2, threads=1, seconds=400)[0]
 
     def curve(p20, p80):
         return CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=2, context_len=0,
@@ -170,5 +174,6 @@ def test_load_and_spread_warnings_by_hand():
     c = CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=1, context_len=0,
                   verify=[{"batch_size": b, "num_tokens": b, "median_ms": 1.0} for b in (4, 8)],
                   ar=[{"batch_size": 4, "median_ms": 11.9}, {"batch_size": 8, "median_ms": 9.9}])
-    assert _monotone_warnings(c) == ["ar step not monotone in batch size (bs 4 11.9 ms > bs 8 9.9 ms): noise or load "
-                                     "drift; the lookup interpolates these medians as they are"]
+    assert _monotone_warnings(c) == ["ar step not monotone in batch size (bs 4 11.9 ms > bs 8 9.9 ms): noise, load "
+                                     "drift or a real shape effect (matmul blocking at some batch sizes); the lookup "
+                                     "interpolates these medians as they are"]
