@@ -6,7 +6,6 @@ where, and why) was written against the shipped inputs and says so where it depe
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from report_calibration import CONFIDENCE_POLICIES

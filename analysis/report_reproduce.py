@@ -169,7 +169,7 @@ def render_section(res: dict[str, pd.DataFrame], number: str = "0") -> str:
             lines.append(f"| {PUBLISHED_NAMES[pol]} published | " + " | ".join(_x(PUBLISHED.at[pol, b]) for b in sizes)
                          + " | |")
             errs = cmp[cmp["policy"] == pol].set_index("batch_size")["rel_error"]
-            lines.append(f"| error | " + " | ".join(f"{100 * errs[b]:+.1f} %" for b in sizes) + " | |")
+            lines.append("| error | " + " | ".join(f"{100 * errs[b]:+.1f} %" for b in sizes) + " | |")
     del tab
     w("\n".join(lines) + "\n")
     w("Error = simulated / published - 1. Per-benchmark rows: `analysis/results/reproduce.csv` "

@@ -6,7 +6,6 @@ Usage: PYTHONPATH=. python analysis/trace_summary.py traces/*.parquet
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from dcut_sched.traces import Trace

@@ -11,8 +11,8 @@ format (pyarrow).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -44,15 +44,4 @@ _SUBMODULES = ("policies", "simulator")
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value  # later lookups skip this hook
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS, _SUBMODULES)

@@ -81,15 +81,15 @@ def test_fine_hand_computed_and_skips_drafting(make_curve):
     fine = d.policies.get("fine", granularity=1, probe_interval=3, probe_budget=0.01)
     plan = fine.plan(CONF, curve)
     assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
-    assert fine.rate == pytest.approx(3.62 / 8)
+    assert fine.state.rate == pytest.approx(3.62 / 8)
     assert plan.draft_next is False
     # that step lost 8 - 3.62 / .5 = 0.76 ms against plain decoding: the account, and the estimate of
     # a probe's loss
-    assert fine.debt_ms == pytest.approx(0.76) and fine.next_probe_loss_ms == pytest.approx(0.76)
+    assert fine.state.debt_ms == pytest.approx(0.76) and fine.state.next_probe_loss_ms == pytest.approx(0.76)
     # first probe once 0.76 + 0.76 ms fit in 1 % of the run: 152 ms = the 8 ms step + 36 plain steps of 4 ms
     flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(36)]
     assert flags == [False] * 35 + [True]
-    assert fine.elapsed_ms == pytest.approx(152.0)
+    assert fine.state.elapsed_ms == pytest.approx(152.0)
     p = d.policies.get("fine").plan_without_draft(2, 4, curve)
     assert p.lengths.tolist() == [1, 1] and not p.drafted and p.num_tokens == 2
 
@@ -106,10 +106,10 @@ def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
         intervals.append(steps)
         assert fine.plan(CONF, curve).draft_next is False  # failed probe, loses 0.76 ms
         # what drafting lost never exceeds the budget's share of the run
-        assert fine.debt_ms <= 0.01 * fine.elapsed_ms + 1e-9
+        assert fine.state.debt_ms <= 0.01 * fine.state.elapsed_ms + 1e-9
     # 0.76 ms per probe in 1 % of the time: 76 ms per cycle = one 8 ms probe + 17 plain steps of 4 ms
     assert intervals == [36, 17, 17, 17, 17]
-    assert fine.debt_ms == pytest.approx(6 * 0.76)
+    assert fine.state.debt_ms == pytest.approx(6 * 0.76)
     # drafting starts to pay: the next probe (at most 17 plain steps away) resumes drafting
     steps = 1
     while not fine.plan_without_draft(2, 4, curve).draft_next:
@@ -155,7 +155,7 @@ def test_fine_matches_brute_force(make_curve, seed, objective):
     for _ in range(3):  # several steps so "marginal" uses its running rate
         conf = rng.uniform(size=(bs, block - 1)) ** rng.uniform(0.2, 2)
         scores = slot_scores(conf)
-        rate = fine.rate
+        rate = fine.state.rate
         plan = fine.plan(conf, curve)
         ks = list(range(bs, bs * block + 1))
         best = {k: _best_expected(scores, k) for k in ks}
@@ -212,3 +212,18 @@ def test_numpy_and_torch_agree_and_invariants(bs, block, seed, name):
     assert p_np.expected_tokens == pytest.approx(p_t.expected_tokens)
     assert p_np.lengths.min() >= 1 and p_np.lengths.max() <= block
     assert p_np.expected_tokens == pytest.approx(expected_tokens(slot_scores(conf), p_np.lengths))
+
+
+def test_fine_choose_budget_is_the_brute_force_argmax():
+    """The pure chooser: ratio objective = argmax E/(fixed + C_verify) (ties: smaller K); marginal
+    objective = argmax E - rate * C_verify, by hand on three candidates."""
+    from dcut_sched.policies.fine import choose_budget
+
+    expected = np.array([4.0, 6.0, 7.0])
+    verify_ms = np.array([10.0, 14.0, 20.0])
+    j, per_ms = choose_budget(expected, verify_ms, 2.0)
+    np.testing.assert_allclose(per_ms, [4 / 12, 6 / 16, 7 / 22])
+    assert j == 1
+    assert choose_budget(expected, verify_ms, 2.0, "marginal", rate=0.1)[0] == 2  # 3.0, 4.6, 5.0
+    assert choose_budget(expected, verify_ms, 2.0, "marginal", rate=0.5)[0] == 0  # -1.0, -1.0, -3.0: tie -> smaller
+    assert choose_budget(expected, verify_ms, 2.0, "marginal", rate=None)[0] == 1  # no rate yet: ratio

@@ -2,9 +2,11 @@
 
 A policy decides, for one engine step, how many leading slots of each request's block the target
 verifies. It is a pure function of the batch's draft confidences ``[bs, B-1]``, the cost curve and its
-own parameters (plus, for the ``oracle``, the true acceptance lengths), and may keep a little state
-across steps (the ``fine`` policy's running utility). The same objects serve the simulator and the
-online controller: there is no second implementation of any policy.
+own parameters (plus, for the ``oracle``, the true acceptance lengths). A policy that learns across
+steps keeps that in one small state object, ``policy.state`` (``fine``'s running utility and probe
+account, ``FineState``; the peers' lagged confidences and rates), replaced by :meth:`Policy.reset`;
+the decision itself is a pure function of arrays (e.g. ``fine.choose_budget``). The same objects
+serve the simulator and the online controller: there is no second implementation of any policy.
 
 Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`: a policy is given a
 :class:`CostCurve` (the controller) or the simulator's :class:`StepCosts` (so it sees exactly the

@@ -46,6 +46,7 @@ Beyond D-Cut in two ways:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -56,6 +57,74 @@ from ..step_costs import StepCosts, step_costs
 from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
 
 OBJECTIVES = ("ratio", "marginal")
+
+
+def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms: float, objective: str = "ratio",
+                  rate: float | None = None) -> tuple[int, np.ndarray]:
+    """The budget choice of ``fine``, pure: which candidate K to verify.
+
+    Args:
+        expected: ``[n]`` float64 expected tokens E(K) of the top-K selection at each candidate K.
+        verify_ms: ``[n]`` float64 ``C_verify(bs, K)`` at each candidate, ms.
+        drafted_fixed_ms: the drafted step's time besides verification (``C_draft(bs)`` plus any
+            controller overhead), ms.
+        objective: ``"ratio"``: ``argmax E(K) / (drafted_fixed_ms + C_verify(K))``; ``"marginal"``:
+            ``argmax E(K) - rate * C_verify(K)`` (falls back to ``ratio`` while ``rate`` is None).
+        rate: the running achieved rate, tokens per ms (``marginal`` only).
+
+    Returns:
+        ``(j, per_ms)``: the index of the chosen candidate (ties: the smaller budget) and the ``[n]``
+        expected tokens per ms of the full step at every candidate.
+    """
+    per_ms = expected / (drafted_fixed_ms + verify_ms)
+    if objective == "marginal" and rate is not None:
+        return int(np.argmax(expected - rate * verify_ms)), per_ms
+    return int(np.argmax(per_ms)), per_ms
+
+
+@dataclass
+class FineState:
+    """What ``fine`` carries from step to step (module docstring: "Whether to draft at all").
+
+    Attributes:
+        rate: running best expected tokens per ms of recent drafted steps (None before the first).
+        plain_steps: plain steps since the last drafted step.
+        probing: the next drafted step is a probe after a plain stretch.
+        elapsed_ms: time of every step this run (drafted and plain), ms.
+        debt_ms: what drafted steps lost against plain decoding this run (signed), ms.
+        next_probe_loss_ms: estimate of the next probe's loss (the last one's), ms.
+    """
+
+    rate: float | None = None
+    plain_steps: int = 0
+    probing: bool = False
+    elapsed_ms: float = 0.0
+    debt_ms: float = 0.0
+    next_probe_loss_ms: float = 0.0
+
+    def drafted(self, best_per_ms: float, step_ms: float, loss_ms: float, ema_decay: float,
+                plain_rate: float, speculate_margin: float, probe_budget: float) -> bool:
+        """Account for one drafted step; returns whether the next step should draft."""
+        if self.rate is None or self.plain_steps > 0:
+            self.rate = best_per_ms  # first drafted step, or first after a plain stretch: start afresh
+        else:
+            self.rate = ema_decay * self.rate + (1.0 - ema_decay) * best_per_ms
+        self.plain_steps = 0
+        draft_next = self.rate > (1.0 + speculate_margin) * plain_rate
+        self.elapsed_ms += step_ms
+        self.debt_ms = max(self.debt_ms + loss_ms, -probe_budget * self.elapsed_ms)
+        if self.probing or not draft_next:  # a probe, or the step that stops drafting
+            self.next_probe_loss_ms = max(loss_ms, 0.0)
+        self.probing = False
+        return draft_next
+
+    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float) -> bool:
+        """Account for one plain step; returns whether the next step should draft (a probe)."""
+        self.plain_steps += 1
+        self.elapsed_ms += plain_ms
+        self.probing = (self.plain_steps >= probe_interval
+                        and self.debt_ms + self.next_probe_loss_ms <= probe_budget * self.elapsed_ms)
+        return self.probing
 
 
 @register
@@ -124,12 +193,7 @@ class Fine(Policy):
         }
 
     def reset(self) -> None:
-        self.rate: float | None = None  # running best expected tokens per ms of drafted steps
-        self._plain_steps = 0  # plain steps since the last drafted step
-        self._probing = False  # the next drafted step is a probe after a plain stretch
-        self.elapsed_ms = 0.0  # time of every step this run (drafted and plain), ms
-        self.debt_ms = 0.0  # what drafted steps lost against plain decoding this run (signed), ms
-        self.next_probe_loss_ms = 0.0  # estimate of the next probe's loss (the last one's), ms
+        self.state = FineState()
 
     def candidates(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
         """Candidate budgets (ascending int64) for this batch shape and cost model."""
@@ -156,25 +220,12 @@ class Fine(Policy):
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
-        step_ms = costs.drafted_fixed_ms(bs) + verify_ms
-        per_ms = expected / step_ms
-        if self.objective == "marginal" and self.rate is not None:
-            j = int(np.argmax(expected - self.rate * verify_ms))
-        else:
-            j = int(np.argmax(per_ms))
-        best = float(per_ms.max())
-        if self.rate is None or self._plain_steps > 0:
-            self.rate = best  # first drafted step, or first after a plain stretch: start afresh
-        else:
-            self.rate = self.ema_decay * self.rate + (1.0 - self.ema_decay) * best
-        self._plain_steps = 0
-        draft_next = self.rate > (1.0 + self.speculate_margin) * plain_rate
-        loss_ms = float(step_ms[j]) - float(expected[j]) / plain_rate
-        self.elapsed_ms += float(step_ms[j])
-        self.debt_ms = max(self.debt_ms + loss_ms, -self.probe_budget * self.elapsed_ms)
-        if self._probing or not draft_next:  # a probe, or the step that stops drafting
-            self.next_probe_loss_ms = max(loss_ms, 0.0)
-        self._probing = False
+        fixed_ms = costs.drafted_fixed_ms(bs)
+        j, per_ms = choose_budget(expected, verify_ms, fixed_ms, self.objective, self.state.rate)
+        step_ms = fixed_ms + float(verify_ms[j])
+        loss_ms = step_ms - float(expected[j]) / plain_rate
+        draft_next = self.state.drafted(float(per_ms.max()), step_ms, loss_ms, self.ema_decay, plain_rate,
+                                        self.speculate_margin, self.probe_budget)
         k = int(ks[j])
         return self._make_plan(
             scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
@@ -189,11 +240,7 @@ class Fine(Policy):
         if cost is None:
             raise ValueError("policy 'fine' needs a cost curve for its plain steps (the probe budget is in ms)")
         costs: StepCosts = step_costs(cost, block_size)
-        self._plain_steps += 1
-        self.elapsed_ms += costs.plain_ms(batch_size)
-        probe = (self._plain_steps >= self.probe_interval
-                 and self.debt_ms + self.next_probe_loss_ms <= self.probe_budget * self.elapsed_ms)
-        self._probing = probe
+        probe = self.state.plain(costs.plain_ms(batch_size), self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 

@@ -15,10 +15,11 @@ CLIs need to build their ``--help``) loads neither simpy, pandas nor matplotlib.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import Any
+
+from .._lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {
@@ -74,13 +75,4 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value  # later lookups skip this hook
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
