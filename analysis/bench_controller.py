@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcut_sched import CostCurve, RatioController  # noqa: E402
-from dcut_sched.atomic import atomic_write_text  # noqa: E402
+from dcut_sched.tables import write_table  # noqa: E402
 
 B = 16
 # docs/design.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=15, help="timing runs; the best is reported (default 15)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="write the table (.csv or .json)")
+    ap.add_argument("--out", help="write the table (.csv, .parquet or .json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     kinds = ["numpy", "torch-cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -166,8 +166,7 @@ def main(argv=None) -> int:
     print(f"reference: numpy stable argsort of {64 * B} float32 = {sort_us / args.number * 1e6:.1f} us "
           f"(scale the figures above by how much slower this is than on your machine)")
     if args.out:
-        text = frame.to_csv(index=False) if args.out.endswith(".csv") else frame.to_json(orient="records", indent=1) + "\n"
-        atomic_write_text(args.out, text)
+        write_table(frame, args.out)
     return 0
 
 

@@ -10,14 +10,16 @@ a serving loop); confidences are random Beta draws, fixed per run.
 from __future__ import annotations
 
 import argparse
-import json
+
 import timeit
 
 import numpy as np
+import pandas as pd
 import torch
 from rich.table import Table
 
 import dcut_sched as d
+from dcut_sched.tables import write_table
 from dcut_sched.console import make_console
 
 
@@ -42,7 +44,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="4,16,64")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--policies", default="dcut,fine,topk,full")
-    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--json", help="also write the figures here (.json; .csv and .parquet also work)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
@@ -67,8 +69,7 @@ def main() -> None:
                       f"{r['us_per_plan_unvalidated']:.1f}")
     make_console().print(table)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+        write_table(pd.DataFrame(rows), args.json)
 
 
 if __name__ == "__main__":

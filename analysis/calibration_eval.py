@@ -29,7 +29,7 @@ from scipy.special import xlogy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcut_sched.atomic import atomic_write_text  # noqa: E402
+from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.calibration import OnlineCalibrator, censored_outcomes, expected_calibration_error  # noqa: E402
 from dcut_sched.scores import slot_scores  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", required=True, help="trace Parquet with exact accept_len")
     ap.add_argument("--seed", type=int, default=0, help="seed of the request split (default 0)")
-    ap.add_argument("--out", help="write the table (.csv or .json)")
+    ap.add_argument("--out", help="write the table (.csv, .parquet or .json)")
     args = ap.parse_args(argv)
     trace = Trace.load(args.trace)
     block = trace.block_size
@@ -83,8 +83,7 @@ def main(argv=None) -> int:
           f"indexing={trace.indexing}, censored={trace.metadata.get('accept_len_censored', 'false')}")
     print(table.to_string(index=False))
     if args.out:
-        text = table.to_csv(index=False) if args.out.endswith(".csv") else table.to_json(orient="records", indent=1) + "\n"
-        atomic_write_text(args.out, text)
+        write_table(table, args.out)
     return 0
 
 

@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dcut_sched.atomic import atomic_write_text, atomic_write_with  # noqa: E402
+from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.cost_curve import CostCurve  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
 
@@ -239,15 +240,12 @@ def log_load(phase: str, when: str, out_dir: Path) -> None:
     path = out_dir / "fidelity_load.csv"
     rows = pd.read_csv(path).to_dict("records") if path.exists() else []
     rows.append(_load_sample(phase, when))
-    atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
+    write_table(pd.DataFrame(rows), path)
     print(f"[load] {phase} {when}: {rows[-1]['load1']:.2f} {rows[-1]['load5']:.2f} {rows[-1]['load15']:.2f}", flush=True)
 
 
 def _write_frame(path: Path, frame: pd.DataFrame) -> None:
-    if path.suffix == ".parquet":
-        atomic_write_with(path, lambda tmp: frame.to_parquet(tmp, index=False), suffix=".parquet")
-    else:
-        atomic_write_text(path, frame.to_csv(index=False))
+    write_table(frame, path)
 
 
 class ForwardTimer:

@@ -42,6 +42,7 @@ import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from dcut_sched.atomic import atomic_write_text  # noqa: E402
+from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.cost_curve import CostCurveError  # noqa: E402
 from dcut_sched.policies import PEERS, names as policy_names  # noqa: E402
 from dcut_sched.traces import TraceError  # noqa: E402
@@ -176,7 +177,7 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path
 
     def csv(name: str, df: pd.DataFrame) -> None:
         path = res / name
-        atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
+        write_table(df, path, float_format="%.6g")
         written.append(path)
 
     speed = results["speedup"]

@@ -1,14 +1,87 @@
-"""Atomic file writes: a result file is either the old one or the complete new one, never half."""
+"""Atomic file writes: a result file is either the old one or the complete new one, never half.
+
+Two levels:
+
+- :func:`atomic_path` (and the ``atomic_write_*`` wrappers): one file, written to a temp file beside
+  it and renamed over it.
+- :func:`all_or_none`: a command's outputs as one unit. Inside the ``with`` block every
+  :func:`atomic_path` of this thread stages its temp file instead of renaming it; the renames happen
+  together when the block ends without an exception (with SIGINT/SIGTERM held back for those few
+  ``os.replace`` calls), and every staged temp file is removed when it raises. So a late failure
+  (a bad plot after the table was written, Ctrl-C) leaves the old files, never half of the new set.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_with", "check_writable"]
+__all__ = ["OutputSet", "all_or_none", "atomic_path", "atomic_write_text", "atomic_write_with", "check_writable"]
+
+
+class OutputSet:
+    """Temp files staged by :func:`atomic_path` inside :func:`all_or_none`, renamed together."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[Path, Path]] = []  # (temp file, destination)
+
+    def commit(self) -> None:
+        """Rename every staged file over its destination (signals held back meanwhile)."""
+        with _signals_held():
+            for tmp, dest in self.staged:
+                os.replace(tmp, dest)
+            self.staged.clear()
+
+    def discard(self) -> None:
+        """Remove every staged temp file (destinations untouched)."""
+        for tmp, _ in self.staged:
+            tmp.unlink(missing_ok=True)
+        self.staged.clear()
+
+
+_CURRENT: contextvars.ContextVar[OutputSet | None] = contextvars.ContextVar("dcut_output_set", default=None)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT/SIGTERM in the main thread for the body; a signal that arrives meanwhile is
+    delivered (and its handler runs) right after."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextlib.contextmanager
+def all_or_none() -> Iterator[OutputSet]:
+    """Write a command's outputs all or none (module docstring). Nested uses join the outer set."""
+    outer = _CURRENT.get()
+    if outer is not None:
+        yield outer
+        return
+    outputs = OutputSet()
+    token = _CURRENT.set(outputs)
+    try:
+        yield outputs
+        _CURRENT.reset(token)
+        token = None
+        outputs.commit()
+    except BaseException:
+        if token is not None:
+            _CURRENT.reset(token)
+        outputs.discard()
+        raise
 
 
 @contextlib.contextmanager
@@ -16,26 +89,40 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it over ``path``.
 
     The temp file lives in the destination folder (same filesystem, so ``os.replace`` is atomic),
-    is fsynced before the rename, and is removed if the body raises. ``suffix`` keeps the file ending
-    for writers that choose a format by it (e.g. ``.parquet``).
+    is fsynced before the rename, and is removed if the body raises (any exception, also
+    ``KeyboardInterrupt``). ``suffix`` keeps the file ending for writers that choose a format by it
+    (e.g. ``.parquet``). Inside :func:`all_or_none` the rename waits for the end of that block.
+
+    Raises:
+        OSError: the folder cannot be created or written (the message names ``path``).
     """
     path = Path(path)
+    outputs = _CURRENT.get()
+    tmp_path: Path | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
-    except OSError as exc:
-        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
-    # mkstemp creates the file 0600; give the result the permissions a plain open() would.
-    os.chmod(tmp_path, 0o666 & ~_umask())
-    try:
+        # Signals are held from the temp file's creation until its name is known, so an interrupt
+        # can never leave a nameless temp file behind; one that arrives meanwhile is raised right
+        # after, inside this try, and the file is removed.
+        with _signals_held():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+            except OSError as exc:
+                raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+            tmp_path = Path(tmp)
+            os.close(fd)
+        # mkstemp creates the file 0600; give the result the permissions a plain open() would.
+        os.chmod(tmp_path, 0o666 & ~_umask())
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
+        if outputs is None:
+            os.replace(tmp_path, path)
+        else:
+            outputs.staged.append((tmp_path, path))
     except BaseException:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None and (outputs is None or (tmp_path, path) not in outputs.staged):
+            tmp_path.unlink(missing_ok=True)
         raise
 
 
@@ -60,8 +147,17 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None], s
 def check_writable(path: str | os.PathLike) -> None:
     """Raise ``OSError`` naming ``path`` unless a file can be written there (before long work).
 
-    Creates missing parent folders, as the atomic writers do, and leaves no file behind.
+    Creates missing parent folders, as the atomic writers do, and probes the folder with a temp
+    file that is removed again: an existing file at ``path`` is left untouched (it is replaced only
+    when the new result is complete). A ``path`` that is a folder is refused.
     """
-    with atomic_path(path):
-        pass
-    Path(path).unlink()
+    path = Path(path)
+    if path.is_dir():
+        raise OSError(f"cannot write {path}: it is a folder, give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe.tmp", dir=path.parent)
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(tmp)

@@ -35,6 +35,7 @@ __all__ = [
     "Array",
     "ScoreRanking",
     "check_confidences",
+    "check_scores",
     "expected_tokens",
     "global_topk",
     "is_tensor",
@@ -63,6 +64,9 @@ def check_confidences(conf: Array, *, name: str = "conf") -> None:
         ValueError: naming the failed condition, the shape, and for bad values the first offending
             (request, draft slot) and its value.
     """
+    if not (isinstance(conf, np.ndarray) or _is_torch(conf)):
+        raise ValueError(f"{name} must be a numpy array or torch tensor of shape [batch_size, block_size - 1]; "
+                         f"got {type(conf).__name__} (wrap it with np.asarray / torch.as_tensor)")
     shape = tuple(conf.shape)
     if len(shape) != 2:
         raise ValueError(
@@ -102,6 +106,49 @@ def _bad_value_message(name: str, i: int, t: int, value: float) -> str:
         f"{name}[{i}, {t}] = {value!r} is {what}: confidences must be finite probabilities in "
         f"[0, 1] (request {i}, draft slot {t + 1})"
     )
+
+
+def check_scores(scores: Array, *, name: str = "scores") -> None:
+    """Raise ``ValueError`` unless ``scores`` is a ``[bs >= 1, B >= 1]`` float array, free of NaN, and
+    non-increasing along every row (what makes a global top-K a prefix of every request).
+
+    On a CUDA tensor this synchronises with the host (one reduction).
+    """
+    if not (isinstance(scores, np.ndarray) or _is_torch(scores)):
+        raise ValueError(f"{name} must be a numpy array or torch tensor of shape [batch_size, B]; got "
+                         f"{type(scores).__name__}")
+    shape = tuple(scores.shape)
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"{name} must have shape [batch_size >= 1, B >= 1]; got {shape}")
+    if _is_torch(scores):
+        import torch
+
+        if not scores.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor; got dtype {scores.dtype}")
+        nan = torch.isnan(scores)
+        rising = scores[:, 1:] > scores[:, :-1]
+        if bool(nan.any() | rising.any()):
+            if bool(nan.any()):
+                i, k = (int(v) for v in torch.nonzero(nan)[0])
+                raise ValueError(f"{name}[{i}, {k}] is NaN; slot scores must be numbers (check the confidences)")
+            i, k = (int(v) for v in torch.nonzero(rising)[0])
+            raise ValueError(_rising_message(name, i, k, float(scores[i, k]), float(scores[i, k + 1])))
+        return
+    if not np.issubdtype(scores.dtype, np.floating):
+        raise ValueError(f"{name} must be a floating array; got dtype {scores.dtype}")
+    nan = np.isnan(scores)
+    if nan.any():
+        i, k = np.argwhere(nan)[0]
+        raise ValueError(f"{name}[{i}, {k}] is NaN; slot scores must be numbers (check the confidences)")
+    rising = scores[:, 1:] > scores[:, :-1]
+    if rising.any():
+        i, k = np.argwhere(rising)[0]
+        raise ValueError(_rising_message(name, int(i), int(k), float(scores[i, k]), float(scores[i, k + 1])))
+
+
+def _rising_message(name: str, i: int, k: int, a: float, b: float) -> str:
+    return (f"{name} rise along row {i}: {name}[{i}, {k}] = {a!r} < {name}[{i}, {k + 1}] = {b!r}; slot scores "
+            f"must be non-increasing prefix products (slot_scores(conf)), or the top-K is not a prefix")
 
 
 def slot_scores(conf: Array, *, validate: bool = True) -> Array:
@@ -269,24 +316,29 @@ class ScoreRanking:
         return lengths.astype(np.int64, copy=False)
 
 
-def global_topk(scores: Array, k: int) -> Array:
+def global_topk(scores: Array, k: int, *, validate: bool = True) -> Array:
     """Per-request verification lengths of the global top-``k`` slots of the batch.
 
     Args:
         scores: ``[bs, B]`` slot scores from :func:`slot_scores` (numpy or torch).
         k: the verification budget in slots (tokens), ``bs <= k <= bs*B``.
+        validate: check ``scores`` first (:func:`check_scores`: NaN or scores that rise along a row
+            raise; one host sync on CUDA).
 
     Returns:
         ``[bs]`` int64 lengths, each >= 1, summing to ``k``, each a prefix of its request; ties go to
         the earlier slot, then the lower request index. Source: D-Cut global top-K.
 
     Raises:
-        ValueError: ``k`` outside ``[bs, bs*B]`` (the message names the bounds) or bad ``scores``.
+        ValueError: ``k`` outside ``[bs, bs*B]`` (the message names the bounds) or bad ``scores``
+            (shape, NaN, rising along a row).
     """
+    if validate:
+        check_scores(scores)
     return ScoreRanking(scores).lengths(k)
 
 
-def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False) -> Any:
+def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False, validate: bool = True) -> Any:
     """Expected tokens produced when request i verifies its first ``lengths[i]`` slots.
 
     ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (docs/design.md §1): slot k+1 yields a token exactly
@@ -296,11 +348,18 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False)
         scores: ``[bs, B]`` slot scores (numpy or torch).
         lengths: ``[bs]`` ints in [0, B] (same kind as ``scores``, or anything array-like).
         per_request: return the ``[bs]`` per-request values instead of the total.
+        validate: check the shapes and that every length is in ``[0, B]`` (one host sync on CUDA;
+            the policies pass False for lengths they built).
 
     Returns:
         The total as a Python float, or a ``[bs]`` array/tensor of the scores' kind when
         ``per_request``.
+
+    Raises:
+        ValueError: ``scores`` not ``[bs, B]``, ``lengths`` not ``[bs]``, or a length outside ``[0, B]``.
     """
+    if validate:
+        _check_lengths(scores, lengths)
     block = scores.shape[1]
     if _is_torch(scores):
         import torch
@@ -337,3 +396,25 @@ def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
         lengths = torch.as_tensor(lengths, device=accept_len.device)
         return 1 + torch.minimum(accept_len.long(), lengths.long() - 1)
     return 1 + np.minimum(np.asarray(accept_len, dtype=np.int64), np.asarray(lengths, dtype=np.int64) - 1)
+
+
+def _check_lengths(scores: Array, lengths: Any) -> None:
+    if not hasattr(scores, "shape") or len(scores.shape) != 2:
+        raise ValueError(f"scores must have shape [batch_size, B]; got {getattr(scores, 'shape', type(scores).__name__)}")
+    bs, block = int(scores.shape[0]), int(scores.shape[1])
+    if _is_torch(lengths):
+        import torch
+
+        shape, lo, hi = tuple(lengths.shape), None, None
+        if shape == (bs,) and bs:
+            lo, hi = (int(v) for v in torch.aminmax(lengths))
+    else:
+        arr = np.asarray(lengths)
+        shape = arr.shape
+        if arr.dtype.kind not in "iub" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
+            raise ValueError(f"lengths must be integers in [0, {block}]; got dtype {arr.dtype}")
+        lo, hi = (int(arr.min()), int(arr.max())) if shape == (bs,) and bs else (None, None)
+    if shape != (bs,):
+        raise ValueError(f"lengths must have shape [{bs}] (one per request of scores {tuple(scores.shape)}); got {shape}")
+    if lo is not None and (lo < 0 or hi > block):
+        raise ValueError(f"lengths must be in [0, {block}] (B = {block} slots); got range [{lo}, {hi}]")

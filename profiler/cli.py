@@ -13,8 +13,9 @@ step ``C_ar(bs)`` (its own engine path: one token per request, a full CUDA graph
 draft step ``C_draft(bs)``. Measured modes record the machine's load average at the start and the
 end and warn when the load or the p20-p80 spread of the cells is high.
 
-Bad input exits with status 2 and one line on stderr; an interrupted measurement keeps its cells in
-``OUT.partial`` and ``--resume`` continues it.
+Bad input exits with status 2 and one line on stderr; SIGINT/SIGTERM exit 130/143 (see
+:mod:`dcut_sched.cli.errors`) and an interrupted measurement keeps its cells in ``OUT.partial``, which
+``--resume`` continues; ``--out`` and ``--report`` are written together or not at all.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from dcut_sched import CostCurve, CostCurveError
+from dcut_sched.cli.args import check_json_input, check_paths, int_at_least
+from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 from dcut_sched.cost_curve import AssumedArWarning
 
 __all__ = ["build_parser", "main"]
@@ -40,10 +43,6 @@ DEFAULTS = {
     "cpu": ("tiny", (1, 2, 4, 8), 256, 1, 5, "float32"),
     "analytic": ("qwen3-8b", (1, 2, 4, 8, 16, 32, 64), 1024, 0, 0, "bfloat16"),
 }
-
-
-class UsageError(ValueError):
-    """Bad command-line input (reported in one line, exit status 2)."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -66,8 +65,8 @@ def _ratio_list(text: str) -> list[float]:
     return vals
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+def build_parser() -> CliParser:
+    ap = CliParser(
         prog="dcut-profile",
         description="Write a cost curve: verification C_verify(bs, num_tokens), the plain decode step C_ar(bs) "
                     "and the draft step C_draft(bs) (JSON, schema dcut.cost-curve/2) for the simulator and the "
@@ -112,10 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "size's curve (verify cells up to bs*B, the B-slot draft step)")
     ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated [gpu/analytic: 1,2,4,8,16,32,64; "
                                                           "cpu: 1,2,4,8]")
-    ap.add_argument("--block-size", type=int, help="B, slots per request [16; with --fit: the fitted file's]")
-    ap.add_argument("--context-len", type=int, help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
+    ap.add_argument("--block-size", type=int_at_least(1), help="B, slots per request [16; with --fit: the fitted file's]")
+    ap.add_argument("--context-len", type=int_at_least(0), help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
     ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho (default: 0.25,0.5,0.75,1.0)")
-    ap.add_argument("--grid-step", type=int, default=16,
+    ap.add_argument("--grid-step", type=int_at_least(0), default=16,
                     help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
                          "0 = num_tokens = bs and the buckets only (fastest) (default: %(default)s)")
     ap.add_argument("--draft", default="auto",
@@ -123,18 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
                          "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4)) (default: auto)")
     ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
-    ap.add_argument("--warmups", type=int, help="untimed calls per cell [gpu: 5, cpu: 1]")
-    ap.add_argument("--repeats", type=int, help="timed calls per cell [gpu: 20, cpu: 5]")
-    ap.add_argument("--rounds", type=int,
+    ap.add_argument("--warmups", type=int_at_least(0), help="untimed calls per cell [gpu: 5, cpu: 1]")
+    ap.add_argument("--repeats", type=int_at_least(1), help="timed calls per cell [gpu: 20, cpu: 5]")
+    ap.add_argument("--rounds", type=int_at_least(1),
                     help="passes over the shuffled cells, each taking repeats/rounds samples per cell; "
                          "rounds = repeats spreads each cell's samples over the whole run, so load drift on a "
                          "shared machine hits all cells alike [gpu: 1, cpu: repeats]")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32]")
-    ap.add_argument("--threads", type=int, default=1,
+    ap.add_argument("--threads", type=int_at_least(1), default=1,
                     help="cpu: torch threads; 1 keeps timings stable on a shared machine (several threads "
                          "spin-wait on each other when cores are busy) (default: %(default)s)")
     ap.add_argument("--eager", action="store_true", help="gpu: time eager forwards instead of graph replays")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the weights, inputs and cell order (default: %(default)s)")
+    ap.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the weights, inputs and cell order (default: %(default)s)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT.partial of an interrupted run")
     ap.add_argument("--report", metavar="FILE", help="write the coarse-vs-dense interpolation error table "
                                                      "(.csv, .json or .parquet)")
@@ -394,8 +393,6 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
                 hardware["load_average"] else []) + _spread_warnings(curve) + _monotone_warnings(curve):
         curve.hardware.setdefault("warnings", []).append(msg)  # the curve holds its own copy of hardware
         console.print(f"[yellow]warning: {msg}[/]", soft_wrap=True)
-    curve.save(args.out)
-    partial.unlink(missing_ok=True)
     if run.skipped and not args.quiet:
         for key, why in sorted(run.skipped.items()):
             console.print(f"[yellow]skipped {key}: {why}[/]")
@@ -403,35 +400,49 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dcut-profile``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
     from rich.console import Console
 
     from .cuda_graphs import NoCudaError
     from .harness import PartialMismatch
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console = Console(stderr=False)
+    # KeyError: an unknown preset or device; NoCudaError: --gpu without CUDA (a RuntimeError).
+    return run_cli("dcut-profile", lambda: _main(argv, console),
+                   errors=(KeyError, CostCurveError, NoCudaError, PartialMismatch))
+
+
+def _main(argv: list[str], console) -> int:
+    from dcut_sched.atomic import all_or_none
+    from dcut_sched.tables import TABLE_SUFFIXES
+
+    from .harness import partial_path_for
     from .interp_error import interpolation_error
     from .report import curve_table, interp_table, noise_summary, write_frame
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.vllm:
         return _main_vllm(args)
-    console = Console(stderr=False)
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
-    try:
-        shape, cfg, draft = _resolve(args)
-        if args.mode == "analytic":
-            curve, _ = _run_analytic(args, shape, draft, console)
-            curve.save(args.out)
-        else:
-            curve = _run_measured(args, cfg, draft, console, command)
-        err = interpolation_error(curve, args.ratios)
+    partial = partial_path_for(args.out)
+    model_file = args.model if args.model and os.path.exists(args.model) else None
+    check_paths({"--fit": args.fit, "--model": model_file,
+                 "--out's resumable partial": str(partial) if args.mode != "analytic" else None},
+                {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES)})
+    check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
+    shape, cfg, draft = _resolve(args)
+    if args.mode == "analytic":
+        curve, _ = _run_analytic(args, shape, draft, console)
+    else:
+        curve = _run_measured(args, cfg, draft, console, command)
+    err = interpolation_error(curve, args.ratios)
+    with all_or_none():  # --out and --report appear together or not at all
+        curve.save(args.out)
         if args.report:
             write_frame(err, args.report)
-    except KeyboardInterrupt:
-        return 130
-    except (UsageError, ValueError, KeyError, CostCurveError, NoCudaError, PartialMismatch, OSError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        print(f"dcut-profile: error: {msg}", file=sys.stderr)
-        return 2
+    if args.mode != "analytic":
+        partial.unlink(missing_ok=True)  # the measurement is complete: its resumable partial is done
     if not args.quiet:
         console.print(curve_table(curve, args.ratios))
         if not err.empty:

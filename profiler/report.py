@@ -10,7 +10,7 @@ import pandas as pd
 from rich.table import Table
 
 from dcut_sched import CostCurve
-from dcut_sched.atomic import atomic_path
+from dcut_sched.tables import write_table
 
 from .fit import FitResult
 from .grid import DEFAULT_RATIOS, bucket_tokens
@@ -115,17 +115,9 @@ def interp_table(err: pd.DataFrame) -> Table:
 
 
 def write_frame(frame: pd.DataFrame, path: str | Path) -> None:
-    """Write a DataFrame atomically as CSV, JSON (records) or Parquet, chosen by the file suffix.
+    """Write a DataFrame with the project's one table writer (:func:`dcut_sched.tables.write_table`).
 
     Raises:
-        ValueError: another suffix.
+        ValueError: a suffix other than .csv, .json or .parquet.
     """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    writers = {".csv": lambda p: frame.to_csv(p, index=False),
-               ".json": lambda p: frame.to_json(p, orient="records", indent=1),
-               ".parquet": lambda p: frame.to_parquet(p, index=False)}
-    if suffix not in writers:
-        raise ValueError(f"report file {path}: unknown suffix {suffix!r}; use .csv, .json or .parquet")
-    with atomic_path(path, suffix=suffix) as tmp:
-        writers[suffix](tmp)
+    write_table(frame, path)

@@ -9,7 +9,6 @@ A model is named on the command line by a preset (``qwen3-8b``, ``smollm2-135m``
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
@@ -194,19 +193,19 @@ def resolve_model(spec: str) -> tuple[ModelShape, LlamaConfig | None]:
     if not os.path.isfile(path):
         raise ValueError(f"model {spec!r}: not a preset ({', '.join(model_names())}) and no config.json "
                          f"at {path}")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"model config {path}: cannot read: {exc}") from None
+    from dcut_sched.inputs import read_json
+
+    raw = read_json(path, "a Hugging Face config.json (or a preset name)")  # InputFileError is a ValueError
     if not isinstance(raw, dict):
         raise ValueError(f"model config {path}: top level must be a JSON object")
     inner = raw.get("text_config", raw) if "hidden_size" not in raw else raw
+    if not isinstance(inner, dict):
+        raise ValueError(f"model config {path}: field 'text_config' must be a JSON object")
     name = str(raw.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))) or path)
-    if inner.get("num_experts") or inner.get("num_local_experts"):
-        return ModelShape.from_hf_moe_config(raw, name), None
     try:
+        if inner.get("num_experts") or inner.get("num_local_experts"):
+            return ModelShape.from_hf_moe_config(raw, name), None
         cfg = LlamaConfig.from_hf_config(raw).replace(name=name)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"model config {path}: {exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"model config {path}: missing or invalid field ({type(exc).__name__}: {exc})") from None
     return ModelShape.from_llama_config(cfg), cfg

@@ -20,7 +20,7 @@ def test_registry_lists_the_design_policies_then_the_peers():
     assert d.policies.names()[8:] == list(d.policies.PEERS)
     with pytest.raises(KeyError, match="unknown policy 'nope'; known policies: ar, full"):
         d.policies.get("nope")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="policy full has no parameter 'rho'"):
         d.policies.get("full", rho=0.5)
     with pytest.raises(ValueError, match="rho"):
         d.policies.get("uniform", rho=0)

@@ -2,7 +2,8 @@
 
 Run ``dcut-engine --help``; docs/controller.md and docs/sampling.md have the details. Exit status: 0 on
 success, 1 when ``--check`` finds an output that differs from plain (greedy or sampled) decoding, 2 on
-bad input (one line on stderr, no partial output file).
+bad input (one line on stderr, no partial output file), 130/143 on SIGINT/SIGTERM (no output file
+written); see :mod:`dcut_sched.cli.errors`.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..atomic import check_writable
+from .args import check_json_input, check_paths, int_at_least
+from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-engine"
 TABLE_SUFFIXES = (".csv", ".json", ".parquet")
 #: Steps after which the run-time estimate is printed (the first steps include the model warm-up).
 ESTIMATE_AFTER_STEPS = 5
-
-
-class UsageError(ValueError):
-    """Bad command-line input (reported as one line, exit status 2)."""
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -32,7 +30,7 @@ def _param(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. rho=0.25")
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         value = raw
     return key, value
 
@@ -51,11 +49,11 @@ def _paragraphs(*texts: str) -> str:
     return "".join(textwrap.fill(t, 100, subsequent_indent="  ", break_on_hyphens=False) + "\n" for t in texts)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CliParser:
     from .. import policies
     from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE
 
-    p = argparse.ArgumentParser(
+    p = CliParser(
         prog=PROG,
         description=(
             "Generate with batched speculative decoding: SmolLM2-135M-Instruct as the target, its "
@@ -87,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                 "busy machine: pass --threads 1 when other jobs share the cores (two torch threads that wait "
                 "on each other made single forwards 10-100x slower here).",
             )
-            + "exit status: 0 ok, 1 --check found a difference from plain decoding, 2 bad input."
+            + "policy parameters (--param KEY=VALUE for the chosen --policy), with their defaults:\n"
+            + f"{policies.param_help()}\n"
+            + "exit status: 0 ok, 1 --check found a difference from plain decoding, 2 bad input,\n"
+            + "130/143 interrupted by SIGINT/SIGTERM (no output file is written)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -96,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
                    help="policy parameter, repeatable (e.g. rho=0.5, tau=0.3, granularity=4)")
     g.add_argument("--calibrate", action="store_true", help="learn a confidence->acceptance map online and score with it")
-    g.add_argument("--batch-size", type=int, default=8, help="requests decoded at a time (default: 8)")
-    g.add_argument("--block-size", type=int, default=16, help="B: slots per block, B-1 drafts (default: 16)")
-    g.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per request (default: 32)")
+    g.add_argument("--batch-size", type=int_at_least(1), default=8, help="requests decoded at a time (default: 8)")
+    g.add_argument("--block-size", type=int_at_least(2), default=16, help="B: slots per block, B-1 drafts (default: 16)")
+    g.add_argument("--max-new-tokens", type=int_at_least(1), default=32, help="tokens generated per request (default: 32)")
     g.add_argument("--skip-layers", type=_int_list, default=[14, 15], metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
     g = p.add_argument_group("sampling")
@@ -113,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("inputs")
     g.add_argument("--prompts", metavar="FILE",
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
-    g.add_argument("--num-prompts", type=int, metavar="N", help="use the first N prompts only")
+    g.add_argument("--num-prompts", type=int_at_least(1), metavar="N", help="use the first N prompts only")
     g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")
-    g.add_argument("--threads", type=int, metavar="N",
+    g.add_argument("--threads", type=int_at_least(1), metavar="N",
                    help="torch CPU threads (default: torch's choice; use 1 on a busy shared machine)")
     g.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     g = p.add_argument_group("outputs")
@@ -124,34 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", metavar="FILE", help="summary (.json) or summary table (.csv/.parquet)")
     g.add_argument("--steps", metavar="FILE", help="one row per step with its plan (.csv/.json/.parquet)")
     g.add_argument("--trace", metavar="FILE", help="record a step-indexed acceptance trace (.parquet)")
-    g.add_argument("--show-steps", type=int, default=8, metavar="N", help="print the first N step plans (default: 8)")
-    g.add_argument("--show-outputs", type=int, default=2, metavar="N", help="print the first N decoded outputs (default: 2)")
+    g.add_argument("--show-steps", type=int_at_least(0), default=8, metavar="N", help="print the first N step plans (default: 8)")
+    g.add_argument("--show-outputs", type=int_at_least(0), default=2, metavar="N", help="print the first N decoded outputs (default: 2)")
     g.add_argument("--quiet", action="store_true", help="no progress (bar or status lines) and no up-front estimate")
     return p
 
 
-def _check_suffix(path: str | None, allowed: Sequence[str], flag: str) -> None:
-    if path is None:
-        return
-    if Path(path).suffix.lower() not in allowed:
-        raise UsageError(f"{flag} {path}: unknown suffix; use one of {', '.join(allowed)}")
-    if not Path(path).exists():  # an existing file is replaced atomically at the end
-        try:
-            check_writable(path)
-        except OSError as exc:
-            raise UsageError(f"{flag} {exc}") from None
-
-
 def _write_table(path: str, frame) -> None:
-    from ..atomic import atomic_write_text, atomic_write_with
+    from ..tables import write_table
 
-    suffix = Path(path).suffix.lower()
-    if suffix == ".csv":
-        atomic_write_text(path, frame.to_csv(index=False))
-    elif suffix == ".json":
-        atomic_write_text(path, frame.to_json(orient="records", indent=1) + "\n")
-    else:
-        atomic_write_with(path, lambda tmp: frame.to_parquet(tmp, index=False), suffix=".parquet")
+    write_table(frame, path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,20 +157,25 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and not sampling.is_greedy and args.policy != "full":
         raise UsageError(f"--trace at --temperature {args.temperature:g} records the target's probability of every "
                          f"draft token, so every slot must be verified: use --policy full (not {args.policy})")
-    _check_suffix(args.out, TABLE_SUFFIXES, "--out")
-    _check_suffix(args.steps, TABLE_SUFFIXES, "--steps")
-    _check_suffix(args.trace, (".parquet",), "--trace")
+    check_paths({"--prompts": args.prompts, "--cost": args.cost},
+                {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
+                 "--trace": (args.trace, (".parquet",))})
+    check_json_input(args.cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
+    params = dict(args.param)
+    try:
+        policies.check_params(args.policy, params)
+    except ValueError as exc:
+        raise UsageError(f"--param: {exc}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         texts = load_prompts(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
     except PromptFileError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"--prompts: {exc}") from None
     if args.num_prompts is not None:
         if args.num_prompts < 1:
             raise UsageError("--num-prompts must be >= 1")
         texts = texts[: args.num_prompts]
-    params = dict(args.param)
     policy_cls = type(policies.get(args.policy))
     curve = cost_source = None
     if policy_cls.needs_cost:
@@ -195,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 curve = CostCurve.load(args.cost)
             except CostCurveError as exc:
-                raise UsageError(str(exc)) from None
+                raise UsageError(f"--cost: {exc}") from None
             cost_source = args.cost
         else:
             curve, cost_source = default_cost_curve(args.block_size, args.batch_size)
@@ -299,19 +287,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold]prompt {i}:[/bold] {texts[i]!r}\n[bold]output:[/bold] "
                       f"{tokenizer.decode(result.outputs[i], skip_special_tokens=True)!r}")
 
-    from ..atomic import atomic_write_text
+    from ..atomic import all_or_none
 
-    if args.out:
-        if Path(args.out).suffix.lower() == ".json":
-            atomic_write_text(args.out, json.dumps(summary, indent=1) + "\n")
-        else:
-            _write_table(args.out, pd.DataFrame([summary]))
-    if args.steps:
-        frame = result.steps_frame()
-        if Path(args.steps).suffix.lower() == ".csv":
-            for col in ("request_ids", "lengths", "accepted", "graph_cell"):
-                frame[col] = frame[col].map(lambda v: json.dumps(list(v)))
-        _write_table(args.steps, frame)
+    trace = None
     if args.trace:
         try:
             trace = result.trace({
@@ -321,18 +299,19 @@ def run(args: argparse.Namespace) -> int:
             })
         except ValueError as exc:
             raise UsageError(f"--trace: {exc}") from None
-        trace.save(args.trace)
+    with all_or_none():  # --out, --steps and --trace appear together or not at all
+        if args.out:
+            _write_table(args.out, pd.DataFrame([summary]))
+        if args.steps:
+            _write_table(args.steps, result.steps_frame())
+        if trace is not None:
+            trace.save(args.trace)
     return 1 if mismatched else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (UsageError, OSError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    """Entry point of ``dcut-engine``; returns the exit status (module docstring)."""
+    return run_cli(PROG, lambda: run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

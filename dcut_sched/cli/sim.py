@@ -1,7 +1,8 @@
 """``dcut-sim``: replay an acceptance trace under every policy with a measured cost curve.
 
 Run ``dcut-sim --help``; docs/simulator.md has the details. Exit status: 0 on success, 2 on bad input
-(one line on stderr, no partial output file).
+(one line on stderr, no partial output file), 130/143 on SIGINT/SIGTERM (no output file either); see
+:mod:`dcut_sched.cli.errors`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .args import check_json_input, check_paths, finite_float, int_at_least
+from .errors import CliParser, UsageError, run_cli
+
 PROG = "dcut-sim"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
-
-class UsageError(ValueError):
-    """Bad command-line input (reported as one line, exit status 2)."""
+TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
 
 def _int_list(text: str) -> list[int]:
@@ -45,16 +46,16 @@ def _param(text: str) -> tuple[str, str, Any]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected POLICY.KEY=VALUE, e.g. uniform.rho=0.25")
     try:
         value = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         value = raw
     return policy, key, value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CliParser:
     from .. import policies
     from ..simulator import defaults
 
-    p = argparse.ArgumentParser(
+    p = CliParser(
         prog=PROG,
         description=(
             "Replay an acceptance trace through a simulated serving engine with a measured cost curve, once "
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
             "  dcut-sim --selection-curve out/selection.png --selection-bs 64\n"
             "  dcut-sim --sweep --trace a.parquet --trace b.parquet --cost h20.json --cost h100.json --jobs 8 --out out/sweep.parquet\n"
             "  dcut-sim --sweep --trace a.parquet --cost h20.json --scheduler dask --scheduler-address tcp://10.0.0.5:8786 --out out/sweep.parquet\n"
-            "exit status: 0 ok, 2 bad input (no partial output file is left)."
+            "policy parameters (--param POLICY.KEY=VALUE), with their defaults:\n"
+            f"{policies.param_help()}\n"
+            "exit status: 0 ok, 2 bad input (no partial output file is left), 130/143 interrupted by\n"
+            "SIGINT/SIGTERM (no output file is written)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -97,34 +101,34 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
                         "arrivals with continuous batching, latency percentiles (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="seeds the request order and arrivals (default: %(default)s)")
+    g.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the request order and arrivals (default: %(default)s)")
     g.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="run seeds SEED..SEED+N-1 and report the mean and spread (std, min-max) over them; on a "
                         "sampled trace each seed also redraws the acceptance from p1..p{B-1} (default: %(default)s)")
     g.add_argument("--no-shuffle", action="store_true", help="admit requests in the trace's order instead of a seeded shuffle")
-    g.add_argument("--overhead-ms", type=float, default=0.0,
+    g.add_argument("--overhead-ms", type=finite_float(0.0), default=0.0,
                    help="fixed controller overhead added to every drafted step, ms (default: %(default)s)")
     g.add_argument("--draft-scale", type=float, default=1.0, metavar="X",
                    help="multiply the cost curve's draft step by X (what-if: a cheaper or dearer drafter) (default: %(default)s)")
     g.add_argument("--calibrate", action="store_true",
                    help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
     g = p.add_argument_group("closed loop")
-    g.add_argument("--steps", type=int, default=None,
+    g.add_argument("--steps", type=int_at_least(1), default=None,
                    help=f"engine steps per (trace, policy, batch size), warm-up included (default: "
                         f"{defaults.DEFAULT_NUM_STEPS} for one trace, {defaults.DEFAULT_BENCHMARK_STEPS} per benchmark "
                         "for several)")
-    g.add_argument("--warmup", type=int, default=None,
+    g.add_argument("--warmup", type=int_at_least(0), default=None,
                    help=f"leading steps left out of the figures (default: {defaults.DEFAULT_WARMUP_STEPS} for one "
                         f"trace, {defaults.DEFAULT_BENCHMARK_WARMUP_STEPS} per benchmark for several)")
     g = p.add_argument_group("open loop")
-    g.add_argument("--rate", type=float, default=None, metavar="RPS",
+    g.add_argument("--rate", type=finite_float(0.0, open_low=True), default=None, metavar="RPS",
                    help="arrival rate, requests/s (default: --load times the ar capacity at each max batch size)")
-    g.add_argument("--load", type=float, default=0.7, help="arrival rate as a fraction of ar capacity (default: %(default)s)")
-    g.add_argument("--requests", type=int, default=400, help="arrivals per run (default: %(default)s)")
-    g.add_argument("--prompt-len", type=int, default=None,
+    g.add_argument("--load", type=finite_float(0.0, open_low=True), default=0.7, help="arrival rate as a fraction of ar capacity (default: %(default)s)")
+    g.add_argument("--requests", type=int_at_least(1), default=400, help="arrivals per run (default: %(default)s)")
+    g.add_argument("--prompt-len", type=int_at_least(1), default=None,
                    help="prefill k admitted requests at C_verify(k, k*PROMPT_LEN) (default: prefill is free)")
-    g.add_argument("--prefill-ms", type=float, default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
-    g.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT objective: goodput counts only requests that meet it")
+    g.add_argument("--prefill-ms", type=finite_float(0.0), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
+    g.add_argument("--slo-tpot-ms", type=finite_float(0.0, open_low=True), default=None, help="TPOT objective: goodput counts only requests that meet it")
     g = p.add_argument_group("output")
     g.add_argument("--out", metavar="FILE", help="detail results, one row per (policy, batch size): .csv, .parquet or .json")
     g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
@@ -133,13 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--selection-curve", metavar="FILE",
                    help="accepted tokens vs verification budget for uniform and topk; FILE: .csv/.parquet/.json "
                         "(data) or .png/.svg/.pdf (plot). Needs only the trace")
-    g.add_argument("--selection-bs", type=int, default=defaults.DEFAULT_SELECTION_BATCH_SIZE,
+    g.add_argument("--selection-bs", type=int_at_least(1), default=defaults.DEFAULT_SELECTION_BATCH_SIZE,
                    help="batch size of the selection curve (default: %(default)s)")
-    g.add_argument("--selection-batches", type=int, default=200, help="sampled batches per point (default: %(default)s)")
+    g.add_argument("--selection-batches", type=int_at_least(1), default=200, help="sampled batches per point (default: %(default)s)")
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", action="store_true",
                    help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
-    g.add_argument("--jobs", type=int, default=None, help="worker processes for --sweep (default: CPU count)")
+    g.add_argument("--jobs", type=int_at_least(1), default=None, help="worker processes for --sweep (default: CPU count)")
     g.add_argument("--scheduler", choices=("local", "dask"), default="local",
                    help="where --sweep runs: local worker processes, or a Dask cluster (needs "
                         "--scheduler-address and the 'distributed' package) (default: %(default)s)")
@@ -293,17 +297,15 @@ def _render_benchmarks(df, console, args, cost: str) -> None:
 
 
 def _run_selection_curve(args, console) -> None:
+    from ..atomic import all_or_none
     from ..simulator import plot_selection_curve, selection_curve, write_frame
-    from ..simulator.output import check_output_path
 
     suffix = Path(args.selection_curve).suffix.lower()
-    if suffix not in PLOT_SUFFIXES:
-        check_output_path(args.selection_curve)
-    if args.selection_bs < 1 or args.selection_batches < 1:
-        raise UsageError("--selection-bs and --selection-batches must be >= 1")
     if args.trace and len(args.trace) > 1:
         raise UsageError("--selection-curve takes one --trace")
     trace = _input_paths(args.trace, _defaults().DEFAULT_TRACE, "--trace", "trace", False)[0]
+    check_paths({"--trace": trace, "--cost": args.cost},
+                {"--selection-curve": (args.selection_curve, TABLE_SUFFIXES + PLOT_SUFFIXES)})
     df = selection_curve(trace, args.selection_bs, num_batches=args.selection_batches, seed=args.seed)
     if not args.quiet:
         from rich.table import Table
@@ -319,10 +321,11 @@ def _run_selection_curve(args, console) -> None:
             by = rows.set_index("policy")
             table.add_row(str(k), f"{rows['ratio'].iat[0]:.3f}", *[f"{by.loc[n, 'accepted_tokens']:.1f}" for n in policies])
         console.print(table)
-    if suffix in PLOT_SUFFIXES:
-        plot_selection_curve(df, args.selection_curve, trace=trace)
-    else:
-        write_frame(df, args.selection_curve)
+    with all_or_none():
+        if suffix in PLOT_SUFFIXES:
+            plot_selection_curve(df, args.selection_curve, trace=trace)
+        else:
+            write_frame(df, args.selection_curve)
     _wrote(args.selection_curve, f"selection curve at bs {args.selection_bs}, {len(df)} rows" if suffix not in
            PLOT_SUFFIXES else f"selection curve plot at bs {args.selection_bs}")
 
@@ -393,7 +396,8 @@ def _defaults():
 
 
 def _run(args, console) -> None:
-    from ..simulator import check_output_path, plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
+    from ..atomic import all_or_none
+    from ..simulator import plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
     from ..simulator.plot import describe_inputs
 
     if args.selection_curve:
@@ -402,16 +406,16 @@ def _run(args, console) -> None:
     if args.seeds != 1:
         _run_seeds(args, console)
         return
-    # Check every output path before simulating anything.
-    if args.out:
-        check_output_path(args.out)
-    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
-        raise UsageError(f"--plot {args.plot}: unknown plot format; use one of {', '.join(PLOT_SUFFIXES)}")
     if args.plot and args.sweep:
         raise UsageError("--plot draws one trace and curve; plot a sweep's --out file with analysis/ scripts")
     d = _defaults()
     traces = _input_paths(args.trace, d.DEFAULT_TRACES, "--trace", "trace", True)
     costs = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", args.sweep)
+    # Check every output path before simulating anything.
+    check_paths({"--trace": traces, "--cost": costs},
+                {"--out": (args.out, TABLE_SUFFIXES), "--plot": (args.plot, PLOT_SUFFIXES)})
+    for cost in costs:
+        check_json_input(cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     benchmarks = len(traces) > 1 and not args.sweep  # the published protocol: mean over the traces
     if args.steps is None:
         args.steps = d.DEFAULT_BENCHMARK_STEPS if benchmarks else d.DEFAULT_NUM_STEPS
@@ -422,9 +426,7 @@ def _run(args, console) -> None:
         args.policies = None
     elif args.policies is None and benchmarks:
         args.policies = list(d.DEFAULT_BENCHMARK_POLICIES)
-    params: dict[str, dict[str, Any]] = {}
-    for policy, key, value in args.param:
-        params.setdefault(policy, {})[key] = value
+    params = _policy_params(args.param, args.policies)
     kwargs = dict(
         policies=args.policies, policy_params=params, mode=args.mode, num_steps=args.steps,
         warmup_steps=args.warmup, seed=args.seed, shuffle=not args.no_shuffle, overhead_ms=args.overhead_ms,
@@ -512,11 +514,14 @@ def _run(args, console) -> None:
                                    "\n".join(notes))
             else:
                 _render_table(part, console, title, "\n".join(notes))
+    with all_or_none():  # --out and --plot appear together or not at all
+        if args.out:
+            write_frame(df, args.out)
+        if args.plot:
+            plot_speedup(df, args.plot)
     if args.out:
-        write_frame(df, args.out)
         _wrote(args.out, f"{len(df)} rows, one per ({'trace, cost, ' if args.sweep else ''}policy, batch size)")
     if args.plot:
-        plot_speedup(df, args.plot)
         _wrote(args.plot, "speedup plot")
 
 
@@ -525,24 +530,38 @@ def _wrote(path: str, what: str) -> None:
     print(f"{PROG}: wrote {path} ({what})", file=sys.stderr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``dcut-sim``; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from ..console import make_console  # after parsing: --help answers without importing rich
+def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``--param`` values per policy, checked before any work (names, keys, finite values)."""
+    from .. import policies
 
-    console = make_console()
-    try:
-        _run(args, console)
-    except ValueError as exc:
-        # UsageError, TraceError, CostCurveError, CostCurveRangeError, SimulationError and the
-        # output-path checks are all ValueErrors: bad input, one line, exit 2.
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{PROG}: error: cannot write output: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    params: dict[str, dict[str, Any]] = {}
+    for policy, key, value in given:
+        params.setdefault(policy, {})[key] = value
+    for policy, values in params.items():
+        where = f"--param {policy}.{next(iter(values))}"
+        if policy not in policies.names():
+            raise UsageError(f"{where}: unknown policy {policy!r}; known policies: {', '.join(policies.names())}")
+        if run is not None and policy not in run:
+            raise UsageError(f"{where}: policy {policy} is not run (--policies {','.join(run)}); add it to "
+                             f"--policies or drop the parameter")
+        try:
+            policies.get(policy, **values)
+        except ValueError as exc:
+            raise UsageError(f"--param: {exc}") from None
+    return params
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dcut-sim``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
+    def body() -> None:
+        args = build_parser().parse_args(argv)
+        from ..console import make_console  # after parsing: --help answers without importing rich
+
+        _run(args, make_console())
+
+    # Flag errors, UsageError, TraceError, CostCurveError, CostCurveRangeError, SimulationError and
+    # the output checks are ValueErrors; unwritable outputs are OSErrors: bad input, one line, exit 2.
+    return run_cli(PROG, body)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Subcommands (``dcut-trace SUBCOMMAND --help`` for each):
 - ``stats``    tau, per-depth acceptance, acceptance-length histogram, calibration (table or --json)
 - ``fit``      fit the synthetic generator's parameters to a trace (scipy.optimize)
 
-Exit codes: 0 success, 2 bad input (one clear line on stderr, never a traceback).
+Exit codes: 0 success, 2 bad input (one clear line on stderr, never a traceback), 130/143 on
+SIGINT/SIGTERM (``record`` keeps its resumable partial file; no output file is left half-written).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .args import check_paths, finite_float, int_at_least
+from .errors import CliParser, UsageError, run_cli
+
 __all__ = ["build_parser", "main"]
 
-
-class CliError(Exception):
-    """Bad input: printed as one line, exit code 2."""
+TRACE_SUFFIXES = (".parquet",)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -34,8 +36,8 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer indices") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> CliParser:
+    parser = CliParser(
         prog="dcut-trace",
         description="Acceptance traces for block speculative decoding: record from a real model pair, "
                     "synthesise, validate, summarise and fit (format: docs/design.md §3).",
@@ -56,18 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--backend", choices=("native", "hf"), default="native",
                      help="native: SmolLM2-135M-Instruct + self-speculative drafter (default); "
                           "hf: a local Hugging Face checkpoint pair (--target, --draft)")
-    rec.add_argument("--block-size", type=int, default=16, help="B: draft slots per block incl. anchor (default 16)")
-    rec.add_argument("--max-new-tokens", type=int, default=256, help="longest target output per prompt (default 256)")
+    rec.add_argument("--block-size", type=int_at_least(2), default=16, help="B: draft slots per block incl. anchor (default 16)")
+    rec.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="longest target output per prompt (default 256)")
     rec.add_argument("--skip-layers", type=_ints, default=(14, 15),
                      help="native: decoder layers the self-speculative drafter skips, e.g. 14,15 (default)")
     rec.add_argument("--target", help="hf: local checkpoint directory of the target model")
     rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model")
     rec.add_argument("--dtype", default="float32", help="hf: torch dtype (float32, bfloat16, float16)")
     rec.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    rec.add_argument("--threads", type=int, help="torch CPU threads (use 1 on a busy shared machine)")
-    rec.add_argument("--limit", type=int, help="use only the first N prompts")
-    rec.add_argument("--max-positions", type=int, help="stop after the request that reaches this many positions")
-    rec.add_argument("--generate-batch", type=int, default=16, help="native: prompts the target decodes together")
+    rec.add_argument("--threads", type=int_at_least(1), help="torch CPU threads (use 1 on a busy shared machine)")
+    rec.add_argument("--limit", type=int_at_least(1), help="use only the first N prompts")
+    rec.add_argument("--max-positions", type=int_at_least(1), help="stop after the request that reaches this many positions")
+    rec.add_argument("--generate-batch", type=int_at_least(1), default=16, help="native: prompts the target decodes together")
     rec.add_argument("--dataset", help="dataset label for the metadata (default: the prompt file's name)")
     rec.add_argument("--fresh", action="store_true", help="discard a partial recording instead of resuming it")
     rec.add_argument("--no-progress", action="store_true",
@@ -89,10 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--params", help="JSON file of generator parameters (as written by `fit --out`)")
     src.add_argument("--list", action="store_true", help="list presets with their source figures and exit")
     syn.add_argument("--out", help="output trace (.parquet)")
-    syn.add_argument("--num-requests", type=int, default=32, help="requests to generate (default 32)")
-    syn.add_argument("--block-size", type=int, help="override B (default: the preset's)")
-    syn.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    syn.add_argument("--calibration-gap", type=float, default=None, metavar="G",
+    syn.add_argument("--num-requests", type=int_at_least(1), default=32, help="requests to generate (default 32)")
+    syn.add_argument("--block-size", type=int_at_least(2), help="override B (default: the preset's)")
+    syn.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
+    syn.add_argument("--calibration-gap", type=finite_float(-1.0, open_low=True), default=None, metavar="G",
                      help="reported confidence = calibrated confidence ** (1 + G): G > 0 under-confident (as "
                           "real DFlash confidence is reported), -1 < G < 0 over-confident (default: the "
                           "preset's, 0 = calibrated)")
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Check every fault of docs/design.md §3; print one line per fault naming the "
                                      "file, row, request, position and field.")
     val.add_argument("files", nargs="+", help="trace files (.parquet)")
-    val.add_argument("--max-faults", type=int, default=50, help="faults listed per file (default 50)")
+    val.add_argument("--max-faults", type=int_at_least(1), default=50, help="faults listed per file (default 50)")
     val.add_argument("--quiet", action="store_true", help="print faults only, not the OK lines")
 
     # ---------------------------------------------------------------- stats
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "table and expected calibration error.")
     st.add_argument("file", help="trace file (.parquet)")
     st.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    st.add_argument("--bins", type=int, default=10, help="confidence bins of the reliability table (default 10)")
+    st.add_argument("--bins", type=int_at_least(1), default=10, help="confidence bins of the reliability table (default 10)")
     st.add_argument("--out", help="also write the JSON to this file")
 
     # ---------------------------------------------------------------- fit
@@ -123,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("file", help="trace file (.parquet)")
     ft.add_argument("--out", help="write the fitted parameters as JSON (usable with `synth --params`)")
     ft.add_argument("--json", action="store_true", help="print the result as JSON")
-    ft.add_argument("--seed", type=int, default=0, help="random seed of the simulated moments (default 0)")
-    ft.add_argument("--max-evals", type=int, default=400, help="objective evaluations (default 400)")
+    ft.add_argument("--seed", type=int_at_least(0), default=0, help="random seed of the simulated moments (default 0)")
+    ft.add_argument("--max-evals", type=int_at_least(1), default=400, help="objective evaluations (default 400)")
     return parser
 
 
@@ -136,6 +138,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from dcut_sched.sampling import SamplingParams
     from dcut_sched.traces.record import HFBackend, NativeBackend, RecordError, record_trace
 
+    check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES)})
     try:
         sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     except ValueError as exc:
@@ -147,23 +150,21 @@ def _cmd_record(args: argparse.Namespace) -> int:
     try:
         prompts = load_prompts(args.prompts)
     except PromptError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(f"--prompts: {exc}") from None
     if args.limit is not None:
         if args.limit < 1:
-            raise CliError(f"--limit {args.limit} must be >= 1")
+            raise UsageError(f"--limit {args.limit} must be >= 1")
         prompts = prompts[: args.limit]
     if args.block_size < 2:
-        raise CliError(f"--block-size {args.block_size} must be >= 2")
-    if not args.out.endswith(".parquet"):
-        raise CliError(f"--out {args.out}: a trace file must end in .parquet")
+        raise UsageError(f"--block-size {args.block_size} must be >= 2")
     t0 = time.perf_counter()
     try:
         if args.backend == "hf":
             if not args.target or not args.draft:
-                raise CliError("--backend hf needs --target DIR and --draft DIR (local checkpoints)")
+                raise UsageError("--backend hf needs --target DIR and --draft DIR (local checkpoints)")
             for p in (args.target, args.draft):
                 if not Path(p).exists():
-                    raise CliError(f"{p}: no such checkpoint directory")
+                    raise UsageError(f"{p}: no such checkpoint directory")
             backend = HFBackend(args.target, args.draft, device=args.device, dtype=args.dtype)
             extra = {}
         else:
@@ -171,7 +172,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
                                     generate_batch=args.generate_batch)
             extra = {}
     except (ImportError, FileNotFoundError, ValueError, RecordError) as exc:
-        raise CliError(f"cannot load the model pair: {exc}") from None
+        raise UsageError(f"cannot load the model pair: {exc}") from None
     load_s = time.perf_counter() - t0
     try:
         trace = record_trace(backend, prompts, args.out, block_size=args.block_size,
@@ -179,7 +180,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
                              resume=not args.fresh, progress=not args.no_progress,
                              max_positions=args.max_positions, extra_metadata=extra, sampling=sampling)
     except RecordError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     print(f"wrote {args.out}: {trace.num_requests} requests, {trace.num_rows} positions, B={trace.block_size}, "
           f"model load {load_s:.1f} s, recording {trace.metadata.get('record_seconds')} s")
     return 0
@@ -194,21 +195,19 @@ def _cmd_synth(args: argparse.Namespace) -> int:
             print(f"{name}: B={preset.params.block_size}, target tau={preset.target_tau:.2f} -- {preset.source}")
         return 0
     if not args.out:
-        raise CliError("synth needs --out FILE.parquet")
-    if not args.out.endswith(".parquet"):
-        raise CliError(f"--out {args.out}: a trace file must end in .parquet")
-    if args.num_requests < 1:
-        raise CliError(f"--num-requests {args.num_requests} must be >= 1")
+        raise UsageError("synth needs --out FILE.parquet")
+    check_paths({"--params": args.params}, {"--out": (args.out, TRACE_SUFFIXES)})
     try:
         if args.preset:
             params, name = synth.get_preset(args.preset).params, args.preset
         else:
             params, name = synth.SynthParams.load(args.params), Path(args.params).stem
     except (KeyError, synth.SynthParamsError) as exc:
-        raise CliError(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+        flag = "--preset" if args.preset else "--params"
+        raise UsageError(f"{flag}: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
     if args.block_size is not None:
         if args.block_size < 2:
-            raise CliError(f"--block-size {args.block_size} must be >= 2")
+            raise UsageError(f"--block-size {args.block_size} must be >= 2")
         params = params.replace(block_size=args.block_size)
     if args.calibration_gap is not None:
         try:
@@ -245,12 +244,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from dcut_sched.traces import Trace, TraceError
     from dcut_sched.traces.stats import print_stats, trace_stats
 
-    if args.bins < 1:
-        raise CliError(f"--bins {args.bins} must be >= 1")
+    check_paths({"FILE": args.file}, {"--out": (args.out, None)})
     try:
         trace = Trace.load(args.file)
     except TraceError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     stats = trace_stats(trace, bins=args.bins)
     if args.out:
         from dcut_sched.atomic import atomic_write_text
@@ -268,12 +266,13 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from dcut_sched.traces import Trace, TraceError
     from dcut_sched.traces.fit import fit_trace, print_fit
 
+    check_paths({"FILE": args.file}, {"--out": (args.out, None)})
     try:
         trace = Trace.load(args.file)
     except TraceError as exc:
-        raise CliError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if not trace.exact_replay:
-        raise CliError(f"{args.file}: fit needs a position-indexed trace (indexing=position)")
+        raise UsageError(f"{args.file}: fit needs a position-indexed trace (indexing=position)")
     result = fit_trace(trace, seed=args.seed, max_evals=args.max_evals)
     if args.out:
         result.params.save(args.out)
@@ -291,17 +290,12 @@ _COMMANDS = {"record": _cmd_record, "synth": _cmd_synth, "validate": _cmd_valida
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``dcut-trace``; returns the exit code (0 ok, 2 bad input)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Entry point of ``dcut-trace``; returns the exit code (:mod:`dcut_sched.cli.errors`)."""
     try:
-        return _COMMANDS[args.command](args)
-    except (CliError, OSError) as exc:
-        print(f"dcut-trace {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"dcut-trace {args.command}: interrupted", file=sys.stderr)
-        return 130
+        args = build_parser().parse_args(argv)
+    except UsageError:
+        return run_cli("dcut-trace", lambda: build_parser().parse_args(argv))
+    return run_cli(f"dcut-trace {args.command}", lambda: _COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

@@ -180,9 +180,11 @@ class RatioController:
         """Start a new run: the policy's running state and the metrics (not the calibration)."""
         self.policy.reset()
         self._last: tuple[Array, Array] | None = None
+        self._pending_bs: int | None = None  # batch size of the plan awaiting observe(), if any
         # Counters that may live on the device (a torch scalar per device, or a host int): summed
         # lazily, so counting costs no host sync.
-        self._device_counters: dict[str, dict[Any, Any]] = {"bad_conf_requests": {}, "accepted_drafts": {}}
+        self._device_counters: dict[str, dict[Any, Any]] = {
+            "bad_conf_requests": {}, "accepted_drafts": {}, "bad_accept_requests": {}}
         self._steps = self._drafted_steps = 0
         self._num_tokens = 0
         self._expected = 0.0
@@ -195,7 +197,8 @@ class RatioController:
         Keys: ``steps``, ``drafted_steps``, ``plain_steps``, ``num_tokens`` (slots verified),
         ``expected_tokens`` (sum of plan expectations), ``bad_conf_requests`` (request-steps whose
         confidences held NaN/inf/out-of-range values and were zeroed), ``observed_steps``,
-        ``accepted_drafts`` (sum of observed accepted drafts).
+        ``accepted_drafts`` (sum of observed accepted drafts), ``bad_accept_requests`` (request-steps
+        whose observed accept count was negative or above ``lengths - 1`` and was clipped).
         """
         bad = self._read_counter("bad_conf_requests")
         accepted = self._read_counter("accepted_drafts")
@@ -208,6 +211,7 @@ class RatioController:
             "bad_conf_requests": bad,
             "observed_steps": self._observed_steps,
             "accepted_drafts": accepted,
+            "bad_accept_requests": self._read_counter("bad_accept_requests"),
         }
 
     def _count(self, name: str, value: Any) -> None:
@@ -239,6 +243,11 @@ class RatioController:
         return np.where(ok[:, None], conf, conf.dtype.type(0))
 
     def _check_shape(self, conf: Array) -> None:
+        if not isinstance(conf, (np.ndarray, torch.Tensor)):
+            raise ValueError(
+                f"RatioController: conf must be a numpy array or torch tensor of shape [batch_size, "
+                f"{self.block_size - 1}]; got {type(conf).__name__} (wrap it with np.asarray / torch.as_tensor)"
+            )
         shape = tuple(conf.shape)
         if len(shape) != 2 or shape[0] < 1 or shape[1] != self.block_size - 1:
             raise ValueError(
@@ -289,56 +298,83 @@ class RatioController:
         scored = self.calibrator.transform(conf) if self.calibrate else conf
         vp = self.policy.plan(scored, self.cost, accept_len=accept_len, validate=False)
         self._last = (conf, vp.lengths)
+        self._pending_bs = vp.batch_size
         return self._finish(vp)
 
     def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
         """Plan a step that ran no draft (every request verifies its anchor): plain decoding.
 
         Args:
-            batch_size: requests in the step.
+            batch_size: requests in the step, >= 1.
             device: put the layouts on this torch device; ``None`` gives numpy arrays.
+
+        Raises:
+            ValueError: ``batch_size`` < 1 or not an integer.
         """
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"RatioController.plan_without_draft: batch_size={batch_size!r} must be an integer >= 1")
         vp = self.policy.plan_without_draft(int(batch_size), self.block_size, self.cost)
+        if self.calibrate:
+            self.calibrator.observe_plain(int(batch_size))  # the decay clock of unobserved ranges
         if device is not None:
             vp = VerifyPlan(
                 torch.as_tensor(vp.lengths, device=device), vp.num_tokens, vp.block_size,
                 vp.expected_tokens, vp.draft_next, vp.drafted,
             )
         self._last = None
+        self._pending_bs = int(batch_size)
         return self._finish(vp)
 
     def observe(self, accept_len: Array) -> None:
-        """Feed back the outcome of the last planned step.
+        """Feed back the outcome of the last planned step (once per plan).
 
         Args:
-            accept_len: ``[bs]`` ints, drafts accepted per request this step (clipped to the plan's
-                ``lengths - 1``), same kind/device as the confidences given to :meth:`plan`.
+            accept_len: ``[bs]`` ints, drafts accepted per request this step, same kind/device as the
+                confidences given to :meth:`plan`. Values outside ``[0, lengths - 1]`` (the plan's
+                lengths) are clipped into that range and counted in ``metrics["bad_accept_requests"]``
+                rather than raised on: the serving loop must not fail, and checking values on a CUDA
+                tensor would cost a host sync.
 
-        After a plan without draft nothing is learnt (there were no drafts). Raises ``ValueError``
-        on a shape that does not match the last plan.
+        After a plan without draft nothing is learnt (there were no drafts).
+
+        Raises:
+            ValueError: no plan awaits an observation (before any plan, or a second ``observe`` for
+                one plan), or ``accept_len`` is not ``[bs]`` for the last plan's batch size.
         """
+        if self._pending_bs is None:
+            raise ValueError(
+                "RatioController.observe: no plan to observe; call plan() or plan_without_draft() first "
+                "and observe() once per plan"
+            )
+        bs = self._pending_bs
+        if not isinstance(accept_len, (np.ndarray, torch.Tensor)) or tuple(accept_len.shape) != (bs,):
+            shape = tuple(accept_len.shape) if hasattr(accept_len, "shape") else type(accept_len).__name__
+            raise ValueError(
+                f"RatioController.observe: accept_len must be an integer array of shape [{bs}] (the last "
+                f"plan's batch size); got {shape}"
+            )
+        self._pending_bs = None
         self._observed_steps += 1
         if self._last is None:
             return
         conf, lengths = self._last
-        if tuple(accept_len.shape) != (int(lengths.shape[0]),):
-            raise ValueError(
-                f"RatioController.observe: accept_len must have shape [{int(lengths.shape[0])}] (the last "
-                f"plan's batch size); got {tuple(accept_len.shape)}"
-            )
+        self._last = None
         if isinstance(lengths, torch.Tensor):
             accept = torch.as_tensor(accept_len, device=lengths.device).to(torch.int64)
-            num_accepted = torch.minimum(accept, lengths - 1)
+            hi = lengths - 1
+            self._count("bad_accept_requests", ((accept < 0) | (accept > hi)).sum())
+            num_accepted = torch.minimum(accept.clamp(min=0), hi)
         else:
             if isinstance(accept_len, torch.Tensor):
                 accept_len = accept_len.cpu().numpy()
             accept = np.asarray(accept_len, dtype=np.int64)
-            num_accepted = np.minimum(accept, lengths - 1)
+            hi = lengths - 1
+            self._count("bad_accept_requests", int(((accept < 0) | (accept > hi)).sum()))
+            num_accepted = np.minimum(np.maximum(accept, 0), hi)
         self._count("accepted_drafts", num_accepted.sum())
         if self.calibrate:
             self.calibrator.observe(conf, num_accepted, lengths)
         self.policy.observe(lengths, num_accepted)
-        self._last = None
 
     def __repr__(self) -> str:
         return (

@@ -52,11 +52,13 @@ def load_prompts(path: str | os.PathLike) -> list[str]:
         PromptFileError: unreadable file, invalid JSON line, a JSON object without a prompt field,
             or no prompts at all (the message names file and line).
     """
+    from ..inputs import InputFileError, parse_json, read_text
+
     name = str(path)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PromptFileError(f"prompt file {name}: cannot read: {exc.strerror or exc}") from None
+        lines = read_text(path, "a prompt file (JSON lines or one prompt per line)").splitlines()
+    except InputFileError as exc:
+        raise PromptFileError(f"prompt file {exc}") from None
     numbered = [(n + 1, line.strip()) for n, line in enumerate(lines) if line.strip()]
     if not numbered:
         raise PromptFileError(f"prompt file {name}: no prompts (empty file)")
@@ -64,9 +66,9 @@ def load_prompts(path: str | os.PathLike) -> list[str]:
     if numbered[0][1][0] in '{"':
         for lineno, line in numbered:
             try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise PromptFileError(f"prompt file {name}, line {lineno}: not valid JSON ({exc.msg})") from None
+                item = parse_json(line, f"prompt file {name}, line {lineno}")
+            except InputFileError as exc:
+                raise PromptFileError(str(exc)) from None
             if isinstance(item, dict):
                 text = next((item[k] for k in ("prompt", "text", "question") if isinstance(item.get(k), str)), None)
                 if text is None:

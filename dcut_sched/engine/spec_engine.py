@@ -198,6 +198,7 @@ class EngineResult:
             ValueError: the run did not record a trace, or recorded no drafted step.
         """
         from ..traces import Trace
+        from ..traces.format import accept_len_dtype
 
         if self.trace_rows is None:
             raise ValueError("this run did not record a trace; call generate(..., record_trace=True)")
@@ -220,7 +221,7 @@ class EngineResult:
         return Trace(
             request_id=np.array([r[0] for r in rows], dtype=np.int32),
             pos=np.array([r[1] for r in rows], dtype=np.int32),
-            accept_len=np.array([r[2] for r in rows], dtype=np.int8),
+            accept_len=np.array([r[2] for r in rows], dtype=accept_len_dtype(self.block_size)),
             conf=np.array([r[3] for r in rows], dtype=np.float32).reshape(len(rows), k),
             metadata=meta,
             target_prob=np.array([r[4] for r in rows], dtype=np.float32).reshape(len(rows), k) if sampled else None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import Policy, VerifyPlan, budget_from_ratio, get, names, register
+from .base import Policy, VerifyPlan, budget_from_ratio, check_params, get, names, param_defaults, param_help, register
 
 # Registration order = the order of docs/design.md §2 (the order tables list policies in), then the
 # published peers (docs/policies.md).
@@ -27,4 +27,5 @@ for _mod in pkgutil.iter_modules(__path__):
     if _mod.name not in _ORDER and _mod.name != "base":
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["PEERS", "Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+__all__ = ["PEERS", "Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
+           "param_help", "register"]

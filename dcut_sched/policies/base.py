@@ -19,6 +19,7 @@ and on the same device. A policy syncs with the host at most once per step (the 
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from ..cost_curve import CostCurve
 from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores
 from ..step_costs import StepCosts, step_costs
 
-__all__ = ["CostLike", "Policy", "VerifyPlan", "budget_from_ratio", "get", "names", "register"]
+__all__ = ["CostLike", "Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
+           "param_help", "register"]
 
 #: What a policy accepts as its cost model: a cost curve or the step costs built from one.
 CostLike = Union[CostCurve, StepCosts]
@@ -203,7 +205,7 @@ class Policy(ABC):
         if num_tokens is None:
             num_tokens = int(lengths.sum())
         if expected is None:
-            expected = expected_tokens(scores, lengths)
+            expected = expected_tokens(scores, lengths, validate=False)
         return VerifyPlan(lengths, int(num_tokens), int(scores.shape[1]), float(expected), draft_next=draft_next)
 
     def __repr__(self) -> str:
@@ -234,13 +236,70 @@ def get(name: str, **params: Any) -> Policy:
 
     Raises:
         KeyError: unknown name (the message lists the known ones).
-        TypeError / ValueError: unknown or invalid parameters.
+        ValueError: an unknown parameter (the message lists the policy's valid keys), a non-finite
+            number (NaN/inf make every result meaningless), or a value the policy rejects.
     """
+    cls = _policy_class(name)
+    check_params(name, params)
     try:
-        cls = _REGISTRY[name]
+        return cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"policy {name}: bad parameter value ({exc}); valid keys: {_keys_text(name)}") from None
+
+
+def _policy_class(name: str) -> type[Policy]:
+    try:
+        return _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown policy {name!r}; known policies: {', '.join(names())}") from None
-    return cls(**params)
+
+
+def param_defaults(name: str) -> dict[str, Any]:
+    """The constructor parameters of policy ``name`` and their defaults (``inspect.signature``)."""
+    sig = inspect.signature(_policy_class(name).__init__)
+    return {p.name: (None if p.default is inspect.Parameter.empty else p.default)
+            for p in list(sig.parameters.values())[1:]
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+def _keys_text(name: str) -> str:
+    keys = param_defaults(name)
+    return ", ".join(f"{k} (default {v!r})" for k, v in keys.items()) or "none (the policy takes no parameters)"
+
+
+def param_help() -> str:
+    """One line per policy, ``name: key=default, ...``, for ``--help`` texts."""
+    lines = []
+    for n in names():
+        keys = param_defaults(n)
+        lines.append(f"  {n}: " + (", ".join(f"{k}={v!r}" for k, v in keys.items()) or "(no parameters)"))
+    return "\n".join(lines)
+
+
+def _non_finite(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float, np.number)):
+        return not math.isfinite(float(value))
+    if isinstance(value, (list, tuple)):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
+def check_params(name: str, params: dict[str, Any]) -> None:
+    """Refuse parameters policy ``name`` does not take, and non-finite numbers.
+
+    Raises:
+        KeyError: unknown policy.
+        ValueError: naming the policy, the key and the valid keys.
+    """
+    keys = param_defaults(name)
+    for key, value in params.items():
+        if key not in keys:
+            raise ValueError(f"policy {name} has no parameter {key!r}; valid keys: {_keys_text(name)}")
+        if _non_finite(value):
+            raise ValueError(f"policy {name}: {key}={value!r} is not finite; give a finite number "
+                             f"(default {keys[key]!r})")
 
 
 def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int, like: Array) -> Array:

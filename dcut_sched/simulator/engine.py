@@ -59,6 +59,8 @@ class Calibrator(Protocol):
     is called after every drafted step with the *raw* ``conf [bs, B-1]``, ``num_accepted [bs]`` int64
     (``min(accept_len, lengths - 1)``: drafts the verification accepted) and ``lengths [bs]`` int64
     (slots verified; drafts beyond ``lengths - 1`` were not verified, so their outcome is unknown).
+    An optional ``observe_plain(batch_size)`` is called after every step that ran no draft (the
+    calibrator's clock for decaying unobserved confidence ranges, see ``OnlineCalibrator``).
     """
 
     def transform(self, conf: Any) -> Any: ...
@@ -203,6 +205,8 @@ class _Stepper:
             step_ms = self.costs.drafted_ms(bs, plan.num_tokens)
         else:
             plan = self.policy.plan_without_draft(bs, self.block_size, self.costs)
+            if self.calibrator is not None and hasattr(self.calibrator, "observe_plain"):
+                self.calibrator.observe_plain(bs)  # optional: the decay clock of unobserved ranges
             lengths = None
             tokens, finished = batch.advance_plain()
             step_ms = self.costs.plain_ms(bs)

@@ -61,6 +61,11 @@ def resolve_policies(
         raise SimulationError(f"parameters given for unknown policy {sorted(unknown)[0]!r}; "
                               f"known policies: {', '.join(policy_registry.names())}")
     specs = list(policy_registry.names() if specs is None else specs)
+    by_name = {s if isinstance(s, str) else (s.name if isinstance(s, Policy) else s[0]) for s in specs}
+    unused = sorted(set(policy_params) - by_name)
+    if unused:
+        raise SimulationError(f"parameters given for policy {unused[0]!r}, which is not run; add it to the "
+                              f"policies or drop its parameters")
     out: list[tuple[str, Policy]] = []
     for spec in specs:
         if isinstance(spec, Policy):
@@ -155,8 +160,8 @@ def _prepare(
         raise SimulationError(f"batch sizes {batch_sizes} repeat a value")
     if mode == "closed" and not (0 <= warmup_steps < num_steps):
         raise SimulationError(f"need 0 <= warmup_steps ({warmup_steps}) < num_steps ({num_steps})")
-    if not overhead_ms >= 0:
-        raise SimulationError(f"overhead_ms={overhead_ms} must be >= 0")
+    if not 0 <= overhead_ms < float("inf"):
+        raise SimulationError(f"overhead_ms={overhead_ms} must be a finite number >= 0")
     if not (draft_scale > 0 and np.isfinite(draft_scale)):
         raise SimulationError(f"draft_scale={draft_scale} must be a finite number > 0")
     if mode == "open":

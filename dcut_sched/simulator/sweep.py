@@ -18,6 +18,7 @@ import contextlib
 import functools
 import itertools
 import os
+import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Sequence
 
@@ -39,6 +40,12 @@ def _load_trace(path: str) -> Trace:
 @functools.lru_cache(maxsize=8)
 def _load_cost(path: str) -> CostCurve:
     return CostCurve.load(path, check_hardware=False)
+
+
+def _worker_ignores_signals() -> None:
+    """Sweep workers leave SIGINT/SIGTERM to the parent, which stops them (no worker tracebacks)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -122,7 +129,7 @@ def sweep(
         check_simulation(_load_trace(t), _load_cost(c), batch_sizes=list(batch_sizes), **simulate_kwargs)
     cells = list(itertools.product(traces, costs, batch_sizes))
     own = executor is None
-    pool = ProcessPoolExecutor(max_workers=jobs) if own else executor
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_ignores_signals) if own else executor
     frames: dict[int, pd.DataFrame] = {}
     try:
         futures = {pool.submit(sweep_job, t, c, int(bs), simulate_kwargs): n for n, (t, c, bs) in enumerate(cells)}
@@ -130,6 +137,13 @@ def sweep(
             frames[futures[fut]] = fut.result()
             if on_job is not None:
                 on_job(done, len(cells))
+    except KeyboardInterrupt:
+        # Ctrl-C / SIGTERM reach this process; the workers ignore them, so stop them here rather
+        # than waiting for their running jobs.
+        if own:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        raise
     finally:
         if own:
             pool.shutdown(cancel_futures=True)

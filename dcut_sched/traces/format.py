@@ -1,11 +1,16 @@
 """Acceptance traces: the Parquet format of docs/design.md §3, loading, validation and saving.
 
 One row per (request, output position) for a **position-indexed** trace, or per (request, step) for a
-**step-indexed** one. Columns: ``request_id`` int32, ``pos`` int32, ``accept_len`` int8,
-``c1..c{B-1}`` float32. File-level key-value metadata (Parquet schema metadata, UTF-8 strings):
+**step-indexed** one. Columns: ``request_id`` int32, ``pos`` int32, ``accept_len`` int8 (int16 when
+B > 128, where int8 cannot hold B-1), ``c1..c{B-1}`` float32. File-level key-value metadata (Parquet schema metadata, UTF-8 strings):
 ``dcut.trace.version``, ``indexing`` (``position`` or ``step``), ``block_size``, ``target_model``,
 ``draft_model``, ``dataset``, ``temperature``, ``source`` (``recorded`` or ``synthetic``), and for
 synthetic traces ``generator`` and ``generator_params`` (JSON).
+
+Types on load: exact dtypes or lossless casts only. Integer columns of any integer type are
+accepted when every value fits the column's type; a float column only when every value is a finite
+whole number in range; nulls, NaN, fractions (an ``accept_len`` of 6.7), booleans and strings are
+faults naming the file, row and field -- never silently truncated, wrapped or merged.
 
 Sampled traces (``temperature`` > 0) add ``p1..p{B-1}`` float32: the target's probability, at that
 temperature (and ``top_p``/``top_k`` when recorded), of each draft token given the drafts before it
@@ -40,6 +45,7 @@ __all__ = [
     "Trace",
     "TraceError",
     "TraceFault",
+    "accept_len_dtype",
     "check_trace_columns",
     "is_sampled",
     "target_prob_columns",
@@ -79,6 +85,19 @@ class TraceFault:
         if self.pos is not None:
             where.append(f"pos {self.pos}")
         return f"{': '.join([', '.join(where), f'field {self.field!r}'])}: {self.problem}"
+
+
+def accept_len_dtype(block_size: int) -> np.dtype:
+    """The ``accept_len`` dtype for block size B: int8 (DESIGN.md §3) while B-1 <= 127, else int16.
+
+    Raises:
+        TraceError: B > 32768 (no accept_len type is defined for it).
+    """
+    if block_size <= 128:
+        return np.dtype(np.int8)
+    if block_size <= 32768:
+        return np.dtype(np.int16)
+    raise TraceError(f"block_size={block_size} is too large for a trace (at most 32768)")
 
 
 def conf_columns(block_size: int) -> list[str]:
@@ -136,6 +155,11 @@ class Trace:
     target_prob: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        dtype = accept_len_dtype(int(self.conf.shape[1]) + 1)
+        al = np.asarray(self.accept_len)
+        if al.dtype.kind not in "iu" or np.iinfo(al.dtype).max < self.conf.shape[1]:
+            raise TraceError(f"accept_len of dtype {al.dtype} cannot hold B-1 = {self.conf.shape[1]}; build it as "
+                             f"{dtype} (dcut_sched.traces.format.accept_len_dtype)")
         self.metadata = _meta_to_str(self.metadata)
         self.metadata.setdefault(VERSION_KEY, TRACE_VERSION)
         self.metadata.setdefault("block_size", str(self.conf.shape[1] + 1))
@@ -190,7 +214,7 @@ class Trace:
         """One row per (request, position): request_id, pos, accept_len, c1..c{B-1}."""
         df = pd.DataFrame(
             {"request_id": self.request_id.astype(np.int32), "pos": self.pos.astype(np.int32),
-             "accept_len": self.accept_len.astype(np.int8)}
+             "accept_len": self.accept_len.astype(accept_len_dtype(self.block_size))}
         )
         conf = pd.DataFrame(self.conf.astype(np.float32), columns=conf_columns(self.block_size))
         parts = [df, conf]
@@ -213,7 +237,7 @@ class Trace:
         return cls(
             request_id=df["request_id"].to_numpy(np.int32),
             pos=df["pos"].to_numpy(np.int32),
-            accept_len=df["accept_len"].to_numpy(np.int8),
+            accept_len=df["accept_len"].to_numpy(accept_len_dtype(block)),
             conf=df[conf_columns(block)].to_numpy(np.float32),
             metadata=dict(metadata),
             path=path,
@@ -253,11 +277,77 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
         raise TraceError(f"{path_str}: no such trace file")
     try:
         table = pq.read_table(path)
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
         raise TraceError(f"{path_str}: not a readable Parquet trace file ({type(exc).__name__}: {exc})") from None
-    raw = table.schema.metadata or {}
-    metadata = {k.decode(): v.decode() for k, v in raw.items() if k != b"pandas"}
-    return table.to_pandas(), metadata
+    names = table.schema.names
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise TraceError(f"{path_str}: field {dupes[0]!r}: the column appears {names.count(dupes[0])} times; "
+                         f"write each column once")
+    metadata = {}
+    for k, v in (table.schema.metadata or {}).items():
+        if k == b"pandas":
+            continue
+        try:
+            metadata[k.decode("utf-8")] = v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"{path_str}: file metadata key {k!r} is not UTF-8 text (key and value must be UTF-8 "
+                             f"strings; rewrite the file with dcut_sched.traces.Trace.save)") from None
+    try:
+        df = table.to_pandas()
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise TraceError(f"{path_str}: columns cannot be read as a table ({type(exc).__name__}: {exc})") from None
+    return df, metadata
+
+
+def _cell(df: pd.DataFrame, column: str, row: int) -> int | None:
+    """``df[column][row]`` as an int when it is a whole number (for fault locations), else None."""
+    try:
+        value = df[column].iat[row]
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if np.isfinite(f) and f == int(f) and abs(f) < 2**63 else None
+
+
+def _integer_faults(col: pd.Series, dtype: np.dtype, limit: int = 5) -> list[tuple[int, str]]:
+    """Rows of ``col`` that would not convert to ``dtype`` losslessly, with the reason (up to ``limit``)."""
+    info = np.iinfo(dtype)
+    kind = col.dtype.kind if isinstance(col.dtype, np.dtype) else ""
+    want = f"store it as {dtype.name} (whole numbers in [{info.min}, {info.max}])"
+    if col.dtype == bool or kind == "b" or str(col.dtype) == "boolean":
+        return [(0, f"boolean column; {want}")]
+    if kind and kind in "iu":
+        values = col.to_numpy()
+        bad = np.flatnonzero((values < info.min) | (values > info.max)) if values.dtype != dtype else []
+        return [(int(r), f"{values[r]} does not fit {dtype.name} (it would wrap); {want}") for r in bad[:limit]]
+    if pd.api.types.is_integer_dtype(col.dtype):  # pandas nullable Int64 etc.
+        nulls = np.flatnonzero(col.isna().to_numpy())
+        if len(nulls):
+            return [(int(r), f"null value; {want}") for r in nulls[:limit]]
+        return _integer_faults(col.astype(np.int64), dtype, limit)
+    if kind == "f":
+        values = col.to_numpy(np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(values) & (values == np.round(values)) & (values >= info.min) & (values <= info.max)
+        out = []
+        for r in np.flatnonzero(~ok)[:limit]:
+            v = float(values[r])
+            what = ("null/NaN value" if np.isnan(v) else f"{v!r} is not finite" if not np.isfinite(v)
+                    else f"{v!r} is not a whole number (it would be truncated)" if v != np.round(v)
+                    else f"{v!r} does not fit {dtype.name}")
+            out.append((int(r), f"{what}; {want}"))
+        return out
+    return [(0, f"column of type {col.dtype} (e.g. {col.iat[0]!r}); {want}")]
+
+
+def _float_column_fault(col: pd.Series) -> str | None:
+    """Why a confidence column is not numeric, or None (NaN and range are checked with the values)."""
+    if col.dtype == bool or str(col.dtype) == "boolean":
+        return "boolean column; store confidences as float32 in [0, 1]"
+    if pd.api.types.is_numeric_dtype(col.dtype):
+        return None
+    return f"column of type {col.dtype} (e.g. {col.iat[0]!r}); store confidences as float32 in [0, 1]"
 
 
 def check_trace_columns(
@@ -309,6 +399,22 @@ def check_trace_columns(
         return faults
     if len(df) == 0:
         add("request_id", "the trace has no rows")
+        return faults
+    if block > 32768:
+        add("block_size", f"{block} is too large for a trace (at most 32768)")
+        return faults
+
+    # Types first: exact dtypes or lossless casts (module docstring), so nothing below truncates,
+    # wraps or merges values.
+    for name, dtype in (("request_id", np.int32), ("pos", np.int32), ("accept_len", accept_len_dtype(block))):
+        for r, problem in _integer_faults(df[name], np.dtype(dtype)):
+            if add(name, problem, r, _cell(df, "request_id", r), _cell(df, "pos", r)):
+                return faults
+    for name in conf_columns(block):
+        problem = _float_column_fault(df[name])
+        if problem is not None and add(name, problem):
+            return faults
+    if faults:
         return faults
 
     conf = df[conf_columns(block)].to_numpy(np.float64)

@@ -36,18 +36,24 @@ def load_prompts(path: str | os.PathLike) -> list[Prompt]:
         PromptError: missing file, a line that is not a JSON object, a missing or non-string field,
             an empty prompt or a duplicate id (the message names file, line and field).
     """
+    from ..inputs import InputFileError, parse_json, read_text
+
     path = Path(path)
     if not path.is_file():
         raise PromptError(f"{path}: no such prompt file")
+    try:
+        text = read_text(path, "a JSON-lines prompt file (id, category, prompt per line)")
+    except InputFileError as exc:
+        raise PromptError(str(exc)) from None
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptError(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
+            obj = parse_json(line, f"{path}, line {lineno}")
+        except InputFileError as exc:
+            raise PromptError(str(exc)) from None
         if not isinstance(obj, dict):
             raise PromptError(f"{path}, line {lineno}: expected a JSON object with id, category, prompt")
         for key in ("id", "category", "prompt"):

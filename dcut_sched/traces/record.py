@@ -51,7 +51,7 @@ import torch
 
 from ..model.drafter import confidence, drafter_layers
 from ..sampling import SamplingParams, request_keys, sampling_probs
-from .format import Trace, TraceError
+from .format import Trace, TraceError, accept_len_dtype
 from .prompts import Prompt, prompts_digest
 
 __all__ = [
@@ -91,7 +91,7 @@ def accept_lengths(draft_tokens: np.ndarray, output_ids: Sequence[int]) -> np.nd
     idx = np.arange(n)[:, None] + np.arange(k)[None, :]
     window = np.where(idx < n, y[np.minimum(idx, n - 1)], -1)
     matched = np.cumprod(draft_tokens == window, axis=1).sum(axis=1)
-    return np.minimum(matched, n - 1 - np.arange(n)).astype(np.int8)
+    return np.minimum(matched, n - 1 - np.arange(n)).astype(accept_len_dtype(k + 1))
 
 
 @torch.inference_mode()
@@ -505,9 +505,9 @@ class _Rows:
         if not self.request_id:
             empty = np.zeros(0, np.int32)
             none = np.zeros((0, block_size - 1), np.float32)
-            return Trace(empty, empty, np.zeros(0, np.int8), none, metadata, target_prob=none if sampled else None)
+            return Trace(empty, empty, np.zeros(0, accept_len_dtype(block_size)), none, metadata, target_prob=none if sampled else None)
         return Trace(np.concatenate(self.request_id).astype(np.int32), np.concatenate(self.pos).astype(np.int32),
-                     np.concatenate(self.accept_len).astype(np.int8),
+                     np.concatenate(self.accept_len).astype(accept_len_dtype(block_size)),
                      np.concatenate(self.conf).astype(np.float32), metadata,
                      target_prob=np.concatenate(self.target_prob).astype(np.float32) if sampled else None)
 

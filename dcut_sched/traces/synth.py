@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ import numpy as np
 from scipy.special import expit, ndtri
 
 from ..atomic import atomic_write_text
-from .format import Trace
+from .format import Trace, accept_len_dtype
 
 __all__ = [
     "PRESETS",
@@ -128,14 +129,20 @@ class SynthParams:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "parameters") -> "SynthParams":
         """Raises SynthParamsError on unknown or invalid fields."""
+        if not isinstance(d, dict):
+            raise SynthParamsError(f"{where}: parameters must be a JSON object of numbers; got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise SynthParamsError(f"{where}: unknown synthetic parameter(s) {unknown}; known: {sorted(names)}")
-        try:
-            kw = {k: (int(v) if k in ("block_size", "min_length", "max_length") else float(v)) for k, v in d.items()}
-        except (TypeError, ValueError) as exc:
-            raise SynthParamsError(f"{where}: a parameter is not a number ({exc})") from None
+        kw = {}
+        for k, v in d.items():
+            integer = k in ("block_size", "min_length", "max_length")
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or (integer and not float(v).is_integer()):  # lossless casts only
+                raise SynthParamsError(f"{where}: field {k!r} = {v!r} is not a finite "
+                                       f"{'integer' if integer else 'number'}")
+            kw[k] = int(v) if integer else float(v)
         return cls(**kw)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -149,13 +156,15 @@ class SynthParams:
         Raises:
             SynthParamsError: missing/unreadable file or invalid parameters (names the file).
         """
+        from ..inputs import InputFileError, read_json
+
         p = Path(path)
+        if not p.exists():
+            raise SynthParamsError(f"{p}: no such parameter file")
         try:
-            obj = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise SynthParamsError(f"{p}: no such parameter file") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SynthParamsError(f"{p}: not a JSON parameter file ({exc})") from None
+            obj = read_json(p, "a JSON parameter file (as written by `dcut-trace fit --out`)")
+        except InputFileError as exc:
+            raise SynthParamsError(str(exc)) from None
         if not isinstance(obj, dict):
             raise SynthParamsError(f"{p}: expected a JSON object")
         return cls.from_dict(obj.get("params", obj), where=str(p))
@@ -235,7 +244,7 @@ def generate(params: SynthParams, num_requests: int = 32, seed: int = 0, dataset
     right, conf = sample_rows(params, rng, z[req])
     accept = np.cumprod(right, axis=1).sum(axis=1)
     remaining = np.repeat(lengths, lengths) - pos - 1
-    accept = np.minimum(accept, remaining).astype(np.int8)
+    accept = np.minimum(accept, remaining).astype(accept_len_dtype(params.block_size))
     meta = {
         "indexing": "position", "source": "synthetic", "block_size": str(params.block_size),
         "dataset": dataset, "temperature": "0", "generator": GENERATOR,

@@ -168,7 +168,7 @@ def test_load_prompts_formats(tmp_path):
     broken.write_text('{"prompt": "a"\n')
     with pytest.raises(PromptFileError, match="line 1: not valid JSON"):
         load_prompts(broken)
-    with pytest.raises(PromptFileError, match="cannot read"):
+    with pytest.raises(PromptFileError, match="missing.txt: no such file"):
         load_prompts(tmp_path / "missing.txt")
 
 

@@ -126,7 +126,7 @@ def test_analytic_models_the_decode_path_on_its_own(tmp_path):
     (["--cpu", "--model", "tiny", "--draft", "self-skip:14,15"], "out of range for tiny"),
     (["--cpu", "--draft", "eagle"], "draft spec 'eagle'"),
     (["--cpu", "--device", "h20"], "belong to --analytic"),
-    (["--analytic", "--device", "h20", "--fit", "/nonexistent.json"], "cannot read"),
+    (["--analytic", "--device", "h20", "--fit", "/nonexistent.json"], "--fit /nonexistent.json: no such file"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     assert main([*argv, "--out", str(tmp_path / "o.json"), "--no-progress"]) == 2
