@@ -81,7 +81,7 @@ def test_small_real_sampled_run(tmp_path):
         "--top-p", "0.95", "--seed", "3", "--out", str(out), "--trace", str(trace),
     ])
     assert code == 0
-    summary = json.loads(out.read_text())
+    summary = json.loads(out.read_text())["rows"][0]  # the one table JSON shape: {"attrs", "rows"}
     assert summary["check"] == "identical to sampled decoding" and summary["sampling"] == "T=0.8 top_p=0.95 seed=3"
     from dcut_sched.traces import Trace
 
