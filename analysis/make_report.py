@@ -18,6 +18,7 @@ Sections (each also reproducible with the ``dcut-sim`` command the report prints
    ``<!-- generated:fidelity -->`` markers;
 6. the published peer policies next to ``fine`` at bs 1..64 (report_peers).
 7. the vLLM benchmark of ``analysis/bench_vllm.py`` (included when its Markdown exists).
+8. the sampling section of ``analysis/sampling_report.py`` (included when its Markdown exists).
 
 About two minutes on the project's 2-core machine (one process).
 """
@@ -62,6 +63,7 @@ REAL_ALL = REAL_B16 + ["traces/smollm2-135m-skip14-15-b8.parquet"]
 BATCH_SIZES = (4, 8, 16, 32, 64)
 CPU_BATCH_SIZES = (4, 8, 16)  # the CPU curve is measured at bs 1..16
 FIDELITY_MD = "analysis/results/fidelity.md"
+SAMPLING_MD = "analysis/results/sampling.md"
 VLLM_MD = "analysis/results/vllm/bench_vllm.md"
 #: Section 1 runs the policies of DESIGN.md §2; the published peers have their own section (report_peers).
 CORE_POLICIES = [p for p in policy_names() if p not in PEERS]
@@ -211,7 +213,9 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path
     peers = peers_markdown(results["peers"], commentary=peers_commentary(results["peers"]))
     vllm_path = ROOT / VLLM_MD
     vllm = vllm_path.read_text() if vllm_path.exists() else None
-    text = render_report(results, families(), settings, fidelity=fidelity, peers=peers, vllm=vllm)
+    sampling_path = ROOT / SAMPLING_MD
+    sampling = sampling_path.read_text() if sampling_path.exists() else None
+    text = render_report(results, families(), settings, fidelity=fidelity, peers=peers, vllm=vllm, sampling=sampling)
     atomic_write_text(out_dir / "README.md", text)
     written.append(out_dir / "README.md")
     blocks = {"headline": report_reproduce.headline_markdown(results["reproduce"])}

@@ -62,10 +62,10 @@ VLLM_INTRO = (
 
 
 def render_report(results: dict, families: list, settings, *, fidelity: str | None, peers: str | None = None,
-                  vllm: str | None = None) -> str:
+                  vllm: str | None = None, sampling: str | None = None) -> str:
     """The whole ``analysis/README.md`` (a function of the results only: no run time or date in it;
     ``peers``: the Markdown of report_peers' section, if computed; ``vllm``: analysis/bench_vllm.py's
-    Markdown, if written)."""
+    Markdown, if written; ``sampling``: analysis/sampling_report.py's Markdown, if written)."""
     from report_commentary import commentary
 
     c = commentary(results, families, settings)
@@ -214,6 +214,9 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     else:
         w("*No vLLM benchmark yet: run `PYTHONPATH=. python analysis/bench_vllm.py` (needs the vLLM environment), then "
           "`python analysis/make_report.py` to include it here.*\n")
+    # ---------------------------------------------------------------- sampling
+    if sampling:
+        w(sampling.strip() + "\n")
 
     w("## Caveats\n")
     w(c["caveats"])

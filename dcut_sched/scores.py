@@ -40,6 +40,7 @@ __all__ = [
     "global_topk",
     "is_tensor",
     "slot_scores",
+    "verified_prefix_tokens",
 ]
 
 
@@ -371,6 +372,30 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
     mask = np.arange(block)[None, :] < np.asarray(lengths)[:, None]
     per = (scores * mask).sum(axis=1)
     return per if per_request else float(per.sum())
+
+
+def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
+    """Tokens a request produces when it verifies its first ``lengths`` slots: ``1 + min(a, L - 1)``.
+
+    The one implementation of the rule (DESIGN.md §1, §3): the ``L - 1`` verified drafts yield the
+    accepted ones (at most ``a``, what the whole block would accept) plus one token from the target,
+    the bonus after an all-accepted prefix or the correction at the first rejection. Holds for greedy
+    verification and, with ``a`` drawn per seed, for sampled verification of greedy drafts
+    (:mod:`dcut_sched.sampling`).
+
+    Args:
+        accept_len: ``[bs]`` ints in ``[0, B-1]`` (numpy or torch).
+        lengths: ``[bs]`` ints in ``[1, B]`` (same kind, or array-like).
+
+    Returns:
+        ``[bs]`` int64 array/tensor of the inputs' kind.
+    """
+    if _is_torch(accept_len):
+        import torch
+
+        lengths = torch.as_tensor(lengths, device=accept_len.device)
+        return 1 + torch.minimum(accept_len.long(), lengths.long() - 1)
+    return 1 + np.minimum(np.asarray(accept_len, dtype=np.int64), np.asarray(lengths, dtype=np.int64) - 1)
 
 
 def _check_lengths(scores: Array, lengths: Any) -> None:

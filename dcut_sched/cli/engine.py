@@ -1,9 +1,9 @@
-"""``dcut-engine``: batched greedy speculative decoding of SmolLM2-135M with the ratio controller.
+"""``dcut-engine``: batched speculative decoding (greedy or sampled) of SmolLM2-135M with the ratio controller.
 
-Run ``dcut-engine --help``; docs/controller.md has the details. Exit status: 0 on success, 1 when
-``--check`` finds an output that differs from plain greedy decoding, 2 on bad input (one line on
-stderr, no partial output file), 130/143 on SIGINT/SIGTERM (no output file written); see
-:mod:`dcut_sched.cli.errors`.
+Run ``dcut-engine --help``; docs/controller.md and docs/sampling.md have the details. Exit status: 0 on
+success, 1 when ``--check`` finds an output that differs from plain (greedy or sampled) decoding, 2 on
+bad input (one line on stderr, no partial output file), 130/143 on SIGINT/SIGTERM (no output file
+written); see :mod:`dcut_sched.cli.errors`.
 """
 
 from __future__ import annotations
@@ -56,11 +56,13 @@ def build_parser() -> CliParser:
     p = CliParser(
         prog=PROG,
         description=(
-            "Generate with batched greedy speculative decoding: SmolLM2-135M-Instruct as the target, its "
-            "self-speculative drafter (the same weights without layers 14-15) proposing B-1 tokens per "
+            "Generate with batched speculative decoding: SmolLM2-135M-Instruct as the target, its "
+            "self-speculative drafter (the same weights without layers 14-15) proposing B-1 greedy tokens per "
             "step, and the ratio controller choosing how many slots of each request the target verifies. "
-            "Prints tokens/s, accepted drafts per step and the step plans; can check the output against "
-            "plain greedy decoding and record a step-indexed acceptance trace."
+            "Greedy by default; --temperature T > 0 samples the target (rejection sampling of the greedy "
+            "drafts, lossless under every policy; docs/sampling.md). Prints tokens/s, accepted drafts per "
+            "step and the step plans; can check the output against plain decoding and record a "
+            "step-indexed acceptance trace."
         ),
         epilog=(
             "examples:\n"
@@ -68,6 +70,7 @@ def build_parser() -> CliParser:
             "  dcut-engine --policy dcut --batch-size 8 --prompts prompts.jsonl --cost curve.json --check\n"
             "  dcut-engine --policy topk --param rho=0.5 --block-size 8 --steps out/steps.csv --out out/summary.json\n"
             "  dcut-engine --policy full --trace out/recorded.parquet --num-prompts 64\n"
+            "  dcut-engine --policy dcut --temperature 0.7 --top-p 0.9 --seed 1 --check\n"
             + _paragraphs(
                 "cost curve: --cost FILE, else the recorded CPU profile "
                 f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
@@ -77,12 +80,14 @@ def build_parser() -> CliParser:
                 "them 29 minutes, on a busy machine. The run prints its size, an estimate after the first "
                 "steps, and progress: a bar on a terminal, otherwise one status line (rate, ETA) every 30 s "
                 "(DCUT_PROGRESS_INTERVAL_S).",
+                "sampling: request i draws with key (seed, i), so its output depends only on its prompt and the "
+                "seed, not on the policy or the batch; --check compares with plain sampled decoding.",
                 "busy machine: pass --threads 1 when other jobs share the cores (two torch threads that wait "
                 "on each other made single forwards 10-100x slower here).",
             )
             + "policy parameters (--param KEY=VALUE for the chosen --policy), with their defaults:\n"
             + f"{policies.param_help()}\n"
-            + "exit status: 0 ok, 1 --check found a difference from greedy decoding, 2 bad input,\n"
+            + "exit status: 0 ok, 1 --check found a difference from plain decoding, 2 bad input,\n"
             + "130/143 interrupted by SIGINT/SIGTERM (no output file is written)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -97,6 +102,15 @@ def build_parser() -> CliParser:
     g.add_argument("--max-new-tokens", type=int_at_least(1), default=32, help="tokens generated per request (default: 32)")
     g.add_argument("--skip-layers", type=_int_list, default=[14, 15], metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="target sampling temperature (default 0 = greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default 1 = off)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (default 0 = off)")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed; request i uses key (S, i) (default 0)")
+    g.add_argument("--draft", choices=("greedy", "sampled"), default="greedy",
+                   help="draft tokens: greedy (default); sampled drafts are refused at T > 0 (they make length "
+                        "rules biased, docs/sampling.md)")
     g = p.add_argument_group("inputs")
     g.add_argument("--prompts", metavar="FILE",
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
@@ -106,7 +120,8 @@ def build_parser() -> CliParser:
                    help="torch CPU threads (default: torch's choice; use 1 on a busy shared machine)")
     g.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
     g = p.add_argument_group("outputs")
-    g.add_argument("--check", action="store_true", help="also run plain greedy decoding and compare token for token")
+    g.add_argument("--check", action="store_true",
+                   help="also run plain greedy (or, at T > 0, sampled, same keys) decoding and compare token for token")
     g.add_argument("--out", metavar="FILE", help="summary (.json) or summary table (.csv/.parquet)")
     g.add_argument("--steps", metavar="FILE", help="one row per step with its plan (.csv/.json/.parquet)")
     g.add_argument("--trace", metavar="FILE", help="record a step-indexed acceptance trace (.parquet)")
@@ -130,9 +145,18 @@ def run(args: argparse.Namespace) -> int:
     from ..controller import RatioController
     from ..cost_curve import CostCurve, CostCurveError
     from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompts
+    from ..sampling import SamplingParams
 
     if args.batch_size < 1 or args.block_size < 2 or args.max_new_tokens < 1:
         raise UsageError("--batch-size and --max-new-tokens must be >= 1 and --block-size >= 2")
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                                  draft=args.draft)
+    except ValueError as exc:
+        raise UsageError(f"--temperature/--top-p/--top-k/--seed/--draft: {exc}") from None
+    if args.trace and not sampling.is_greedy and args.policy != "full":
+        raise UsageError(f"--trace at --temperature {args.temperature:g} records the target's probability of every "
+                         f"draft token, so every slot must be verified: use --policy full (not {args.policy})")
     check_paths({"--prompts": args.prompts, "--cost": args.cost},
                 {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
                  "--trace": (args.trace, (".parquet",))})
@@ -168,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"policy {args.policy}: {exc}") from None
     try:
-        from ..model import LlamaModel, greedy_generate
+        from ..model import LlamaModel, greedy_generate, sample_generate
         from ..model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
 
         tokenizer = load_smollm2_tokenizer()
@@ -178,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
     try:
         engine = SpecEngine(model, ctrl, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                            eos_id=tokenizer.eos_id, skip_layers=args.skip_layers)
+                            eos_id=tokenizer.eos_id, skip_layers=args.skip_layers, sampling=sampling)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine.cost_source = cost_source or "none (policy needs no cost curve)"
@@ -219,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     mismatched: list[int] = []
     if args.check:
         num_batches = -(-len(prompt_ids) // args.batch_size)
-        check = RunProgress(f"{PROG} --check (plain greedy reference)", num_batches * args.max_new_tokens,
+        check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
                             "steps", enabled=not args.quiet)
         done_batches = [0]
 
@@ -230,16 +254,21 @@ def run(args: argparse.Namespace) -> int:
                          detail=f"batch {done_batches[0] + 1}/{num_batches}")
 
         with check:
-            reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
-                                        batch_size=args.batch_size, on_step=on_ref_step)
+            if sampling.is_greedy:
+                reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
+                                            batch_size=args.batch_size, on_step=on_ref_step)
+            else:
+                reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
+                                            batch_size=args.batch_size, on_step=on_ref_step)
         mismatched = [i for i, (a, b) in enumerate(zip(result.outputs, reference)) if a != b]
-        summary["check"] = "identical to greedy" if not mismatched else f"differs for prompts {mismatched}"
+        same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
+        summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"
 
-    table = Table(title=f"dcut-engine: {args.policy}, B={args.block_size}, bs={args.batch_size}, "
+    table = Table(title=f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, bs={args.batch_size}, "
                         f"{len(prompt_ids)} prompts x {args.max_new_tokens} tokens")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("cost_source", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
+    for key in ("cost_source", "sampling", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
                 "accepted_per_step", "tokens_per_request_step", "mean_ratio", "prefill_ms", "draft_ms", "plan_ms",
                 "verify_ms", "bad_conf_requests", "check"):
         if key in summary:

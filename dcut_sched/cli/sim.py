@@ -102,6 +102,9 @@ def build_parser() -> CliParser:
                    help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
                         "arrivals with continuous batching, latency percentiles (default: %(default)s)")
     g.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the request order and arrivals (default: %(default)s)")
+    g.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run seeds SEED..SEED+N-1 and report the mean and spread (std, min-max) over them; on a "
+                        "sampled trace each seed also redraws the acceptance from p1..p{B-1} (default: %(default)s)")
     g.add_argument("--no-shuffle", action="store_true", help="admit requests in the trace's order instead of a seeded shuffle")
     g.add_argument("--overhead-ms", type=finite_float(0.0), default=0.0,
                    help="fixed controller overhead added to every drafted step, ms (default: %(default)s)")
@@ -327,6 +330,65 @@ def _run_selection_curve(args, console) -> None:
            PLOT_SUFFIXES else f"selection curve plot at bs {args.selection_bs}")
 
 
+def _run_seeds(args, console) -> None:
+    """``--seeds N``: one trace and curve, N seeds; the table shows mean, std and range of the speedup."""
+    from rich.table import Table
+
+    from ..simulator import check_output_path, seed_spread, simulate, write_frame
+
+    if args.seeds < 1:
+        raise UsageError(f"--seeds {args.seeds} must be >= 1")
+    if args.sweep or args.plot or (args.trace and len(args.trace) > 1) or (args.cost and len(args.cost) > 1):
+        raise UsageError("--seeds runs one --trace and one --cost (no --sweep, no --plot)")
+    if args.out:
+        check_output_path(args.out)
+    d = _defaults()
+    trace = _input_paths(args.trace, d.DEFAULT_TRACE, "--trace", "trace", False)[0]
+    cost = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", False)[0]
+    params: dict[str, dict[str, Any]] = {}
+    for policy, key, value in args.param:
+        params.setdefault(policy, {})[key] = value
+    if args.prompt_len is not None and args.prefill_ms is not None:
+        raise UsageError("give --prompt-len or --prefill-ms, not both")
+    steps = args.steps if args.steps is not None else d.DEFAULT_NUM_STEPS
+    warmup = args.warmup if args.warmup is not None else min(d.DEFAULT_WARMUP_STEPS, max(steps - 1, 0))
+    frames = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        frames.append(simulate(
+            trace, cost, batch_sizes=args.batch_sizes, policies=args.policies, policy_params=params, mode=args.mode,
+            num_steps=steps, warmup_steps=warmup, seed=seed, shuffle=not args.no_shuffle,
+            overhead_ms=args.overhead_ms, draft_scale=args.draft_scale,
+            calibrator=_make_calibrator() if args.calibrate else None, rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
+            prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
+        ))
+    import pandas as pd
+
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs = dict(frames[0].attrs)
+    spread = seed_spread(df)
+    if not args.quiet:
+        table = Table(title=f"{PROG} {args.mode} loop: speedup over ar, mean over {args.seeds} seeds "
+                            f"({args.seed}..{args.seed + args.seeds - 1})")
+        table.add_column("policy", style="bold")
+        sizes = sorted(spread["batch_size"].unique())
+        for bs in sizes:
+            table.add_column(f"bs {bs}", justify="right")
+        for policy, rows in spread.groupby("policy", sort=False):
+            by = rows.set_index("batch_size")
+            table.add_row(policy, *[f"{by.loc[bs, 'speedup_mean']:.3f}x\n[dim]sd {by.loc[bs, 'speedup_std']:.3f}  "
+                                    f"{by.loc[bs, 'speedup_min']:.2f}-{by.loc[bs, 'speedup_max']:.2f}[/dim]"
+                                    for bs in sizes])
+        console.print(table)
+        from ..traces import Trace
+
+        sampled = ("sampled trace: acceptance redrawn from p per seed" if Trace.load(trace).sampled
+                   else "greedy trace: seeds change the request order (and arrivals) only")
+        console.print(f"trace {trace}\ncost {cost}\n{sampled}; sd = sample standard deviation over seeds",
+                      highlight=False, soft_wrap=True)
+    if args.out:
+        write_frame(df, args.out)
+
+
 def _defaults():
     from ..simulator import defaults
 
@@ -340,6 +402,9 @@ def _run(args, console) -> None:
 
     if args.selection_curve:
         _run_selection_curve(args, console)
+        return
+    if args.seeds != 1:
+        _run_seeds(args, console)
         return
     if args.plot and args.sweep:
         raise UsageError("--plot draws one trace and curve; plot a sweep's --out file with analysis/ scripts")

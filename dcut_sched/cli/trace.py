@@ -75,6 +75,12 @@ def build_parser() -> CliParser:
     rec.add_argument("--no-progress", action="store_true",
                      help="no progress (a bar on a terminal, else a status line with rate and ETA every 30 s, "
                           "also during the target decode) and no up-front estimate")
+    rec.add_argument("--temperature", type=float, default=0.0,
+                     help="target sampling temperature; > 0 records a sampled trace with p1..p{B-1} (native backend; "
+                          "default 0 = greedy)")
+    rec.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    rec.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    rec.add_argument("--seed", type=int, default=0, help="sampling seed; request i uses key (seed, i) (default 0)")
 
     # ---------------------------------------------------------------- synth
     syn = sub.add_parser("synth", help="generate a synthetic trace (preset or fitted parameters)",
@@ -129,9 +135,16 @@ def _cmd_record(args: argparse.Namespace) -> int:
     import torch
 
     from dcut_sched.traces.prompts import PromptError, load_prompts
+    from dcut_sched.sampling import SamplingParams
     from dcut_sched.traces.record import HFBackend, NativeBackend, RecordError, record_trace
 
     check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES)})
+    try:
+        sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    except ValueError as exc:
+        raise CliError(f"--temperature/--top-p/--top-k/--seed: {exc}") from None
+    if not sampling.is_greedy and args.backend == "hf":
+        raise CliError("--temperature > 0 needs --backend native (the hf backend records greedy traces only)")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -165,7 +178,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         trace = record_trace(backend, prompts, args.out, block_size=args.block_size,
                              max_new_tokens=args.max_new_tokens, dataset=args.dataset or Path(args.prompts).stem,
                              resume=not args.fresh, progress=not args.no_progress,
-                             max_positions=args.max_positions, extra_metadata=extra)
+                             max_positions=args.max_positions, extra_metadata=extra, sampling=sampling)
     except RecordError as exc:
         raise UsageError(str(exc)) from None
     print(f"wrote {args.out}: {trace.num_requests} requests, {trace.num_rows} positions, B={trace.block_size}, "

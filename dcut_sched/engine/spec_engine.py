@@ -1,4 +1,4 @@
-"""Batched greedy speculative decoding with the ratio controller choosing each step's verification.
+"""Batched speculative decoding (greedy or sampled) with the ratio controller choosing each step's verification.
 
 The target is a :class:`~dcut_sched.model.llama.LlamaModel` (the project's own forward with a static
 KV cache), the drafter its self-speculative version (:class:`~dcut_sched.model.drafter.SelfSpecDrafter`,
@@ -24,6 +24,14 @@ One step, for the active requests (request i has committed ``n_i`` tokens; the l
    bonus token; ``SelfSpecDrafter.draft`` works out what it is missing).
 5. **Feedback**: ``RatioController.observe(a)``.
 
+Sampling (``sampling=SamplingParams(temperature=T, ...)``, T > 0): the drafter stays greedy; the
+target's token at every verified slot is drawn by :func:`dcut_sched.sampling.sample_at` from the
+request's own key and the token's index in its sequence, a draft is accepted iff it equals that
+draw (accept with probability ``p_t(d_t)``, else the target's distribution without ``d_t``), and the
+bonus/correction is the draw itself. Each request's output is then exactly what plain sampled
+decoding (:func:`dcut_sched.model.generate.sample_generate`) gives with the same key, for every policy
+and batch composition (the proof is in :mod:`dcut_sched.sampling`).
+
 Greedy verification is lossless: every committed token is the target's argmax given the committed
 prefix, so the output equals plain greedy decoding (:func:`dcut_sched.model.generate.greedy_generate`)
 token for token, whatever the policy (up to floating-point near-ties between differently shaped
@@ -43,6 +51,7 @@ import numpy as np
 import torch
 
 from ..controller import ControllerPlan, RatioController
+from ..sampling import SamplingParams, request_keys, sample_at, sampling_probs
 from .packing import RowPacking, pack_rows
 
 __all__ = ["EngineResult", "SpecEngine", "StepRecord"]
@@ -97,7 +106,9 @@ class EngineResult:
             token); ``decode_ms``: wall time of the decode steps.
         policy, block_size, batch_size: the run's settings; ``cost_source``: which cost curve.
         trace_rows: step-indexed trace rows ``(request_id, pos, accept_len, conf[B-1])`` of the
-            drafted steps when recorded, else ``None``.
+            drafted steps when recorded, else ``None``; sampled runs append ``p[B-1]`` (the target's
+            probability of each draft token at the run's temperature; needs every slot verified).
+        sampling: the run's :class:`~dcut_sched.sampling.SamplingParams`.
     """
 
     outputs: list[list[int]]
@@ -108,8 +119,9 @@ class EngineResult:
     block_size: int
     batch_size: int
     cost_source: str = ""
-    trace_rows: list[tuple[int, int, int, list[float]]] | None = None
+    trace_rows: list[tuple] | None = None
     controller_metrics: dict[str, Any] = field(default_factory=dict)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @property
     def generated_tokens(self) -> int:
@@ -151,6 +163,7 @@ class EngineResult:
             "block_size": self.block_size,
             "batch_size": self.batch_size,
             "cost_source": self.cost_source,
+            "sampling": self.sampling.describe(),
             "requests": len(self.outputs),
             "generated_tokens": self.generated_tokens,
             "steps": len(steps),
@@ -192,26 +205,31 @@ class EngineResult:
         if not self.trace_rows:
             raise ValueError("the run had no drafted steps, so there is no trace to write")
         rows = sorted(self.trace_rows, key=lambda r: (r[0], r[1]))
+        sampled = not self.sampling.is_greedy
         meta = {
             "indexing": "step",
             "block_size": str(self.block_size),
             "source": "recorded",
-            "temperature": "0",
+            "temperature": f"{float(self.sampling.temperature):g}",
             "policy": self.policy,
             "accept_len_censored": "false" if self.policy == "full" else "true",
         }
+        if sampled:
+            meta.update(top_p=f"{self.sampling.top_p:g}", top_k=str(self.sampling.top_k), seed=str(self.sampling.seed))
         meta.update(metadata or {})
+        k = self.block_size - 1
         return Trace(
             request_id=np.array([r[0] for r in rows], dtype=np.int32),
             pos=np.array([r[1] for r in rows], dtype=np.int32),
             accept_len=np.array([r[2] for r in rows], dtype=accept_len_dtype(self.block_size)),
-            conf=np.array([r[3] for r in rows], dtype=np.float32).reshape(len(rows), self.block_size - 1),
+            conf=np.array([r[3] for r in rows], dtype=np.float32).reshape(len(rows), k),
             metadata=meta,
+            target_prob=np.array([r[4] for r in rows], dtype=np.float32).reshape(len(rows), k) if sampled else None,
         )
 
 
 class SpecEngine:
-    """Batched greedy speculative decoding driven by a :class:`RatioController` (module docstring).
+    """Batched speculative decoding driven by a :class:`RatioController` (module docstring).
 
     Args:
         model: the target ``LlamaModel`` (any dtype/device).
@@ -220,6 +238,7 @@ class SpecEngine:
         max_new_tokens: generated tokens per request (the first comes from the prefill).
         eos_id: stop a request after this token (included in its output); ``None``: never.
         skip_layers: the drafter's skipped layers (``SelfSpecDrafter``; default 14, 15 of SmolLM2).
+        sampling: the target's sampling (default greedy, T = 0); drafts are always greedy.
 
     Raises:
         ValueError: ``batch_size < 1``, ``max_new_tokens < 1`` or a controller with ``B < 2``.
@@ -234,6 +253,7 @@ class SpecEngine:
         max_new_tokens: int = 32,
         eos_id: int | None = None,
         skip_layers: Iterable[int] | str = (14, 15),
+        sampling: SamplingParams | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"SpecEngine: batch_size={batch_size} must be >= 1")
@@ -249,6 +269,7 @@ class SpecEngine:
         self.eos_id = eos_id
         self.skip_layers = skip_layers
         self.cost_source = ""
+        self.sampling = sampling if sampling is not None else SamplingParams()
 
     # ------------------------------------------------------------------ run
     @torch.inference_mode()
@@ -258,6 +279,7 @@ class SpecEngine:
         *,
         record_trace: bool = False,
         on_request_done: Callable[[int], None] | None = None,
+        keys: Sequence[int] | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
     ) -> EngineResult:
         """Generate for every prompt.
@@ -266,13 +288,16 @@ class SpecEngine:
             prompt_ids: token ids of each prompt (each non-empty).
             record_trace: keep step-indexed trace rows (see :meth:`EngineResult.trace`).
             on_request_done: called with the prompt index when a request finishes (progress bars).
+            keys: per-request sampling keys (default ``request_keys(sampling.seed, len(prompt_ids))``);
+                a request's output depends only on its prompt and key. Ignored at T = 0.
             on_step: called with each step's :class:`StepRecord` once the step is committed (progress).
 
         Returns:
             The :class:`EngineResult`.
 
         Raises:
-            ValueError: an empty prompt list or an empty prompt.
+            ValueError: an empty prompt list or an empty prompt, ``keys`` of the wrong length, or
+                ``record_trace`` of a sampled run whose policy does not verify every slot.
         """
         from ..model.drafter import SelfSpecDrafter
 
@@ -282,6 +307,16 @@ class SpecEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("SpecEngine.generate: every prompt needs at least one token")
         model, ctrl, B = self.model, self.controller, self.block_size
+        sp = self.sampling
+        keys = request_keys(sp.seed, len(prompts)) if keys is None else [int(k) for k in keys]
+        if len(keys) != len(prompts):
+            raise ValueError(f"SpecEngine.generate: {len(keys)} keys for {len(prompts)} prompts")
+        self._keys = keys
+        sampled_trace = record_trace and not sp.is_greedy
+        self._record_probs = sampled_trace
+        if sampled_trace and ctrl.policy.name != "full":
+            raise ValueError("SpecEngine.generate: a sampled trace records the target's probability of every "
+                             f"draft token, so every slot must be verified: use policy 'full', not {ctrl.policy.name!r}")
         dev = model.device
         rows_total = min(self.batch_size, len(prompts))
         max_len = max(len(p) for p in prompts) + self.max_new_tokens + B
@@ -295,7 +330,7 @@ class SpecEngine:
         seqs: dict[int, list[int]] = {}
         outputs: list[list[int] | None] = [None] * len(prompts)
         drafted_steps_of: dict[int, int] = {}
-        trace_rows: list[tuple[int, int, int, list[float]]] | None = [] if record_trace else None
+        trace_rows: list[tuple] | None = [] if record_trace else None
         steps: list[StepRecord] = []
         prefill_ms = 0.0
         decode_ms = 0.0
@@ -338,9 +373,8 @@ class SpecEngine:
                     ids.to(dev), cache, lengths=torch.tensor(lengths, device=dev),
                     batch_index=torch.tensor(free, dtype=torch.long, device=dev),
                 )
-                first = logits.argmax(-1).tolist()
-                for r, tok in zip(free, first):
-                    commit(r, [tok])
+                for j, (r, q) in enumerate(zip(free, new)):
+                    commit(r, sample_at(logits[j : j + 1], sp, keys[q], [lengths[j]]))
                 prefill_ms += (time.perf_counter() - t0) * 1e3
 
         admit()
@@ -385,9 +419,10 @@ class SpecEngine:
                 ctrl.observe(torch.tensor(accepted, device=conf.device))
                 if trace_rows is not None:
                     conf_rows = conf.float().cpu().tolist()
-                    for q, a, c in zip(reqs, accepted, conf_rows):
+                    probs = self._last_draft_probs if sampled_trace else [None] * bs
+                    for q, a, c, pr in zip(reqs, accepted, conf_rows, probs):
                         k = drafted_steps_of.get(q, 0)
-                        trace_rows.append((q, k, a, c))
+                        trace_rows.append((q, k, a, c) if pr is None else (q, k, a, c, pr))
                         drafted_steps_of[q] = k + 1
             else:
                 ctrl.observe(torch.zeros(bs, dtype=torch.int64, device=dev))
@@ -426,6 +461,7 @@ class SpecEngine:
             cost_source=self.cost_source,
             trace_rows=trace_rows,
             controller_metrics=ctrl.metrics,
+            sampling=sp,
         )
 
     # ------------------------------------------------------------------ pieces
@@ -446,7 +482,12 @@ class SpecEngine:
         drafts: list[list[int]],
         lengths: list[int],
     ) -> list[list[int]]:
-        """One packed target forward; returns the target's argmax at each verified slot per request."""
+        """One packed target forward; returns the target's token at each verified slot per request.
+
+        Greedy: the argmax. Sampled: :func:`~dcut_sched.sampling.sample_at` with the request's key at
+        the sequence index each slot's token takes (``len(seq) + slot``). Also keeps, for sampled trace
+        recording, the target's probability of each verified draft token (``_last_draft_probs``).
+        """
         packing: RowPacking = pack_rows(lengths)
         self._last_packing = packing
         n_rows, T = packing.num_rows, packing.tokens_per_row
@@ -474,8 +515,26 @@ class SpecEngine:
             batch_index=torch.from_numpy(batch_index).to(dev),
             kv_len=kv_len,
         )
-        argmax = logits.argmax(-1).cpu().numpy()
-        targets: list[list[int]] = [[] for _ in reqs]
+        sp = self.sampling
+        if sp.is_greedy:
+            argmax = logits.argmax(-1).cpu().numpy()
+            targets: list[list[int]] = [[] for _ in reqs]
+            for r, (j, length) in enumerate(zip(packing.request, packing.length)):
+                targets[j].extend(argmax[r, :length].tolist())
+            return targets
+        per_request: list[list[torch.Tensor]] = [[] for _ in reqs]
         for r, (j, length) in enumerate(zip(packing.request, packing.length)):
-            targets[j].extend(argmax[r, :length].tolist())
+            per_request[j].append(logits[r, :length])
+        targets, draft_probs = [], []
+        for j, chunks in enumerate(per_request):
+            block_logits = torch.cat(chunks, 0)  # [L_j, V]
+            n = len(seqs[reqs[j]])
+            targets.append(sample_at(block_logits, sp, self._keys[reqs[j]], range(n, n + lengths[j])))
+            d = drafts[j][: lengths[j] - 1]
+            if d and self._record_probs:
+                probs = sampling_probs(block_logits[: len(d)], sp)
+                draft_probs.append(probs[torch.arange(len(d)), torch.tensor(d)].float().cpu().tolist())
+            else:
+                draft_probs.append([])
+        self._last_draft_probs = draft_probs
         return targets

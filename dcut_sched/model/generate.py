@@ -1,4 +1,4 @@
-"""Reference greedy decoding: the ground truth the speculative engine must match token for token."""
+"""Reference decoding, greedy and sampled: the ground truth the speculative engine must match token for token."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import torch
 
 from dcut_sched.model.llama import LlamaModel
+from dcut_sched.sampling import SamplingParams, request_keys, sample_at
 
 
 @torch.inference_mode()
@@ -45,14 +46,48 @@ def greedy_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_
         raise ValueError("greedy_generate: every prompt needs at least one token")
     if not prompts or max_new_tokens == 0:
         return [[] for _ in prompts]
+    return _generate(model, prompts, max_new_tokens, eos_id, batch_size, SamplingParams(), None, on_step)
+
+
+@torch.inference_mode()
+def sample_generate(model: LlamaModel, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+                    eos_id: int | None, sampling: SamplingParams, keys: Sequence[int] | None = None,
+                    batch_size: int | None = None,
+                    on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
+    """Plain autoregressive sampled decoding: the token at sequence index n of request i is
+    :func:`dcut_sched.sampling.sample_at` of the target's logits with key ``keys[i]`` at index n.
+
+    Same arguments as :func:`greedy_generate`, plus ``sampling`` (T = 0 is greedy decoding) and
+    ``keys`` (default ``request_keys(sampling.seed, len(prompt_ids))``). The speculative engine with
+    the same keys produces the same tokens under every policy (``dcut_sched.sampling``).
+
+    Raises:
+        ValueError: an empty prompt, max_new_tokens < 0 or ``keys`` of the wrong length.
+    """
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    prompts = [list(p) for p in prompt_ids]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("sample_generate: every prompt needs at least one token")
+    keys = request_keys(sampling.seed, len(prompts)) if keys is None else [int(k) for k in keys]
+    if len(keys) != len(prompts):
+        raise ValueError(f"sample_generate: {len(keys)} keys for {len(prompts)} prompts")
+    if not prompts or max_new_tokens == 0:
+        return [[] for _ in prompts]
+    return _generate(model, prompts, max_new_tokens, eos_id, batch_size, sampling, keys, on_step)
+
+
+def _generate(model, prompts, max_new_tokens, eos_id, batch_size, sampling, keys, on_step=None) -> list[list[int]]:
     bsz = batch_size or len(prompts)
     out: list[list[int]] = []
     for i in range(0, len(prompts), bsz):
-        out.extend(_greedy_batch(model, prompts[i:i + bsz], max_new_tokens, eos_id, on_step))
+        out.extend(_decode_batch(model, prompts[i:i + bsz], max_new_tokens, eos_id, sampling,
+                                 None if keys is None else keys[i:i + bsz], on_step))
     return out
 
 
-def _greedy_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos_id: int | None,
+def _decode_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos_id: int | None,
+                  sampling: SamplingParams, keys: list[int] | None,
                   on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
     dev = model.device
     bs = len(prompts)
@@ -67,7 +102,12 @@ def _greedy_batch(model: LlamaModel, prompts: list[list[int]], max_new: int, eos
     outs: list[list[int]] = [[] for _ in range(bs)]
     done = [False] * bs
     for step in range(max_new):
-        nxt = logits.argmax(-1)  # [bs]
+        if sampling.is_greedy:
+            nxt = logits.argmax(-1)  # [bs]
+        else:
+            index = (lengths + step).tolist()  # sequence index of the token drawn now
+            nxt = torch.tensor([sample_at(logits[b:b + 1], sampling, keys[b], [index[b]])[0] for b in range(bs)],
+                               dtype=torch.long, device=dev)
         for b, t in enumerate(nxt.tolist()):
             if not done[b]:
                 outs[b].append(t)

@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "ReplayBatch": ".replay",
     "RequestFeed": ".replay",
     "output_lengths": ".replay",
+    "seed_spread": ".results",
     "speedup_table": ".results",
     "selection_curve": ".selection_curve",
     "SimulationError": ".simulate",

@@ -274,7 +274,7 @@ def run_closed_loop(
     policy = _fresh_policy(policy)
     calibrator = copy.deepcopy(calibrator)
     feed = RequestFeed(trace.num_requests, seed=seed, shuffle=shuffle)
-    batch = ReplayBatch(trace)
+    batch = ReplayBatch(trace, seed=seed)
     batch.add(feed.take(batch_size))
     stepper = _Stepper(batch, policy, cost, StepCosts(cost, trace.block_size, overhead_ms, draft_scale),
                        calibrator, record)
@@ -359,7 +359,7 @@ def run_open_loop(
             raise ValueError(f"arrival_ms must be {n} non-decreasing times >= 0")
     feed = RequestFeed(trace.num_requests, seed=seed, shuffle=shuffle)
     requests = feed.take(n)
-    batch = ReplayBatch(trace)
+    batch = ReplayBatch(trace, seed=seed)
     costs = StepCosts(cost, trace.block_size, overhead_ms, draft_scale)
     stepper = _Stepper(batch, policy, cost, costs, calibrator, record=False)
     start_ms = np.full(n, np.nan)

@@ -21,12 +21,23 @@ Replay rule (docs/design.md §1, §3): a request that verifies ``L`` slots produ
   one record per engine step (wrapping within the request if the policy needs more steps than the
   recorded run took). The request's output length is what the recorded run produced,
   ``sum(1 + accept_len)`` over its records; the last step's tokens are clipped to it.
+
+Sampled traces (``p1..p{B-1}`` present, temperature > 0): :meth:`ReplayBatch.gather` draws each
+request's acceptance afresh from the seeded generator instead of reading the recorded draw: draft t is
+accepted with probability ``p_t`` given drafts 1..t-1 accepted (greedy drafts verified by rejection
+sampling, :mod:`dcut_sched.sampling`), so ``accept_len`` = the number of leading successes of
+independent Bernoulli(``p_t``) trials, capped like the recorded one (``p + 1 + accept_len <= n``).
+The policy plans from the same confidences it would see online, and what it verifies yields exactly
+the engine's tokens for that draw. Approximation: after a draw that differs from the recorded one the
+replay continues along the recorded output's positions (the confidences of the text the sampled draw
+would produce are not in the trace). Greedy traces replay exactly as before.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..scores import verified_prefix_tokens
 from ..traces import Trace
 
 __all__ = ["RequestFeed", "ReplayBatch", "output_lengths"]
@@ -99,10 +110,13 @@ class ReplayBatch:
 
     Args:
         trace: the (validated) trace to replay.
+        seed: seeds the acceptance draws of a sampled trace (ignored for greedy traces).
     """
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, seed: int = 0):
         self.trace = trace
+        self._target_prob = None if trace.target_prob is None else np.ascontiguousarray(trace.target_prob)
+        self._accept_rng = np.random.default_rng([int(seed), 2])
         self.exact = trace.exact_replay
         self.block_size = trace.block_size
         self._conf = np.ascontiguousarray(trace.conf)
@@ -181,8 +195,18 @@ class ReplayBatch:
         """
         rows = self.start + self.cursor
         self._rows = rows
-        self._acc = self._accept[rows]
+        if self._target_prob is None:
+            self._acc = self._accept[rows]
+        else:
+            self._acc = self._sample_accept(rows)
         return self._conf[rows], self._acc
+
+    def _sample_accept(self, rows: np.ndarray) -> np.ndarray:
+        """``[bs]`` int64 acceptance drawn from ``p`` (module docstring), capped at the output's end."""
+        prob = self._target_prob[rows]
+        success = self._accept_rng.random(prob.shape) < prob
+        drawn = np.cumprod(success, axis=1).sum(axis=1).astype(np.int64)
+        return np.minimum(drawn, np.maximum(self.target - self.produced - 1, 0))
 
     def advance(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Advance every slot after verifying its first ``lengths[i]`` slots (after :meth:`gather`).
@@ -196,7 +220,7 @@ class ReplayBatch:
         """
         if self._rows is None:
             raise RuntimeError("ReplayBatch.advance needs gather() first in the same step")
-        tokens = 1 + np.minimum(self._acc, lengths - 1)
+        tokens = verified_prefix_tokens(self._acc, lengths)
         self._rows = None
         if self.exact:
             self.cursor += tokens

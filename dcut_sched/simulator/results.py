@@ -153,6 +153,24 @@ def add_speedups(df: pd.DataFrame, mode: str, baseline: str = "ar") -> pd.DataFr
     return df
 
 
+def seed_spread(df: pd.DataFrame, value: str = "speedup_vs_ar") -> pd.DataFrame:
+    """Mean and spread over seeds of ``value`` per (policy, batch size) (and trace/cost when present).
+
+    Args:
+        df: rows of several :func:`~dcut_sched.simulator.simulate` runs with a ``seed`` column.
+
+    Returns:
+        One row per group: ``speedup_mean``, ``speedup_std`` (sample standard deviation, ddof 1; NaN
+        for one seed), ``speedup_min``, ``speedup_max``, ``tokens_per_s_mean``, ``seeds``.
+    """
+    keys = [k for k in ("trace", "cost", "policy", "batch_size") if k in df.columns]
+    g = df.groupby(keys, sort=False)
+    out = g[value].agg(speedup_mean="mean", speedup_std="std", speedup_min="min", speedup_max="max")
+    out["tokens_per_s_mean"] = g["tokens_per_s"].mean()
+    out["seeds"] = g["seed"].nunique()
+    return out.reset_index()
+
+
 def speedup_table(df: pd.DataFrame, value: str = "speedup_vs_ar") -> pd.DataFrame:
     """Policies x batch sizes of ``value``, plus a ``geomean`` column (``scipy.stats.gmean`` over batch sizes).
 

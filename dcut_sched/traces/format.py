@@ -12,6 +12,12 @@ accepted when every value fits the column's type; a float column only when every
 whole number in range; nulls, NaN, fractions (an ``accept_len`` of 6.7), booleans and strings are
 faults naming the file, row and field -- never silently truncated, wrapped or merged.
 
+Sampled traces (``temperature`` > 0) add ``p1..p{B-1}`` float32: the target's probability, at that
+temperature (and ``top_p``/``top_k`` when recorded), of each draft token given the drafts before it
+(DESIGN.md §3). With greedy drafts, sampled verification accepts draft t with probability ``p_t``
+given drafts 1..t-1 accepted, so a replay samples ``accept_len`` per seed; the recorded
+``accept_len`` is one draw. Greedy traces carry no ``p`` columns.
+
 Replay semantics (position-indexed, exact): a request at position p that verifies L slots moves to
 ``p + 1 + min(accept_len[p], L - 1)``; it is finished when it reaches its number of positions.
 """
@@ -41,6 +47,8 @@ __all__ = [
     "TraceFault",
     "accept_len_dtype",
     "check_trace_columns",
+    "is_sampled",
+    "target_prob_columns",
     "read_trace_file",
 ]
 
@@ -97,6 +105,21 @@ def conf_columns(block_size: int) -> list[str]:
     return [f"c{t}" for t in range(1, block_size)]
 
 
+def target_prob_columns(block_size: int) -> list[str]:
+    """The sampled trace's target-probability column names ``p1..p{B-1}``."""
+    return [f"p{t}" for t in range(1, block_size)]
+
+
+def is_sampled(metadata: Mapping[str, str]) -> bool:
+    """True when the metadata's ``temperature`` is a number > 0 (a sampled trace).
+
+    Raises:
+        ValueError: ``temperature`` is present but not a number.
+    """
+    raw = metadata.get("temperature", "0")
+    return float(raw) > 0
+
+
 def _meta_to_str(metadata: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for key, value in metadata.items():
@@ -117,6 +140,7 @@ class Trace:
         conf: ``[N, B-1]`` float32 in [0, 1]: draft confidence of each draft slot.
         metadata: file-level metadata (strings; see module docstring).
         path: the file it came from, for messages.
+        target_prob: ``[N, B-1]`` float32 in [0, 1] for sampled traces (``p1..p{B-1}``), else None.
 
     Derived: ``request_ids`` ``[R]`` (order of appearance), ``starts`` ``[R]`` int64 first row of each
     request, ``num_positions`` ``[R]`` int64 rows of each request.
@@ -128,6 +152,7 @@ class Trace:
     conf: np.ndarray
     metadata: dict[str, str] = field(default_factory=dict)
     path: str | None = None
+    target_prob: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         dtype = accept_len_dtype(int(self.conf.shape[1]) + 1)
@@ -158,6 +183,15 @@ class Trace:
         return self.indexing == "position"
 
     @property
+    def sampled(self) -> bool:
+        """True for a sampled trace (temperature > 0, ``target_prob`` present)."""
+        return self.target_prob is not None
+
+    @property
+    def temperature(self) -> float:
+        return float(self.metadata.get("temperature", "0"))
+
+    @property
     def num_requests(self) -> int:
         return int(len(self.starts))
 
@@ -183,7 +217,10 @@ class Trace:
              "accept_len": self.accept_len.astype(accept_len_dtype(self.block_size))}
         )
         conf = pd.DataFrame(self.conf.astype(np.float32), columns=conf_columns(self.block_size))
-        return pd.concat([df, conf], axis=1)
+        parts = [df, conf]
+        if self.target_prob is not None:
+            parts.append(pd.DataFrame(self.target_prob.astype(np.float32), columns=target_prob_columns(self.block_size)))
+        return pd.concat(parts, axis=1)
 
     @classmethod
     def from_frame(cls, df: pd.DataFrame, metadata: Mapping[str, Any], path: str | None = None) -> "Trace":
@@ -204,6 +241,8 @@ class Trace:
             conf=df[conf_columns(block)].to_numpy(np.float32),
             metadata=dict(metadata),
             path=path,
+            target_prob=(df[target_prob_columns(block)].to_numpy(np.float32)
+                         if is_sampled(_meta_to_str(metadata)) else None),
         )
 
     # -------------------------------------------------------------- I/O
@@ -404,10 +443,49 @@ def check_trace_columns(
         )
         if add("pos", problem, int(order[r]), int(req[r]), int(pos[r])):
             return faults
+    if not faults:
+        faults.extend(check_target_prob_columns(df, metadata, path, block, max_faults))
+        if len(faults) >= max_faults:
+            return faults
     if metadata.get("indexing") == "position" and not faults:
         remaining = np.repeat(ends, ends - starts) - np.arange(len(req)) - 1
         for r in np.flatnonzero(acc > remaining)[:max_faults]:
             if add("accept_len", f"{acc[r]} accepted drafts run past the request's last position "
                    f"({remaining[r]} positions remain)", int(order[r]), int(req[r]), int(pos[r])):
                 return faults
+    return faults
+
+
+def check_target_prob_columns(df: pd.DataFrame, metadata: Mapping[str, str], path: str, block: int,
+                              max_faults: int = MAX_FAULTS) -> list[TraceFault]:
+    """Faults of the sampled-trace columns ``p1..p{B-1}``.
+
+    A trace whose ``temperature`` is > 0 needs every ``p`` column, each finite in [0, 1]; a greedy
+    trace (temperature 0) must not carry them; a ``temperature`` that is not a number is a fault.
+    """
+    faults: list[TraceFault] = []
+    cols = target_prob_columns(block)
+    present = [c for c in df.columns if c.startswith("p") and c[1:].isdigit()]
+    try:
+        sampled = is_sampled(metadata)
+    except ValueError:
+        return [TraceFault(path, "temperature", f"{metadata.get('temperature')!r} is not a number")]
+    if not sampled:
+        if present:
+            faults.append(TraceFault(path, present[0], "target-probability column in a greedy trace "
+                                     "(temperature 0); set the temperature it was sampled at or drop p1..p{B-1}"))
+        return faults
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        return [TraceFault(path, missing[0], f"column missing: a sampled trace (temperature "
+                           f"{metadata.get('temperature')}) needs p1..p{block - 1}, the target's probability of "
+                           f"each draft token; missing: {', '.join(missing[:5])}{'...' if len(missing) > 5 else ''}")]
+    extra = sorted(c for c in present if int(c[1:]) >= block)
+    if extra:
+        return [TraceFault(path, extra[0], f"target-probability column beyond block_size={block}")]
+    prob = df[cols].to_numpy(np.float64)
+    bad = ~(np.isfinite(prob) & (prob >= 0) & (prob <= 1))
+    for r, t in np.argwhere(bad)[:max_faults]:
+        faults.append(TraceFault(path, f"p{t + 1}", f"target probability {float(prob[r, t])!r} is not a finite "
+                                 "value in [0, 1]", int(r), int(df["request_id"].iat[r]), int(df["pos"].iat[r])))
     return faults

@@ -25,6 +25,13 @@ Backends:
   (``transformers``, extra ``[models]``). Thin: drafting loops over positions with one KV cache
   that is cropped back after each position.
 
+Sampled traces (``sampling`` with temperature T > 0, native backend): the target *samples* its output
+(:func:`dcut_sched.model.sample_generate`, request i keyed by ``request_keys(seed, R)[i]``), the draft
+still proposes greedily from every position of that output, and :func:`target_probs_all_positions`
+adds ``p[p, t]``, the target's probability (at T, after top-k/top-p) of draft ``d_t`` given the prefix
+and ``d_1..d_{t-1}`` (DESIGN.md §3). ``accept_len`` is then the draw the engine makes with the same
+keys: a draft is accepted iff it equals the target's sample at that index (:mod:`dcut_sched.sampling`).
+
 Recording is resumable: after each finished request the trace so far is written atomically to
 ``<out>.partial.parquet``; a later run with the same settings continues from it.
 """
@@ -43,6 +50,7 @@ import numpy as np
 import torch
 
 from ..model.drafter import confidence, drafter_layers
+from ..sampling import SamplingParams, request_keys, sampling_probs
 from .format import Trace, TraceError, accept_len_dtype
 from .prompts import Prompt, prompts_digest
 
@@ -56,6 +64,7 @@ __all__ = [
     "draft_positions_reference",
     "partial_path",
     "record_trace",
+    "target_probs_all_positions",
 ]
 
 
@@ -211,6 +220,70 @@ def draft_positions_reference(model: Any, skip_layers: Sequence[int], prompt_ids
     return toks, confs
 
 
+@torch.inference_mode()
+def target_probs_all_positions(model: Any, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                               draft_tokens: np.ndarray, sampling: SamplingParams,
+                               chunk_positions: int = 32) -> np.ndarray:
+    """The target's probability of every draft token, from every output position.
+
+    ``p[p, t-1] = P_T(d_t | prompt + y_0..y_{p-1} + d_1..d_{t-1})`` under ``sampling_probs`` (temperature,
+    top-k, top-p). One full forward over the committed sequence gives every position's ``p_1``; the
+    drafts ``d_1..d_{k-1}`` of ``chunk_positions`` positions at a time are then fed in one forward whose
+    tree-style mask lets draft (p, j) see the committed prefix up to position p's anchor and p's own
+    earlier drafts (as :func:`draft_all_positions` does for the drafter).
+
+    Args:
+        model: the target ``LlamaModel``.
+        prompt_ids, output_ids: the prompt and the target's (sampled) output, n >= 1 tokens.
+        draft_tokens: ``[n, k]`` int drafts from every position (:func:`draft_all_positions`).
+        sampling: the target's sampling parameters (T > 0).
+        chunk_positions: positions per tree forward (bounds the attention's memory).
+
+    Returns:
+        ``[n, k]`` float32 in [0, 1].
+    """
+    prompt_ids, output_ids = list(prompt_ids), list(output_ids)
+    P, n = len(prompt_ids), len(output_ids)
+    draft_tokens = np.asarray(draft_tokens, dtype=np.int64)
+    if draft_tokens.shape[0] != n:
+        raise ValueError(f"draft_tokens has {draft_tokens.shape[0]} rows but the output has {n} tokens")
+    k = draft_tokens.shape[1]
+    dev = model.device
+    committed = torch.tensor(prompt_ids + output_ids[:-1], dtype=torch.long, device=dev)
+    S = len(committed)
+    anchors = np.arange(P - 1, P - 1 + n)
+    out = np.zeros((n, k), dtype=np.float32)
+    drafts_t = torch.as_tensor(draft_tokens, device=dev)
+    width = min(n, chunk_positions) * (k - 1)
+    cache = model.new_cache(1, S + width)
+    logits = model(committed[None], torch.arange(S, device=dev)[None], cache,
+                   logits_at=torch.as_tensor(anchors, device=dev)[None], kv_len=S)[0]
+    probs = sampling_probs(logits, sampling)
+    out[:, 0] = probs[torch.arange(n, device=dev), drafts_t[:, 0]].float().cpu().numpy()
+    if k == 1:
+        return out
+    for c0 in range(0, n, chunk_positions):
+        pos_idx = np.arange(c0, min(n, c0 + chunk_positions))
+        m = len(pos_idx)
+        total = S + m * (k - 1)
+        # query (position i, depth j = 1..k-1) feeds d_j at RoPE position anchor_i + j into slot S + i*(k-1) + j-1
+        q_anchor = np.repeat(anchors[pos_idx], k - 1)
+        q_depth = np.tile(np.arange(1, k), m)
+        q_owner = np.repeat(np.arange(m), k - 1)
+        slots = S + np.arange(m * (k - 1))
+        mask = np.arange(total)[None, :] <= q_anchor[:, None]
+        mask[:, S:] = (q_owner[:, None] == q_owner[None, :]) & (q_depth[None, :] <= q_depth[:, None])
+        rows = torch.as_tensor(np.repeat(pos_idx, k - 1), device=dev)
+        ids = drafts_t[rows, torch.as_tensor(q_depth - 1, device=dev)]
+        logits = model(ids[None], torch.as_tensor(q_anchor + q_depth, device=dev)[None], cache,
+                       cache_slots=torch.as_tensor(slots, device=dev)[None],
+                       attn_mask=torch.as_tensor(mask, device=dev)[None], kv_len=total)[0]
+        probs = sampling_probs(logits, sampling)  # row (i, j) is the distribution of d_{j+1}
+        nxt = drafts_t[rows, torch.as_tensor(q_depth, device=dev)]
+        out[pos_idx, 1:] = probs[torch.arange(len(nxt), device=dev), nxt].float().cpu().numpy().reshape(m, k - 1)
+    return np.clip(out, 0.0, 1.0)
+
+
 # ----------------------------------------------------------------------------- backends
 class RecordBackend(Protocol):
     """What the recorder needs from a target/draft pair."""
@@ -270,14 +343,21 @@ class NativeBackend:
         return list(self.tokenizer.chat_ids([{"role": "user", "content": text}]))
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
+                 sampling: SamplingParams | None = None, keys: Sequence[int] | None = None,
                  on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
-        from dcut_sched.model import greedy_generate
+        from dcut_sched.model import greedy_generate, sample_generate
 
-        return greedy_generate(self.model, prompts, max_new_tokens, self.eos_id, batch_size=self.generate_batch,
-                               on_step=on_step)
+        if sampling is None or sampling.is_greedy:
+            return greedy_generate(self.model, prompts, max_new_tokens, self.eos_id, batch_size=self.generate_batch,
+                                   on_step=on_step)
+        return sample_generate(self.model, prompts, max_new_tokens, self.eos_id, sampling, keys=keys,
+                               batch_size=self.generate_batch, on_step=on_step)
 
     def draft_positions(self, prompt_ids, output_ids, num_draft):
         return draft_all_positions(self.model, self.layers, prompt_ids, output_ids, num_draft)
+
+    def target_probs(self, prompt_ids, output_ids, draft_tokens, sampling: SamplingParams) -> np.ndarray:
+        return target_probs_all_positions(self.model, prompt_ids, output_ids, draft_tokens, sampling)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "native", "skip_layers": list(self.skip_layers), "device": str(self.model.device),
@@ -418,21 +498,25 @@ class _Rows:
     pos: list[np.ndarray]
     accept_len: list[np.ndarray]
     conf: list[np.ndarray]
+    target_prob: list[np.ndarray] | None = None  # sampled traces only
 
     def trace(self, metadata: dict[str, Any], block_size: int) -> Trace:
+        sampled = self.target_prob is not None
         if not self.request_id:
             empty = np.zeros(0, np.int32)
-            return Trace(empty, empty, np.zeros(0, accept_len_dtype(block_size)),
-                         np.zeros((0, block_size - 1), np.float32), metadata)
+            none = np.zeros((0, block_size - 1), np.float32)
+            return Trace(empty, empty, np.zeros(0, accept_len_dtype(block_size)), none, metadata, target_prob=none if sampled else None)
         return Trace(np.concatenate(self.request_id).astype(np.int32), np.concatenate(self.pos).astype(np.int32),
                      np.concatenate(self.accept_len).astype(accept_len_dtype(block_size)),
-                     np.concatenate(self.conf).astype(np.float32), metadata)
+                     np.concatenate(self.conf).astype(np.float32), metadata,
+                     target_prob=np.concatenate(self.target_prob).astype(np.float32) if sampled else None)
 
 
 def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: str | os.PathLike, *,
                  block_size: int = 16, max_new_tokens: int = 256, dataset: str = "prompts",
                  resume: bool = True, progress: bool = True, max_positions: int | None = None,
-                 extra_metadata: dict[str, Any] | None = None) -> Trace:
+                 extra_metadata: dict[str, Any] | None = None,
+                 sampling: SamplingParams | None = None) -> Trace:
     """Record a position-indexed trace of ``prompts`` and write it to ``out_path`` (Parquet).
 
     Requests are processed in batches of the backend's ``generate_batch`` (target decoding), then
@@ -453,6 +537,8 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
             :mod:`dcut_sched.progress`).
         max_positions: stop after the request that brings the total to at least this many.
         extra_metadata: more file metadata (JSON-encoded when not a string).
+        sampling: the target's sampling (default greedy); T > 0 records a sampled trace (``p`` columns,
+            metadata ``temperature``, ``top_p``, ``top_k``, ``seed``); needs a backend with ``target_probs``.
 
     Returns:
         The recorded :class:`Trace`.
@@ -464,6 +550,12 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
         raise RecordError(f"block_size={block_size} must be >= 2")
     if max_new_tokens < 1:
         raise RecordError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    sampling = sampling if sampling is not None else SamplingParams()
+    sampled = not sampling.is_greedy
+    if sampled and not hasattr(backend, "target_probs"):
+        raise RecordError(f"{type(backend).__name__} cannot record a sampled trace (temperature "
+                          f"{sampling.temperature:g}); use the native backend")
+    keys = request_keys(sampling.seed, len(prompts))
     k = block_size - 1
     settings = {
         "max_new_tokens": max_new_tokens,
@@ -473,10 +565,12 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     metadata: dict[str, Any] = {
         "indexing": "position", "source": "recorded", "block_size": str(block_size),
         "target_model": backend.target_name, "draft_model": backend.draft_name, "dataset": dataset,
-        "temperature": "0", "recorder": settings, **(extra_metadata or {}),
+        "temperature": f"{float(sampling.temperature):g}", "recorder": settings, **(extra_metadata or {}),
     }
+    if sampled:
+        metadata.update(top_p=f"{sampling.top_p:g}", top_k=str(sampling.top_k), seed=str(sampling.seed))
     part = partial_path(out_path)
-    rows = _Rows([], [], [], [])
+    rows = _Rows([], [], [], [], [] if sampled else None)
     done: list[list[Any]] = []
     seconds = 0.0
     if resume and part.is_file():
@@ -485,10 +579,10 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
         except TraceError as exc:
             raise RecordError(f"{part}: cannot resume from the partial file ({exc}); run with --fresh") from None
         old_settings = json.loads(old.metadata.get("recorder", "{}"))
-        for key in ("block_size", "target_model", "draft_model"):
-            if old.metadata.get(key) != str(metadata[key]):
+        for key in ("block_size", "target_model", "draft_model", "temperature", "top_p", "top_k", "seed"):
+            if old.metadata.get(key) != (None if metadata.get(key) is None else str(metadata[key])):
                 raise RecordError(f"{part}: partial file has {key}={old.metadata.get(key)!r}, this run "
-                                  f"{metadata[key]!r}; run with --fresh to start over")
+                                  f"{metadata.get(key)!r}; run with --fresh to start over")
         for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers"):
             if old_settings.get(key) != settings.get(key):
                 raise RecordError(f"{part}: partial file has {key}={old_settings.get(key)!r}, this run "
@@ -497,6 +591,8 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
             sl = slice(int(s), int(s + n))
             rows.request_id.append(old.request_id[sl]); rows.pos.append(old.pos[sl])
             rows.accept_len.append(old.accept_len[sl]); rows.conf.append(old.conf[sl])
+            if sampled:
+                rows.target_prob.append(old.target_prob[sl])
         done = json.loads(old.metadata.get("requests", "[]"))
         seconds = float(old.metadata.get("record_seconds", "0"))
     done_ids = {int(r[0]) for r in done}
@@ -532,10 +628,10 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
                                   f"{total_positions} positions")
 
             bar.update(detail=f"{label}: target decode of {len(group)} prompts; {total_positions} positions")
-            if takes_on_step:
-                outputs = backend.generate(ids, max_new_tokens, on_step=on_step)
-            else:
-                outputs = backend.generate(ids, max_new_tokens)
+            gen_kwargs = {"on_step": on_step} if takes_on_step else {}
+            if sampled:
+                gen_kwargs.update(sampling=sampling, keys=[keys[rid] for rid, _ in group])
+            outputs = backend.generate(ids, max_new_tokens, **gen_kwargs)
             decode_s = time.perf_counter() - t_decode
             for j, ((rid, prompt), prompt_ids, out) in enumerate(zip(group, ids, outputs)):
                 if max_positions is not None and total_positions >= max_positions:
@@ -549,6 +645,8 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
                 n = len(out)
                 rows.request_id.append(np.full(n, rid, np.int32)); rows.pos.append(np.arange(n, dtype=np.int32))
                 rows.accept_len.append(accept_lengths(toks, out)); rows.conf.append(np.clip(conf, 0.0, 1.0))
+                if sampled:
+                    rows.target_prob.append(backend.target_probs(prompt_ids, out, toks, sampling))
                 done.append([rid, prompt.id, prompt.category, len(prompt_ids)])
                 total_positions += n
                 elapsed = seconds + time.perf_counter() - t_start
@@ -568,7 +666,7 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     # Sort by request id so the file does not depend on the order requests finished in.
     order = np.argsort(trace.request_id, kind="stable")
     trace = Trace(trace.request_id[order], trace.pos[order], trace.accept_len[order], trace.conf[order],
-                  trace.metadata)
+                  trace.metadata, target_prob=None if trace.target_prob is None else trace.target_prob[order])
     trace.save(out_path)
     trace.path = str(out_path)
     part.unlink(missing_ok=True)

@@ -120,6 +120,22 @@ def trace_stats(trace: Trace, bins: int = 10) -> dict[str, Any]:
         "reliability": table,
         "ece": ece,
         "num_reached_slots": int(conf.size),
+        **(_sampled_stats(trace, steps) if trace.sampled else {}),
+    }
+
+
+def _sampled_stats(trace: Trace, steps: np.ndarray) -> dict[str, Any]:
+    """Sampled traces: temperature, mean target probability of each draft slot, and the expected tau.
+
+    ``expected_tau`` = mean over the full-verification replay's steps of ``1 + sum_t prod_{j<=t} p_j``
+    (greedy drafts under rejection sampling accept draft t with probability ``p_t`` given drafts < t),
+    the exact expectation of which ``tau`` (from the recorded draws) is one sample.
+    """
+    prob = trace.target_prob[steps].astype(np.float64)
+    return {
+        "temperature": trace.temperature,
+        "mean_target_prob_by_depth": [float(x) for x in prob.mean(axis=0)],
+        "expected_tau": float((1 + np.cumprod(prob, axis=1).sum(axis=1)).mean()),
     }
 
 
@@ -135,6 +151,10 @@ def print_stats(stats: dict[str, Any]) -> None:
     console.print(f"tau (full-verification replay, incl. bonus) = [bold]{stats['tau']:.3f}[/bold] over "
                   f"{stats['num_steps']} steps; per-position mean 1+accept_len = {stats['tau_per_position']:.3f}; "
                   f"ECE = {stats['ece']:.4f}")
+    if "expected_tau" in stats:
+        console.print(f"sampled trace, T = {stats['temperature']:g}: expected tau from p1..p{stats['block_size'] - 1} "
+                      f"= [bold]{stats['expected_tau']:.3f}[/bold] (tau above is one recorded draw); mean p by depth: "
+                      + " ".join(f"{x:.2f}" for x in stats["mean_target_prob_by_depth"]))
     depth = Table(title="Per-depth acceptance (replay steps)")
     for col in ("depth t", "P(accept t | t-1 accepted)", "steps with accept_len = t-1", "mean conf"):
         depth.add_column(col, justify="right")

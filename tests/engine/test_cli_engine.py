@@ -22,6 +22,10 @@ from dcut_sched.model import smollm2_available
         (["--policy", "dcut", "--cost", "{tmp}/missing.json"], "--cost {tmp}/missing.json: no such file"),
         (["--batch-size", "0"], "--batch-size"),
         (["--num-prompts", "0"], "--num-prompts"),
+        (["--temperature", "-1"], "temperature"),
+        (["--temperature", "0.7", "--top-p", "0"], "top_p"),
+        (["--temperature", "0.7", "--draft", "sampled"], "sampled drafts"),
+        (["--temperature", "0.7", "--policy", "dcut", "--trace", "{tmp}/t.parquet"], "--policy full"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
@@ -60,6 +64,29 @@ def test_small_real_run(tmp_path, capsys):
     from dcut_sched.traces import Trace
 
     assert Trace.load(trace).indexing == "step"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not smollm2_available() or importlib.util.find_spec("transformers") is None,
+    reason="needs the SmolLM2 weights and transformers (for the chat template)",
+)
+def test_small_real_sampled_run(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "What is 2 + 2?"}\n{"prompt": "Name a color."}\n')
+    out, trace = tmp_path / "s.json", tmp_path / "t.parquet"
+    code = main([
+        "--policy", "full", "--block-size", "4", "--batch-size", "2", "--max-new-tokens", "6",
+        "--prompts", str(prompts), "--check", "--quiet", "--threads", "1", "--temperature", "0.8",
+        "--top-p", "0.95", "--seed", "3", "--out", str(out), "--trace", str(trace),
+    ])
+    assert code == 0
+    summary = json.loads(out.read_text())["rows"][0]  # the one table JSON shape: {"attrs", "rows"}
+    assert summary["check"] == "identical to sampled decoding" and summary["sampling"] == "T=0.8 top_p=0.95 seed=3"
+    from dcut_sched.traces import Trace
+
+    t = Trace.load(trace)
+    assert t.sampled and t.metadata["temperature"] == "0.8"
 
 
 def test_unwritable_steps_path_fails_before_the_run(tmp_path, capsys):
