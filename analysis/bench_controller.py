@@ -37,27 +37,12 @@ from dcut_sched import CostCurve, RatioController  # noqa: E402
 from dcut_sched.tables import write_table  # noqa: E402
 
 B = 16
-# docs/design.md §4: Qwen3-8B, NVIDIA H20, TP1, verify ms at rho = 0.25/0.5/0.75/1.0, B = 16.
-H20_VERIFY_MS = {4: (8.2, 8.7, 9.7, 10.9), 16: (16.0, 22.7, 29.8, 35.8), 64: (55.2, 82.2, 107.9, 133.9)}
+H20_CURVE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
 
 
 def h20_curve() -> CostCurve:
-    """The published H20 buckets as a cost curve, plus the autoregressive point (num_tokens = bs)
-    taken equal to the rho = 0.25 bucket (a lower bound on no cost information), and a draft
-    row of 10% of full verification (only ``fine`` uses it)."""
-    verify, draft = [], []
-    for bs, ms in H20_VERIFY_MS.items():
-        ks = [int(np.ceil(r * bs * B)) for r in (0.25, 0.5, 0.75, 1.0)]
-        verify.append({"batch_size": bs, "num_tokens": bs, "median_ms": ms[0], "provenance": "published"})
-        for k, m in zip(ks, ms):
-            verify.append({"batch_size": bs, "num_tokens": k, "median_ms": m, "provenance": "published"})
-        draft.append({"batch_size": bs, "median_ms": 0.1 * ms[-1], "provenance": "fitted"})
-    return CostCurve(
-        hardware={"device_name": "NVIDIA H20", "backend": "analytic"},
-        model={"name": "Qwen3-8B", "config": {}},
-        block_size=B, context_len=0, verify=verify, draft=draft,
-        source="docs/design.md §4 (D-Cut docs); draft row assumed 10% of full verification",
-    )
+    """The shipped published Qwen3-8B / H20 curve (docs/design.md §4: 20 verify cells, 5 AR steps)."""
+    return CostCurve.load(H20_CURVE, check_hardware=False)
 
 
 def minimal_dcut(conf: np.ndarray, ks: np.ndarray, verify_ms: np.ndarray) -> np.ndarray:

@@ -274,7 +274,10 @@ class ScoreRanking:
             part = self._partition(budgets)
             # E(K) for the ascending budgets: sums of the blocks between them, accumulated.
             sums = np.add.reduceat(part[: budgets[-1]], [0, *budgets[:-1]], dtype=np.float64)
-            at = dict(zip(budgets, (-np.cumsum(sums)).tolist()))
+            expected = -np.cumsum(sums)
+            if budgets == ks_list:  # the usual query: ascending distinct budgets (the D-Cut buckets)
+                return expected
+            at = dict(zip(budgets, expected.tolist()))
             return np.array([at[k] for k in ks_list], dtype=np.float64)
         self._sort()
         return self._cumsum[ks_arr - 1]

@@ -96,7 +96,7 @@ class StepCosts:
         Raises:
             CostCurveRangeError: a budget outside :meth:`token_range`.
         """
-        key = (int(batch_size), tuple(int(k) for k in budgets))
+        key = (int(batch_size), tuple(np.asarray(budgets, dtype=np.int64).tolist()))
         hit = self._at.get(key)
         if hit is None:
             first, last = self.token_range(batch_size)
