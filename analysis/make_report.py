@@ -65,7 +65,7 @@ CPU_BATCH_SIZES = (4, 8, 16)  # the CPU curve is measured at bs 1..16
 FIDELITY_MD = "analysis/results/fidelity.md"
 SAMPLING_MD = "analysis/results/sampling.md"
 VLLM_MD = "analysis/results/vllm/bench_vllm.md"
-#: Section 1 runs the policies of DESIGN.md §2; the published peers have their own section (report_peers).
+#: Section 1 runs the policies of docs/design.md §2; the published peers have their own section (report_peers).
 CORE_POLICIES = [p for p in policy_names() if p not in PEERS]
 
 

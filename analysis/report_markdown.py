@@ -78,7 +78,7 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
       "prints its own run time; progress bar on stderr):\n")
     w("```\nPYTHONPATH=. python analysis/make_report.py      # or: python analysis/make_report.py after pip install -e .[analysis]\n```\n")
     w(f"Settings: closed loop, {settings.num_steps} steps per run, first {settings.warmup_steps} left out "
-      f"(warm-up), seed {settings.seed}; the policies of DESIGN.md §2 (section 6: the published peers) with their default parameters. "
+      f"(warm-up), seed {settings.seed}; the policies of docs/design.md §2 (section 6: the published peers) with their default parameters. "
       "Each section names the equivalent `dcut-sim` command.\n")
     w(c["summary"])
     if "reproduce" in results:

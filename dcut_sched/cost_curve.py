@@ -1,4 +1,4 @@
-"""Verification, plain-decode and draft cost curves: the file format of DESIGN.md §4 and lookups into it.
+"""Verification, plain-decode and draft cost curves: the file format of docs/design.md §4 and lookups into it.
 
 A cost curve holds measured (or published, fitted, analytic) times of
 
@@ -198,7 +198,7 @@ def _exact_float(value: Any) -> float | None:
 
 @dataclass
 class CostCurve:
-    """A verification / plain-decode / draft cost curve (schema ``dcut.cost-curve/2``, DESIGN.md §4).
+    """A verification / plain-decode / draft cost curve (schema ``dcut.cost-curve/2``, docs/design.md §4).
 
     Build one in code (the profiler does), or :meth:`load` it from JSON. Rows are validated (and
     numpy scalars turned into Python numbers) when the object is created; lookups are cached per

@@ -380,7 +380,7 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
 def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
     """Tokens a request produces when it verifies its first ``lengths`` slots: ``1 + min(a, L - 1)``.
 
-    The one implementation of the rule (DESIGN.md §1, §3): the ``L - 1`` verified drafts yield the
+    The one implementation of the rule (docs/design.md §1, §3): the ``L - 1`` verified drafts yield the
     accepted ones (at most ``a``, what the whole block would accept) plus one token from the target,
     the bonus after an all-accepted prefix or the correction at the first rejection. Holds for greedy
     verification and, with ``a`` drawn per seed, for sampled verification of greedy drafts

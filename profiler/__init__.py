@@ -1,6 +1,6 @@
 """dcut-profile: measured (GPU, CPU), analytic and published verification cost curves.
 
-Writes cost-curve files (schema ``dcut.cost-curve/1``, DESIGN.md §4) through
+Writes cost-curve files (schema ``dcut.cost-curve/2``, docs/design.md §4) through
 :class:`dcut_sched.CostCurve`; ``dcut_sched`` never imports this package. See docs/profiler.md.
 
 Modules: :mod:`~profiler.cli` (the ``dcut-profile`` command), :mod:`~profiler.grid` (cells),

@@ -401,13 +401,13 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-profile``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
-    from rich.console import Console
+    from dcut_sched.console import make_console
 
     from .cuda_graphs import NoCudaError
     from .harness import PartialMismatch
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console(stderr=False)
+    console = make_console()
     # KeyError: an unknown preset or device; NoCudaError: --gpu without CUDA (a RuntimeError).
     return run_cli("dcut-profile", lambda: _main(argv, console),
                    errors=(KeyError, CostCurveError, NoCudaError, PartialMismatch))

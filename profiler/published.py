@@ -1,4 +1,4 @@
-"""The shipped default curve built from public D-Cut measurements (DESIGN.md §4).
+"""The shipped default curve built from public D-Cut measurements (docs/design.md §4).
 
 ``profiler/profiles/h20-qwen3-8b-published.json``:
     - ``published`` verify rows: the public D-Cut verification times of Qwen3-8B on one NVIDIA H20
@@ -40,7 +40,7 @@ from .shapes import resolve_model
 __all__ = ["PUBLISHED_AR_H20_QWEN3_8B_TOK_S", "PUBLISHED_H20_QWEN3_8B", "published_ar_ms", "PUBLISHED_MOE_H20", "PUBLISHED_SOURCE", "build_h20_qwen3_8b",
            "published_rows_curve"]
 
-#: Verification ms of Qwen3-8B on NVIDIA H20 (TP1, B=16) at rho = 0.25, 0.5, 0.75, 1.0 (DESIGN.md §4).
+#: Verification ms of Qwen3-8B on NVIDIA H20 (TP1, B=16) at rho = 0.25, 0.5, 0.75, 1.0 (docs/design.md §4).
 PUBLISHED_H20_QWEN3_8B: dict[int, tuple[float, float, float, float]] = {
     4: (8.2, 8.7, 9.7, 10.9),
     8: (10.6, 12.8, 16.3, 19.6),
@@ -48,7 +48,7 @@ PUBLISHED_H20_QWEN3_8B: dict[int, tuple[float, float, float, float]] = {
     32: (29.8, 43.1, 56.6, 70.1),
     64: (55.2, 82.2, 107.9, 133.9),
 }
-#: Steady output throughput (tok/s) of the plain AR engine on the same setup (DESIGN.md §4).
+#: Steady output throughput (tok/s) of the plain AR engine on the same setup (docs/design.md §4).
 PUBLISHED_AR_H20_QWEN3_8B_TOK_S: dict[int, float] = {4: 525.8, 8: 958.7, 16: 1691.3, 32: 2700.2, 64: 3594.4}
 #: Qwen3.5-35B-A3B (MoE) on two H20 (TP2), bs 64, same ratios (not shipped, see module docstring).
 PUBLISHED_MOE_H20: dict[int, tuple[float, float, float, float]] = {64: (79.9, 85.4, 86.1, 90.6)}
@@ -57,7 +57,7 @@ PUBLISHED_SOURCE = (
     "published rows: public D-Cut measurements of C_graph(bs, rho), Qwen3-8B on one NVIDIA H20 (TP1), block size 16, "
     "rho = 0.25/0.5/0.75/1.0, bs 4/8/16/32/64; published ar rows: the public plain AR engine's steady output "
     "throughput on the same setup (525.8/958.7/1691.3/2700.2/3594.4 tok/s at bs 4/8/16/32/64) as one step of "
-    "1000*bs/throughput ms; both as recorded in DESIGN.md section 4 of this project (source: the D-Cut documentation "
+    "1000*bs/throughput ms; both as recorded in docs/design.md section 4 of this project (source: the D-Cut documentation "
     "page, AngelSlim docs); context length not stated (1024 assumed). fitted rows: profiler.analytic roofline with "
     "efficiency factors fitted to the published verify and ar rows together (profiler.fit: shared GEMM factors, "
     "per-path attention and overhead); the draft step is a 5-layer DFlash-style drafter of the target's width "
@@ -108,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     curve, fit = build_h20_qwen3_8b()
     curve.save(args.out)
-    from rich.console import Console
+    from dcut_sched.console import make_console
 
     from .report import fit_table
 
-    console = Console()
+    console = make_console()
     console.print(fit_table(fit, title="fit to the published H20 rows"))
     console.print(f"wrote {args.out}: {len(curve.verify)} verify rows, {len(curve.ar)} ar rows, "
                   f"{len(curve.draft)} draft rows")

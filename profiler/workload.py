@@ -23,7 +23,7 @@ Plain decode cell ``ar`` (bs):
     whole step as one full CUDA graph (:mod:`profiler.cuda_graphs`), which is how serving engines
     run plain decode. On this project's CPU forward the verification cell ``(bs, bs)`` does nearly
     the same work; on an engine whose verification runs piecewise graphs and variable-length
-    attention the two differ a lot (DESIGN.md §1), which is why the AR step is its own cell.
+    attention the two differ a lot (docs/design.md §1), which is why the AR step is its own cell.
 
 Draft cell (bs):
     ``self-skip:I,J``: ``SelfSpecDrafter(model, skip_layers).propose`` of B-1 tokens from one

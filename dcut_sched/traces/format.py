@@ -14,7 +14,7 @@ faults naming the file, row and field -- never silently truncated, wrapped or me
 
 Sampled traces (``temperature`` > 0) add ``p1..p{B-1}`` float32: the target's probability, at that
 temperature (and ``top_p``/``top_k`` when recorded), of each draft token given the drafts before it
-(DESIGN.md §3). With greedy drafts, sampled verification accepts draft t with probability ``p_t``
+(docs/design.md §3). With greedy drafts, sampled verification accepts draft t with probability ``p_t``
 given drafts 1..t-1 accepted, so a replay samples ``accept_len`` per seed; the recorded
 ``accept_len`` is one draw. Greedy traces carry no ``p`` columns.
 
@@ -88,7 +88,7 @@ class TraceFault:
 
 
 def accept_len_dtype(block_size: int) -> np.dtype:
-    """The ``accept_len`` dtype for block size B: int8 (DESIGN.md §3) while B-1 <= 127, else int16.
+    """The ``accept_len`` dtype for block size B: int8 (docs/design.md §3) while B-1 <= 127, else int16.
 
     Raises:
         TraceError: B > 32768 (no accept_len type is defined for it).

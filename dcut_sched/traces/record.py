@@ -29,7 +29,7 @@ Sampled traces (``sampling`` with temperature T > 0, native backend): the target
 (:func:`dcut_sched.model.sample_generate`, request i keyed by ``request_keys(seed, R)[i]``), the draft
 still proposes greedily from every position of that output, and :func:`target_probs_all_positions`
 adds ``p[p, t]``, the target's probability (at T, after top-k/top-p) of draft ``d_t`` given the prefix
-and ``d_1..d_{t-1}`` (DESIGN.md §3). ``accept_len`` is then the draw the engine makes with the same
+and ``d_1..d_{t-1}`` (docs/design.md §3). ``accept_len`` is then the draw the engine makes with the same
 keys: a draft is accepted iff it equals the target's sample at that index (:mod:`dcut_sched.sampling`).
 
 Recording is resumable: after each finished request the trace so far is written atomically to

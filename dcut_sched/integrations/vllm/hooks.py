@@ -4,7 +4,7 @@ vLLM's greedy draft proposers (``SpecDecodeBaseProposer._greedy_sample``, used b
 ``draft_model`` method and by EAGLE-style drafters) keep only the argmax of each draft step's
 logits. :func:`install` wraps three methods so that, while a D-Cut config is active
 (:meth:`DCutVllmConfig.resolve` is not ``None`` for the engine's config), each drafted step also
-yields the draft's confidence ``c[i, t] = exp(max_logit - logsumexp(logits))`` (DESIGN.md §1) and
+yields the draft's confidence ``c[i, t] = exp(max_logit - logsumexp(logits))`` (docs/design.md §1) and
 hands it to the scheduler **inside the step's own outputs**:
 
 - ``SpecDecodeBaseProposer._greedy_sample``: computes the logits once, keeps the argmax (the same
