@@ -182,27 +182,39 @@ def _make_calibrator():
     return OnlineCalibrator()
 
 
-def _render_table(df, console, title: str, caption: str) -> None:
+def _speedup_table(title: str, sizes, open_loop: bool, **table_kwargs):
+    """An empty speedup table: a policy column, one column per batch size, the geomean."""
     from rich.table import Table
+
+    table = Table(title=title, **table_kwargs)
+    table.add_column("policy", style="bold")
+    for bs in sizes:
+        table.add_column(f"bs {bs}" + (" (max)" if open_loop else ""), justify="right")
+    table.add_column("geomean", justify="right", style="bold")
+    return table
+
+
+def _speedup_text(s: float) -> str:
+    """``1.23x``, green above 1, red below (rich markup)."""
+    color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
+    return f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+
+
+def _render_table(df, console, title: str, caption: str) -> None:
 
     from ..simulator import speedup_table
 
     open_loop = df.attrs.get("mode") == "open"
     speed = speedup_table(df)
     second = speedup_table(df, "tpot_ms_p50" if open_loop else "tokens_per_s")
-    table = Table(title=title)
-    table.add_column("policy", style="bold")
     sizes = [c for c in speed.columns if c != "geomean"]
-    for bs in sizes:
-        table.add_column(f"bs {bs}" + (" (max)" if open_loop else ""), justify="right")
-    table.add_column("geomean", justify="right", style="bold")
+    table = _speedup_table(title, sizes, open_loop)
     for policy, row in speed.iterrows():
         cells = []
         for bs in sizes:
             s, v = row[bs], second.loc[policy, bs]
-            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
             detail = f"{v:,.2f}" if open_loop else f"{v:,.0f}"
-            head = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+            head = _speedup_text(s)
             cells.append(f"{head}\n[dim]{detail}[/dim]")
         table.add_row(policy, *cells, f"{row['geomean']:.2f}x")
     console.print(table)
@@ -251,7 +263,6 @@ def _render_open_benchmarks(df, console, num_benchmarks: int) -> None:
 def _render_benchmarks(df, console, args, cost: str) -> None:
     """The published protocol's table: mean speedup over the benchmarks per policy and batch size."""
     from rich import box
-    from rich.table import Table
 
     from ..simulator import benchmark_table
 
@@ -263,19 +274,13 @@ def _render_benchmarks(df, console, args, cost: str) -> None:
     names = df.attrs.get("benchmarks", [])
     open_loop = args.mode == "open"
     approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
-    table = Table(title=f"{PROG} {'open' if open_loop else 'closed'} loop: mean speedup over ar, "
-                        f"{len(names)} benchmarks{approx}", box=box.SIMPLE_HEAD)
-    table.add_column("policy", style="bold")
     sizes = [c for c in mean.columns if c != "geomean"]
-    for bs in sizes:
-        table.add_column(f"bs {bs}" + (" (max)" if open_loop else ""), justify="right")
-    table.add_column("geomean", justify="right", style="bold")
+    table = _speedup_table(f"{PROG} {'open' if open_loop else 'closed'} loop: mean speedup over ar, "
+                           f"{len(names)} benchmarks{approx}", sizes, open_loop, box=box.SIMPLE_HEAD)
     for policy, row in mean.iterrows():
         cells = []
         for bs in sizes:
-            s = row[bs]
-            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
-            head = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
+            head = _speedup_text(row[bs])
             cells.append(f"{head}\n[dim]{lo.loc[policy, bs]:.2f}-{hi.loc[policy, bs]:.2f}[/dim]")
         table.add_row(policy, *cells, f"{row['geomean']:.2f}x")
     console.print(table)
