@@ -215,8 +215,8 @@ class Fine(Policy):
         bs, block = check_conf_shape(conf, validate)
         costs = self._step_costs(cost, conf)
         ks = self._candidates(bs, block, *costs.token_range(bs))
-        verify_ms = costs.verify_ms_at(bs, ks)
-        plain_rate = costs.plain_tokens_per_ms(bs)
+        verify_ms = costs.budget_ms_at(bs, ks)  # C_verify(K) (+ the drafter's first pass beyond anchors)
+        plain_rate = costs.undrafted_tokens_per_ms(bs)  # the step it would run instead of drafting
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
@@ -232,7 +232,7 @@ class Fine(Policy):
         )
 
     def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
-        """A plain step (``C_ar(bs)``); asks for a probe when the probe budget allows (module docstring).
+        """A step without draft (``StepCosts.undrafted_ms``: ``C_ar(bs)`` where the engine truly skips); asks for a probe when the probe budget allows (module docstring).
 
         Raises:
             ValueError: no cost given (the probe budget is kept in time).
@@ -240,7 +240,7 @@ class Fine(Policy):
         if cost is None:
             raise ValueError("policy 'fine' needs a cost curve for its plain steps (the probe budget is in ms)")
         costs: StepCosts = step_costs(cost, block_size)
-        probe = self.state.plain(costs.plain_ms(batch_size), self.probe_interval, self.probe_budget)
+        probe = self.state.plain(costs.undrafted_ms(batch_size), self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 

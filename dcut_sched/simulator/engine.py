@@ -5,9 +5,11 @@ A step (docs/design.md §1, issue 5):
 1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
    previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from
    the trace, pass ``conf`` through the optional calibrator, and let the policy plan the verified
-   lengths (``policy.plan``); the step takes ``C_draft(bs) + C_verify(bs, num_tokens) + overhead_ms``;
+   lengths (``policy.plan``); the step takes ``StepCosts.drafted_ms(bs, num_tokens)``
+   (``C_draft(bs) + C_verify(bs, num_tokens) + overhead_ms`` plus the curve's optional per-step rows);
 2. otherwise ``policy.plan_without_draft``: every request verifies its anchor only and the step takes
-   ``C_ar(bs)``, the plain autoregressive decode step;
+   ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)`` where the engine truly skips the drafter), or
+   ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;
 
 Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, and the policy is given
 that same object, so what a policy optimises and what the simulator charges are the same numbers.
@@ -209,7 +211,8 @@ class _Stepper:
                 self.calibrator.observe_plain(bs)  # optional: the decay clock of unobserved ranges
             lengths = None
             tokens, finished = batch.advance_plain()
-            step_ms = self.costs.plain_ms(bs)
+            # a speculative engine's anchor-only step, or a step of the engine without speculation (ar)
+            step_ms = self.costs.undrafted_ms(bs) if self.policy.speculative else self.costs.plain_ms(bs)
         lists = self.lists
         lists["step_ms"].append(step_ms)
         lists["batch_size"].append(bs)
