@@ -9,23 +9,25 @@ Two halves:
   decode), the drafter's ``propose`` and its model's ``forward`` (the real draft pass, with
   attention over each request's context: the time to the end of its first forward, over the
   step's verified tokens, and the rest). One :class:`StepRecord` per engine step.
-- :func:`engine_step_rows` (pure, no vLLM): from the records of three runs on held-out prompts
-  (the engine without speculation; a speculative engine verifying whole blocks, ``full``; the same
-  engine verifying anchors only, ``ar`` with ``num_spec_tokens_to_schedule = 0``) and the
-  dummy-batch curve, the ``draft``, ``draft_first`` and ``step_overhead`` rows, per batch size
-  ``bs`` over the decode steps of a wave of ``bs`` requests while all ``bs`` run (prefill steps and
-  the wave's tail are left out):
+- :func:`engine_step_rows` (pure, no vLLM): from the records of four runs on held-out prompts
+  (the engine without speculation; a speculative engine drafting every step and verifying whole
+  blocks, ``full``, K = bs * B; the same drafting every step but verifying anchors only,
+  ``uniform`` at rho = 1/B, K = bs; the same not drafting at all, ``ar``, which sets
+  ``num_spec_tokens_to_schedule = 0``) and the dummy-batch curve, the ``draft``, ``draft_first``
+  and ``step_overhead`` rows, per batch size ``bs`` over the decode steps of a wave of ``bs``
+  requests while all ``bs`` run (prefill steps and the wave's tail are left out). A step is
+  *drafted* when the drafter proposes drafts in it, *undrafted* when it only runs its first pass:
 
-  - ``draft_first(bs, bs)`` = median time to the end of the drafter's first forward in
-    undrafted steps (it runs over the ``bs`` anchors); ``draft_first(bs, K)`` at the drafted steps'
-    ``K = bs * B`` = the same in drafted steps;
-  - ``draft(bs)`` = median of the rest of the draft pass in drafted steps (the ``B - 2`` one-token
-    forwards and sampling) + ``draft_first(bs, bs)``: the draft step at the anchor-only budget;
+  - ``draft(bs)`` = median of the drafter's whole ``propose`` in drafted steps at K = bs: the draft
+    step at the anchor-only budget, a real pass with attention over each request's context;
+  - ``draft_first(bs, K)`` = median time to the end of the drafter's first forward (over the K
+    verified tokens) in drafted steps, at every K with steps (bs and bs * B here);
   - ``step_overhead``: the median per-step residual of the wall time over the curve's forwards,
     ``plain``: ``step - C_ar(bs)``; ``undrafted``: ``step - C_ar(bs) - C_draft_first(bs, bs)``;
     ``drafted``: ``step - C_verify(bs, K) - C_draft(bs) - (C_draft_first(bs, K) - C_draft_first(bs, bs))``,
-    clipped at 0 (a negative median, a step faster than the curve's forwards, is reported in the
-    row's provenance note by the caller); p20/p80 are the residuals' quantiles.
+    clipped at 0 (a negative median, a step faster than the curve's forwards, is kept in the notes
+    the caller writes into the curve's ``hardware.engine_steps``); p20/p80 are the residuals'
+    quantiles (p80 at least the clipped median).
 
 These are the formulas :class:`~dcut_sched.step_costs.StepCosts` sums, so the rows reproduce the
 measured median step by construction at the measured shapes.
@@ -49,7 +51,8 @@ class StepRecord:
     """One engine step (ms; ``kind``: ``prefill``, ``plain``, ``drafted``, ``undrafted``).
 
     ``num_requests``: requests scheduled; ``num_tokens``: tokens the target ran (the verified slots
-    of a decode step); ``num_drafts``: draft tokens verified; ``propose_ms``: the drafter's whole
+    of a decode step); ``num_drafts``: draft tokens verified; ``proposed``: draft tokens per request
+    the drafter was asked for in this step (0: only its KV-keeping first pass); ``propose_ms``: the drafter's whole
     ``propose`` (0 without a drafter); ``draft_first_ms``: from ``propose``'s start to the end of
     its first model forward; ``draft_first_tokens``: that forward's input tokens; ``wave``: the
     batch size of the run it belongs to (set by the caller)."""
@@ -59,6 +62,7 @@ class StepRecord:
     num_tokens: int
     num_drafts: int
     step_ms: float
+    proposed: int = 0
     propose_ms: float = 0.0
     draft_first_ms: float = 0.0
     draft_first_tokens: int = 0
@@ -129,14 +133,18 @@ class StepTimer:
 
     def _wrap_step(self, orig):
         def step(*args, **kwargs):
-            self._cur = {"propose_ms": 0.0, "draft_first_ms": 0.0, "draft_first_tokens": 0, "shape": None}
+            self._cur = {"propose_ms": 0.0, "draft_first_ms": 0.0, "draft_first_tokens": 0, "shape": None,
+                         "proposed": 0}
             t0 = self._now()
             out = orig(*args, **kwargs)
             t1 = self._now()
             cur, self._cur = self._cur, None
             shape = cur["shape"]
             if shape is not None:  # a step that scheduled nothing is not an engine step
+                if shape["kind"] in ("drafted", "undrafted"):
+                    shape["kind"] = "drafted" if cur["proposed"] > 0 else "undrafted"
                 self.records.append(StepRecord(step_ms=(t1 - t0) * 1e3, propose_ms=cur["propose_ms"],
+                                               proposed=cur["proposed"],
                                                draft_first_ms=cur["draft_first_ms"],
                                                draft_first_tokens=cur["draft_first_tokens"], wave=self.wave, **shape))
             return out
@@ -150,8 +158,7 @@ class StepTimer:
                 spec = {r: len(v) for r, v in (out.scheduled_spec_decode_tokens or {}).items()}
                 prefill = bool(out.scheduled_new_reqs) or any(n > 1 + spec.get(r, 0) for r, n in n_sched.items())
                 drafts = int(sum(spec.values()))
-                kind = ("prefill" if prefill else "drafted" if drafts else
-                        "undrafted" if self._speculative else "plain")
+                kind = "prefill" if prefill else "drafted" if self._speculative else "plain"  # refined in step()
                 self._cur["shape"] = {"kind": kind, "num_requests": len(n_sched),
                                       "num_tokens": int(out.total_num_scheduled_tokens), "num_drafts": drafts}
             return out
@@ -163,6 +170,8 @@ class StepTimer:
             if cur is not None:
                 cur["_propose_t0"] = self._now()
                 cur["_first_done"] = False
+                n_spec = kwargs.get("num_speculative_tokens", args[0] if args else 0)
+                cur["proposed"] = int(n_spec or 0)
             out = orig(*args, **kwargs)
             if cur is not None:
                 cur["propose_ms"] += (self._now() - cur["_propose_t0"]) * 1e3
@@ -216,42 +225,44 @@ def engine_step_rows(curve: CostCurve, records: Iterable[StepRecord | dict], blo
     def overhead_row(kind: str, bs: int, resid: np.ndarray) -> None:
         med, p20, p80 = _quantiles(resid)
         notes[f"{kind}/bs{bs}"] = {"steps": int(resid.size), "median_residual_ms": round(med, 3)}
-        overhead.append(StepOverheadRow(kind, bs, max(0.0, med), p20, p80, int(resid.size), "measured"))
+        med_ms = max(0.0, med)
+        overhead.append(StepOverheadRow(kind, bs, med_ms, p20, max(p80, med_ms), int(resid.size), "measured"))
 
     for bs in sorted(set(int(b) for b in batch_sizes)):
         plain = pick("plain", bs)
         if plain:
             step = np.array([r.step_ms for r in plain])
             overhead_row("plain", bs, step - curve.ar_ms(bs))
-        und = pick("undrafted", bs)
         drf = [r for r in pick("drafted", bs) if r.num_tokens <= bs * block_size]
-        if not und and not drf:
+        if not drf:
             continue
-        if not und or not drf:
-            missing = "undrafted" if not und else "drafted"
-            raise ValueError(f"batch size {bs}: no {missing} decode steps of a full wave were timed; "
-                             f"run more tokens per request or check the {missing} run")
-        f_anchor = np.array([r.draft_first_ms for r in und])
-        med, p20, p80 = _quantiles(f_anchor)
-        first.append(DraftFirstRow(bs, bs, med, p20, p80, int(f_anchor.size), "measured"))
-        full_k = bs * block_size
-        f_full = np.array([r.draft_first_ms for r in drf if r.num_tokens == full_k])
-        if f_full.size and full_k > bs:
-            m, a, b = _quantiles(f_full)
-            first.append(DraftFirstRow(bs, full_k, m, a, b, int(f_full.size), "measured"))
-        rest = np.array([r.propose_ms - r.draft_first_ms for r in drf])
-        m, a, b = _quantiles(rest)
-        draft.append(DraftRow(bs, m + med, a + med, b + med, int(rest.size), "measured"))
+        anchor = [r for r in drf if r.num_tokens == bs]
+        if not anchor:
+            raise ValueError(f"batch size {bs}: no drafted decode step verifying anchors only (K = bs) of a full "
+                             "wave was timed; the anchor-only run (uniform at rho = 1/B) is missing or too short")
+        m, a, b = _quantiles(np.array([r.propose_ms for r in anchor]))
+        draft.append(DraftRow(bs, m, a, b, len(anchor), "measured"))
+        for k in sorted(set(r.num_tokens for r in drf)):
+            at_k = np.array([r.draft_first_ms for r in drf if r.num_tokens == k])
+            if k == bs or (at_k.size >= 2 and k % bs == 0):  # the uniform widths the runs verify
+                m, a, b = _quantiles(at_k)
+                first.append(DraftFirstRow(bs, k, m, a, b, int(at_k.size), "measured"))
     tmp = CostCurve(hardware=curve.hardware, model=curve.model, block_size=curve.block_size,
                     context_len=curve.context_len, verify=curve.verify, ar=curve.ar, draft=draft,
                     draft_first=first, graph_mode=curve.graph_mode)
     for bs in sorted(set(r.batch_size for r in draft)):
         und = pick("undrafted", bs)
-        step = np.array([r.step_ms for r in und])
-        overhead_row("undrafted", bs, step - curve.ar_ms(bs) - tmp.draft_first_ms(bs, bs))
-        drf = [r for r in pick("drafted", bs) if r.num_tokens <= bs * block_size]
+        if und:
+            step = np.array([r.step_ms for r in und])
+            overhead_row("undrafted", bs, step - curve.ar_ms(bs) - tmp.draft_first_ms(bs, bs))
+        drf = [r for r in pick("drafted", bs) if tmp.token_range(bs)[0] <= r.num_tokens <= bs * block_size
+               and r.num_tokens <= tmp._draft_first_cells.token_range(bs)[1]]
         model = np.array([tmp.draft_ms(bs) + float(tmp.verify_ms(bs, r.num_tokens))
                           + float(tmp.draft_first_ms(bs, r.num_tokens)) - float(tmp.draft_first_ms(bs, bs))
                           for r in drf])
         overhead_row("drafted", bs, np.array([r.step_ms for r in drf]) - model)
+        for k in sorted(set(r.num_tokens for r in drf)):  # how the residual moves with K (notes only)
+            sel = np.array([r.num_tokens == k for r in drf])
+            notes[f"drafted/bs{bs}"].setdefault("median_residual_ms_by_num_tokens", {})[str(k)] = round(
+                float(np.median((np.array([r.step_ms for r in drf]) - model)[sel])), 3)
     return draft, first, overhead, notes

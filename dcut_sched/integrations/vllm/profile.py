@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmups", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--engine-steps", type=int, default=24, metavar="TOKENS",
+    ap.add_argument("--engine-steps", type=int, default=40, metavar="TOKENS",
                     help="with --draft: time real engine steps (no speculation, drafted with full verification, "
                          "undrafted) on waves of held-out prompts, TOKENS new tokens per request; 0 = dummy "
                          "batches only (the draft step is then vLLM's dummy pass, without attention)")
@@ -383,9 +383,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = {"file": args.prompts, "offset": args.prompt_offset, "n": max(batch_sizes), "chat": True}
         prompts = load_prompts(spec, args.model)
         records = []
-        for run, llm_args in (("drafted", None),
-                              ("undrafted", {**llm_kwargs(args.model, args.draft, args.block_size, "ar",
-                                                          dtype=args.dtype, log_interval_s=3600.0), **sizes}),
+        def spec(policy: str, **params: Any) -> dict[str, Any]:
+            return {**llm_kwargs(args.model, args.draft, args.block_size, policy, dtype=args.dtype,
+                                 log_interval_s=3600.0, policy_params=params), **sizes}
+
+        for run, llm_args in (("drafted, full verification", None),
+                              ("drafted, anchors verified only", spec("uniform", rho=1.0 / args.block_size)),
+                              ("undrafted", spec("ar")),
                               ("plain", base)):
             print(f"engine steps: {run} run ({'the profiled engine' if llm_args is None else 'a new engine'})", flush=True)
             records += measure_engine_steps(llm_args, prompts, batch_sizes, args.engine_steps,
@@ -396,13 +400,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 import gc
 
                 gc.collect()
+        from ...atomic import atomic_write_text
+
+        atomic_write_text(Path(args.out).with_suffix(".steps.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
         draft, first, overhead, notes = engine_step_rows(curve, records, args.block_size, batch_sizes)
         dummy_draft = {r.batch_size: round(r.median_ms, 3) for r in curve.draft}
         curve = CostCurve(hardware={**curve.hardware, "engine_steps": {
                               "prompts": f"{Path(args.prompts).name} rows {args.prompt_offset}..{args.prompt_offset + max(batch_sizes) - 1} (held out)",
                               "max_tokens": args.engine_steps,
-                              "runs": "drafted: full verification (policy full); undrafted: policy ar on the same "
-                                      "speculative engine (num_spec_tokens_to_schedule = 0); plain: no speculative config",
+                              "runs": "drafted: policy full (K = bs*B) and policy uniform at rho = 1/B (K = bs), "
+                                      "drafting every step; undrafted: policy ar on the same speculative engine "
+                                      "(num_spec_tokens_to_schedule = 0); plain: no speculative config",
                               "residuals": notes, "dummy_pass_draft_ms": dummy_draft},
                               "load_average": {**curve.hardware["load_average"], "end_1min": round(os.getloadavg()[0], 2)}},
                           model=curve.model, block_size=curve.block_size, context_len=curve.context_len,
@@ -410,9 +418,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                           graph_mode=curve.graph_mode, profile_seconds=time.perf_counter() - t0,
                           source=curve.source + "; draft, draft_first and step_overhead rows from real engine steps on "
                                                 "held-out prompts (dcut_sched.integrations.vllm.engine_steps)")
-        with open(Path(args.out).with_suffix(".steps.jsonl"), "w", encoding="utf-8") as fh:
-            for r in records:
-                fh.write(json.dumps(r) + "\n")
     curve.save(args.out)
     print(f"wrote {args.out} in {curve.profile_seconds:.1f} s")
     return 0
