@@ -133,8 +133,13 @@ def stage_engine(args, out: Path) -> None:
     pd.DataFrame(rows).to_csv(out / "bench_vllm_engine.csv", index=False)
 
 
-def recorded_trace(out: Path, batch_sizes):
-    """Step-indexed trace from the ``full`` runs: one row per (request, drafted step)."""
+def recorded_trace(out: Path, batch_sizes, max_decode_tokens: int | None = None):
+    """Step-indexed trace from the ``full`` runs: one row per (request, drafted step).
+
+    ``max_decode_tokens``: each request's decode output (``max_tokens - 1``: the first token is
+    prefill's). The scheduler records what the rejection sampler accepted; vLLM then cuts the
+    output at ``max_tokens``, so the last steps' ``accept_len`` is clipped to what was output (the
+    step-indexed replay's output length is ``sum(1 + accept_len)``, docs/design.md §3)."""
     from dcut_sched.traces.format import TRACE_VERSION, VERSION_KEY, Trace, conf_columns
 
     rows, rid_of = [], {}
@@ -151,6 +156,10 @@ def recorded_trace(out: Path, batch_sizes):
                              **dict(zip(conf_columns(BLOCK_SIZE), conf))})
     df = pd.DataFrame(rows)
     df["pos"] = df.groupby("request_id").cumcount()
+    if max_decode_tokens is not None:
+        before = df.groupby("request_id")["accept_len"].transform(lambda a: (1 + a).cumsum() - (1 + a))
+        df["accept_len"] = np.clip(np.minimum(df["accept_len"], max_decode_tokens - before - 1), 0, None)
+        df = df[before < max_decode_tokens].reset_index(drop=True)
     meta = {VERSION_KEY: TRACE_VERSION, "indexing": "step", "block_size": str(BLOCK_SIZE),
             "target_model": "SmolLM2-135M-Instruct (fp32, vLLM 0.32.0 CPU)",
             "draft_model": "SmolLM2-135M minus decoder layers 14,15 (vLLM draft_model)",
@@ -174,27 +183,47 @@ def forward_only_curve(curve):
                        source="forward passes only (bench_vllm.forward_only_curve)")
 
 
+def one_wave(trace, curve, policy: str, bs: int) -> dict:
+    """The benchmark's workload in the simulator: the ``bs`` requests of ``trace`` (the wave recorded
+    at that batch size) all arriving at t = 0, decoded together until the last finishes (the batch
+    shrinks as requests finish, as in vLLM), prefill not simulated. Decode tokens/s and step count."""
+    from dcut_sched import policies
+    from dcut_sched.simulator.engine import run_open_loop
+
+    n = trace.num_requests
+    run = run_open_loop(trace, curve, policies.get(policy), bs, rate_rps=1.0, num_requests=n, shuffle=False,
+                        arrival_ms=np.zeros(n))
+    st = run.steps
+    return {"tokens_per_s": float(st.tokens.sum()) / float(st.step_ms.sum()) * 1e3, "steps": len(st),
+            "drafted_steps_sim": int(st.drafted.sum())}
+
+
 def stage_predict(args, out: Path) -> None:
     import dcut_sched as d
 
-    trace = recorded_trace(out, args.batch_sizes)
+    trace = recorded_trace(out, args.batch_sizes, args.max_tokens - 1)
     trace.save(out / "vllm-trace-b8.parquet")
     curve = d.CostCurve.load(out / CURVE_NAME, check_hardware=False)
     pols = ["ar", "full", "dcut", "fine"]
-    sim = d.simulate(trace, curve, policies=pols, batch_sizes=args.batch_sizes, mode="closed", seed=0)
     eng = pd.read_csv(out / "bench_vllm_engine.csv")
     eng["sim_policy"] = eng["policy"].replace({"nospec": "ar"})
-    merged = eng.merge(sim[["policy", "batch_size", "tokens_per_s", "mean_tokens_per_step", "mean_ratio"]]
-                       .rename(columns={"policy": "sim_policy", "tokens_per_s": "predicted_tokens_per_s",
-                                        "mean_tokens_per_step": "predicted_tokens_per_request_step",
-                                        "mean_ratio": "predicted_ratio"}), on=["sim_policy", "batch_size"])
-    merged["rel_error"] = merged["predicted_tokens_per_s"] / merged["tokens_per_s"] - 1.0
+    waves = {bs: recorded_trace(out, [bs], args.max_tokens - 1) for bs in args.batch_sizes}
     before = forward_only_curve(curve)
+    pred = pd.DataFrame([one_wave(waves[bs], c, pol, bs) | {"sim_policy": pol, "batch_size": bs, "curve": name}
+                         for bs in args.batch_sizes for pol in pols
+                         for name, c in (("profiled", curve), ("forward_only", before)) if c is not None])
+    merged = eng.merge(pred[pred["curve"] == "profiled"].drop(columns="curve").rename(
+        columns={"tokens_per_s": "predicted_tokens_per_s", "steps": "predicted_steps"}), on=["sim_policy", "batch_size"])
+    merged["rel_error"] = merged["predicted_tokens_per_s"] / merged["tokens_per_s"] - 1.0
     if before is not None:
-        sim0 = d.simulate(trace, before, policies=pols, batch_sizes=args.batch_sizes, mode="closed", seed=0)
-        merged = merged.merge(sim0[["policy", "batch_size", "tokens_per_s"]].rename(
-            columns={"policy": "sim_policy", "tokens_per_s": "forward_only_tokens_per_s"}), on=["sim_policy", "batch_size"])
+        merged = merged.merge(pred[pred["curve"] == "forward_only"][["sim_policy", "batch_size", "tokens_per_s"]].rename(
+            columns={"tokens_per_s": "forward_only_tokens_per_s"}), on=["sim_policy", "batch_size"])
         merged["forward_only_rel_error"] = merged["forward_only_tokens_per_s"] / merged["tokens_per_s"] - 1.0
+    # the steady state of dcut-sim's closed loop (a full batch throughout, no wave tail), for reference
+    sim = d.simulate(trace, curve, policies=pols, batch_sizes=args.batch_sizes, mode="closed", seed=0)
+    merged = merged.merge(sim[["policy", "batch_size", "tokens_per_s"]].rename(
+        columns={"policy": "sim_policy", "tokens_per_s": "closed_loop_tokens_per_s"}), on=["sim_policy", "batch_size"])
+    merged["closed_loop_rel_error"] = merged["closed_loop_tokens_per_s"] / merged["tokens_per_s"] - 1.0
     merged.to_csv(out / "bench_vllm.csv", index=False)
     med = float(np.median(np.abs(merged["rel_error"])))
     med_e2e = float(np.median(np.abs(merged["predicted_tokens_per_s"] / merged["end_to_end_tokens_per_s"] - 1.0)))
@@ -202,8 +231,9 @@ def stage_predict(args, out: Path) -> None:
     cols = ["batch_size", "policy", "tokens_per_s", "predicted_tokens_per_s", "rel_error"]
     if before is not None:
         cols += ["forward_only_tokens_per_s", "forward_only_rel_error"]
+    cols += ["closed_loop_rel_error"]
     cols += ["end_to_end_tokens_per_s", "accepted_per_request_step", "keep_ratio", "drafted_steps", "steps",
-             "lossless", "load_1min_start"]
+             "predicted_steps", "lossless", "load_1min_start"]
     extra = ""
     if before is not None:
         med0 = float(np.median(np.abs(merged["forward_only_rel_error"])))
@@ -213,9 +243,11 @@ def stage_predict(args, out: Path) -> None:
           f"one wave of bs requests. Median |error| of the simulator's decode tokens/s: **{med:.1%}** (goal <= 10%)."
           + extra + f" Against end-to-end tokens/s (prefill step included, which the simulator does not model): "
           f"{med_e2e:.1%}.", "",
-          "tokens_per_s: decode tokens / (generate wall - prefill steps); predicted: dcut-sim closed loop on the "
-          "trace recorded in vLLM with the curve profiled in vLLM (real engine-step rows measured on held-out "
-          "prompts).", "",
+          "tokens_per_s: decode tokens / (generate wall - prefill steps); predicted: the simulator replaying the "
+          "same wave (the bs requests recorded in vLLM's `full` run at that bs, all at t = 0, batch shrinking as "
+          "they finish) with the curve profiled in vLLM (its engine-step rows measured on held-out prompts); "
+          "forward_only: the same with the curve's forward passes alone; closed_loop: dcut-sim's steady state "
+          "(full batch throughout).", "",
           merged[cols].to_markdown(index=False, floatfmt=".3g"), "",
           f"Machine load (1/5/15 min, {os.cpu_count()} cores, shared with other jobs): "
           + "; ".join(f"{k} {v.get('start', {}).get('loadavg_1_5_15')} -> {v.get('end', {}).get('loadavg_1_5_15')}"

@@ -63,7 +63,8 @@ def vllm_runs(tmp_path_factory):
     ]
     job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE,
            "prompts": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "chat": True},
-           "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs}
+           "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs,
+           "step_timing": True}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
     proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(tmp / "job.json"),
@@ -130,6 +131,31 @@ def test_vllm_verifies_exactly_the_plan(vllm_runs, policy):
         drafted = [s for s in steps if s.get("drafted")]
         assert {round(s["ratio"], 6) for s in drafted} <= {0.25, 0.5, 0.75, 1.0} | {
             round(s["num_tokens"] / (len(s["planned"]) * BLOCK_SIZE), 6) for s in drafted}
+
+
+def test_engine_steps_are_timed(vllm_runs):
+    """StepTimer (the engine-step rows of dcut-profile --vllm): every engine step recorded with its kind."""
+    for name in ("nospec", "full", "ar"):
+        run = _ok(vllm_runs["runs"][name])
+        steps = run["steps"]
+        assert steps[0]["kind"] == "prefill" and steps[0]["num_requests"] == NUM_PROMPTS
+        assert sum(s["step_ms"] for s in steps) <= run["generate_s"] * 1e3
+        assert run["prefill_s"] * 1e3 == sum(s["step_ms"] for s in steps if s["kind"] == "prefill")
+        decode = [s for s in steps if s["kind"] != "prefill"]
+        assert decode and all(1 <= s["num_requests"] <= NUM_PROMPTS for s in decode)
+        if name == "nospec":
+            assert {s["kind"] for s in decode} == {"plain"}
+            assert all(s["num_tokens"] == s["num_requests"] and s["propose_ms"] == 0 for s in decode)
+        if name == "full":  # drafts every step and verifies whole blocks (fewer only near max_tokens)
+            assert {s["kind"] for s in decode} == {"drafted"}
+            assert all(s["proposed"] == BLOCK_SIZE - 1 and s["propose_ms"] > s["draft_first_ms"] > 0 for s in decode)
+            assert decode[0]["num_tokens"] == NUM_PROMPTS * BLOCK_SIZE
+            assert all(s["num_requests"] <= s["num_tokens"] <= s["num_requests"] * BLOCK_SIZE for s in decode)
+        if name == "ar":  # the drafter runs only its KV-keeping first pass once nothing is scheduled to draft
+            tail = decode[2:]
+            assert tail and {s["kind"] for s in tail} == {"undrafted"}
+            assert all(s["proposed"] == 0 and s["num_tokens"] == s["num_requests"] and s["draft_first_ms"] > 0
+                       for s in tail)
 
 
 def test_startup_profile_is_measured_and_cached(vllm_runs):
