@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import StepResult, device_slug, ensure_rich, missing
+from common import StepResult, can_run, device_slug, ensure_rich
 from settings import Settings
 
 TIME_GOAL_S = 10.0
@@ -58,20 +58,13 @@ def curve_path(res: StepResult, cfg: Settings, suffix: str = "") -> Path:
 
 
 def _prepare(res: StepResult, cfg: Settings) -> bool:
-    need = missing("torch", "numpy", "scipy", "pandas")
-    if need:
-        res.skip(f"needs {', '.join(need)} (not installed on this machine); dcut-profile cannot run")
+    if not can_run(res, ("torch", "numpy", "scipy", "pandas"), cuda=False, dry_run=cfg.dry_run,
+                   why="dcut-profile cannot run"):
         return False
     note = ensure_rich()
     if note:
         res.note(note)
-    if not cfg.dry_run:
-        import torch
-
-        if not torch.cuda.is_available():
-            res.skip("no CUDA device (see the env step); --gpu cannot run")
-            return False
-    return True
+    return can_run(res, (), cuda=True, dry_run=cfg.dry_run, why="--gpu cannot run")
 
 
 def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict | None:
