@@ -54,6 +54,7 @@ from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_availab
 
 BLOCK_SIZE = 8
 POLICIES = ("nospec", "full", "dcut", "fine")
+TRACE_RUN = "trace"
 CURVE_NAME = "vllm-cpu-smollm2-135m-b8.json"
 
 
@@ -95,6 +96,11 @@ def stage_engine(args, out: Path) -> None:
             if policy in ("dcut", "fine"):
                 dcut["cost_curve"] = _rel(out / CURVE_NAME)
             runs.append({"name": policy, "dcut": dcut})
+        # the position-indexed trace run: drafts every step, verifies anchors only, so every output
+        # position gets the draft's proposals and confidences (acceptance computed against the output)
+        runs.append({"name": TRACE_RUN, "dcut": {"policy": "uniform", "policy_params": {"rho": 1.0 / BLOCK_SIZE},
+                                                 "record_path": _rel(out / "records" / f"{TRACE_RUN}-bs{bs}.jsonl"),
+                                                 "log_interval_s": 60.0}})
         for r in runs:
             if r["dcut"]:
                 (REPO / r["dcut"]["record_path"]).unlink(missing_ok=True)
@@ -114,6 +120,10 @@ def stage_engine(args, out: Path) -> None:
         for r in res["runs"]:
             if "error" in r:
                 raise RuntimeError(f"bs {bs} {r['name']}: {r['error']['message']}")
+            if r["name"] == TRACE_RUN:
+                if r["token_ids"] != base:
+                    raise RuntimeError(f"bs {bs}: the trace run's output differs from vLLM without speculation")
+                continue
             m = r["dcut_metrics"] or {}
             decode_tokens = r["output_tokens"] - len(r["token_ids"])  # each request's first token is prefill's
             decode_s = r["generate_s"] - r["prefill_s"]
@@ -129,7 +139,7 @@ def stage_engine(args, out: Path) -> None:
                          "drafted_steps": m.get("drafted_steps"),
                          "lossless": r["token_ids"] == base, "load_1min_start": round(load0, 2),
                          "load_1min_end": round(os.getloadavg()[0], 2)})
-        print(pd.DataFrame(rows[-len(runs):]).to_string(index=False), flush=True)
+        print(pd.DataFrame(rows[-len(POLICIES):]).to_string(index=False), flush=True)
     pd.DataFrame(rows).to_csv(out / "bench_vllm_engine.csv", index=False)
 
 
@@ -167,6 +177,48 @@ def recorded_trace(out: Path, batch_sizes, max_decode_tokens: int | None = None)
     return Trace.from_frame(df[["request_id", "pos", "accept_len", *conf_columns(BLOCK_SIZE)]], meta)
 
 
+def position_trace(out: Path, bs: int):
+    """Position-indexed trace recorded in vLLM (docs/design.md §3), from the ``trace`` run at ``bs``.
+
+    That run drafts every step and verifies anchors only, so each request visits every output
+    position p = 1..n-1 (p tokens produced; the first comes from prefill) with the draft's B-1
+    proposals and confidences. Greedy verification accepts draft t exactly when it equals the
+    target's greedy token, which is the output token ``y[p + t]`` (every run is lossless), so
+    ``accept_len[p]`` = the leading drafts equal to ``y[p:]``, capped at ``n - p - 1``. Positions are
+    renumbered from 0 (position 0 = the first decode step), request k = prompt k of the wave.
+
+    Raises:
+        ValueError: a request without drafts at some position (an incomplete record).
+    """
+    from dcut_sched.traces.format import TRACE_VERSION, VERSION_KEY, Trace, conf_columns
+
+    outputs = json.loads((out / "records" / f"result-bs{bs}.json").read_text())["runs"][0]["token_ids"]
+    seen: dict[tuple[int, int], dict] = {}
+    for line in (out / "records" / f"{TRACE_RUN}-bs{bs}.jsonl").read_text().splitlines():
+        step = json.loads(line)
+        for rid, conf in (step.get("conf") or {}).items():
+            k, p = int(rid.split("-", 1)[0]), int(step["num_output"][rid])
+            y, drafts = outputs[k], step["drafts"][rid]
+            n = len(y)
+            if not 1 <= p <= n - 1 or (k, p) in seen:
+                continue
+            a = 0
+            while a < len(drafts) and p + a < n and drafts[a] == y[p + a]:
+                a += 1
+            seen[(k, p)] = {"request_id": k, "pos": p - 1, "accept_len": min(a, n - p - 1),
+                            **dict(zip(conf_columns(BLOCK_SIZE), conf))}
+    for k, y in enumerate(outputs):
+        missing = [p for p in range(1, len(y)) if (k, p) not in seen]
+        if missing:
+            raise ValueError(f"bs {bs}: request {k} has no drafts at output positions {missing[:5]}")
+    df = pd.DataFrame(sorted(seen.values(), key=lambda r: (r["request_id"], r["pos"])))
+    meta = {VERSION_KEY: TRACE_VERSION, "indexing": "position", "block_size": str(BLOCK_SIZE),
+            "target_model": "SmolLM2-135M-Instruct (fp32, vLLM 0.32.0 CPU)",
+            "draft_model": "SmolLM2-135M minus decoder layers 14,15 (vLLM draft_model)",
+            "dataset": "dcut-prompts-v1", "temperature": "0", "source": "recorded"}
+    return Trace.from_frame(df[["request_id", "pos", "accept_len", *conf_columns(BLOCK_SIZE)]], meta)
+
+
 def forward_only_curve(curve):
     """The curve as the model stood before engine steps were measured: its ``verify`` and ``ar``
     rows, the draft step of vLLM's dummy pass (kept in ``hardware.engine_steps``), no
@@ -195,7 +247,8 @@ def one_wave(trace, curve, policy: str, bs: int) -> dict:
                         arrival_ms=np.zeros(n))
     st = run.steps
     return {"tokens_per_s": float(st.tokens.sum()) / float(st.step_ms.sum()) * 1e3, "steps": len(st),
-            "drafted_steps_sim": int(st.drafted.sum())}
+            "drafted_steps_sim": int(st.drafted.sum()), "predicted_ms_per_step": float(st.step_ms.mean()),
+            "predicted_tokens_per_step": float(st.tokens.mean())}
 
 
 def stage_predict(args, out: Path) -> None:
@@ -207,18 +260,28 @@ def stage_predict(args, out: Path) -> None:
     pols = ["ar", "full", "dcut", "fine"]
     eng = pd.read_csv(out / "bench_vllm_engine.csv")
     eng["sim_policy"] = eng["policy"].replace({"nospec": "ar"})
-    waves = {bs: recorded_trace(out, [bs], args.max_tokens - 1) for bs in args.batch_sizes}
+    waves = {bs: position_trace(out, bs) for bs in args.batch_sizes}
+    for bs, t in waves.items():
+        t.save(out / f"vllm-trace-b8-bs{bs}-position.parquet")
+    step_waves = {bs: recorded_trace(out, [bs], args.max_tokens - 1) for bs in args.batch_sizes}
     before = forward_only_curve(curve)
-    pred = pd.DataFrame([one_wave(waves[bs], c, pol, bs) | {"sim_policy": pol, "batch_size": bs, "curve": name}
+    pred = pd.DataFrame([one_wave(w[bs], c, pol, bs) | {"sim_policy": pol, "batch_size": bs, "curve": name}
                          for bs in args.batch_sizes for pol in pols
-                         for name, c in (("profiled", curve), ("forward_only", before)) if c is not None])
+                         for name, c, w in (("profiled", curve, waves), ("forward_only", before, waves),
+                                            ("step_indexed", curve, step_waves)) if c is not None])
     merged = eng.merge(pred[pred["curve"] == "profiled"].drop(columns="curve").rename(
         columns={"tokens_per_s": "predicted_tokens_per_s", "steps": "predicted_steps"}), on=["sim_policy", "batch_size"])
     merged["rel_error"] = merged["predicted_tokens_per_s"] / merged["tokens_per_s"] - 1.0
+    # where an error comes from: the time of a step, or the tokens a step makes (tokens/s = their ratio)
+    merged["ms_per_step"] = merged["decode_s"] * 1e3 / merged["decode_steps"]
+    merged["tokens_per_step"] = merged["decode_tokens"] / merged["decode_steps"]
     if before is not None:
         merged = merged.merge(pred[pred["curve"] == "forward_only"][["sim_policy", "batch_size", "tokens_per_s"]].rename(
             columns={"tokens_per_s": "forward_only_tokens_per_s"}), on=["sim_policy", "batch_size"])
         merged["forward_only_rel_error"] = merged["forward_only_tokens_per_s"] / merged["tokens_per_s"] - 1.0
+    merged = merged.merge(pred[pred["curve"] == "step_indexed"][["sim_policy", "batch_size", "tokens_per_s"]].rename(
+        columns={"tokens_per_s": "step_indexed_tokens_per_s"}), on=["sim_policy", "batch_size"])
+    merged["step_indexed_rel_error"] = merged["step_indexed_tokens_per_s"] / merged["tokens_per_s"] - 1.0
     # the steady state of dcut-sim's closed loop (a full batch throughout, no wave tail), for reference
     sim = d.simulate(trace, curve, policies=pols, batch_sizes=args.batch_sizes, mode="closed", seed=0)
     merged = merged.merge(sim[["policy", "batch_size", "tokens_per_s"]].rename(
@@ -231,9 +294,9 @@ def stage_predict(args, out: Path) -> None:
     cols = ["batch_size", "policy", "tokens_per_s", "predicted_tokens_per_s", "rel_error"]
     if before is not None:
         cols += ["forward_only_tokens_per_s", "forward_only_rel_error"]
-    cols += ["closed_loop_rel_error"]
-    cols += ["end_to_end_tokens_per_s", "accepted_per_request_step", "keep_ratio", "drafted_steps", "steps",
-             "predicted_steps", "lossless", "load_1min_start"]
+    cols += ["step_indexed_rel_error", "closed_loop_rel_error"]
+    cols += ["ms_per_step", "predicted_ms_per_step", "tokens_per_step", "predicted_tokens_per_step",
+             "end_to_end_tokens_per_s", "keep_ratio", "decode_steps", "predicted_steps", "lossless", "load_1min_start"]
     extra = ""
     if before is not None:
         med0 = float(np.median(np.abs(merged["forward_only_rel_error"])))
@@ -244,10 +307,13 @@ def stage_predict(args, out: Path) -> None:
           + extra + f" Against end-to-end tokens/s (prefill step included, which the simulator does not model): "
           f"{med_e2e:.1%}.", "",
           "tokens_per_s: decode tokens / (generate wall - prefill steps); predicted: the simulator replaying the "
-          "same wave (the bs requests recorded in vLLM's `full` run at that bs, all at t = 0, batch shrinking as "
-          "they finish) with the curve profiled in vLLM (its engine-step rows measured on held-out prompts); "
-          "forward_only: the same with the curve's forward passes alone; closed_loop: dcut-sim's steady state "
-          "(full batch throughout).", "",
+          "same wave (the position-indexed trace recorded in vLLM for these bs prompts, all at t = 0, batch "
+          "shrinking as they finish) with the curve profiled in vLLM (its engine-step rows measured on held-out "
+          "prompts); forward_only: the same with the curve's forward passes alone; step_indexed: the same wave "
+          "replayed from the step-indexed trace of the `full` run; closed_loop: dcut-sim's steady state on the "
+          "step-indexed trace of every wave (full batch throughout). ms_per_step / tokens_per_step: decode wall time and tokens per engine step, "
+          "measured and simulated (tokens/s is their ratio: the first shows the cost model, the second the replay).",
+          "",
           merged[cols].to_markdown(index=False, floatfmt=".3g"), "",
           f"Machine load (1/5/15 min, {os.cpu_count()} cores, shared with other jobs): "
           + "; ".join(f"{k} {v.get('start', {}).get('loadavg_1_5_15')} -> {v.get('end', {}).get('loadavg_1_5_15')}"
