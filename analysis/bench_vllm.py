@@ -15,13 +15,17 @@ Stages (``--stage all`` runs them in order; each writes under ``--out-dir``):
    end (tokens / generate wall time) and **decode tokens/s** (tokens after each request's first /
    (generate wall time - the prefill steps' wall time)), accepted drafts per request-step, keep
    ratio. Every D-Cut step is recorded (JSON lines). ``bench_vllm_engine.csv``.
-3. ``predict``: a step-indexed trace recorded in vLLM (the ``full`` runs' confidences and
-   accepted lengths, ``vllm-trace-b8.parquet``) replayed by ``dcut_sched.simulate`` in the closed
-   loop at the same batch sizes with the stage-1 curve; predicted vs measured decode tokens/s per
-   (policy, bs), with ``ar`` predicting vLLM without speculation; also the prediction from the
-   curve's forward passes alone (its ``verify``/``ar`` rows and the dummy-pass draft step, no
-   per-step rows: the model before engine steps were measured). ``bench_vllm.csv``,
-   ``bench_vllm.md`` (table, median absolute error, machine load) and ``bench_vllm.png``.
+3. ``predict``: for each bs, a **position-indexed trace recorded in vLLM** from a fifth run that
+   drafts every step and verifies anchors only (``uniform`` at rho = 1/B): every output position
+   gets the draft's proposals and confidences, and a draft is accepted exactly when it equals the
+   (lossless) output token there (:func:`position_trace`, ``vllm-trace-b8-bs{bs}-position.parquet``).
+   The simulator replays that wave (:func:`one_wave`: its bs requests at t = 0, batch shrinking as
+   they finish) under ``ar`` (= vLLM without speculation), ``full``, ``dcut`` and ``fine`` with the
+   stage-1 curve; predicted vs measured decode tokens/s per (policy, bs). Beside it: the forward
+   passes alone (:func:`forward_only_curve`), the same wave from the step-indexed trace of the
+   ``full`` runs (``vllm-trace-b8.parquet``, the former method: approximate for a policy that
+   verifies less) and dcut-sim's closed-loop steady state. ``bench_vllm.csv``, ``bench_vllm.md``
+   (table, median absolute error, machine load) and ``bench_vllm.png``.
 
 The simulator models decode steps (docs/design.md §1), so the error is taken on decode tokens/s:
 the prefill step (target prefill, and on a speculative engine the drafter's prefill and first
