@@ -194,3 +194,32 @@ def test_bad_configuration_fails_at_startup(vllm_runs, name, match):
     err = vllm_runs["runs"][name].get("error")
     assert err is not None, f"{name}: the engine started"
     assert err["type"] == "DCutConfigError" and re.search(match, err["message"]), err["message"]
+
+
+def test_dcut_profile_times_real_engine_steps(tmp_path):
+    """dcut-profile --vllm with a draft: dummy-batch rows plus the engine-step rows from four engines
+    on held-out prompts (docs/vllm.md), with their provenance in the curve."""
+    _require_vllm()
+    from dcut_sched.cost_curve import CostCurve
+    from dcut_sched.integrations.vllm.checkpoint import write_pair
+
+    target, draft = write_pair()
+    out = tmp_path / "curve.json"
+    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(target), "--draft",
+           str(draft), "--batch-sizes", "1,2", "--warmups", "0", "--repeats", "1", "--context-len", "32",
+           "--engine-steps", "12", "--out", str(out)]
+    proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    curve = CostCurve.load(out, check_hardware=False)
+    assert [r.batch_size for r in curve.draft] == [1, 2] and all(r.repeats >= 2 for r in curve.draft)
+    assert {(r.batch_size, r.num_tokens) for r in curve.draft_first} == {(1, 1), (1, 8), (2, 2), (2, 16)}
+    assert {(r.kind, r.batch_size) for r in curve.step_overhead} == {
+        (k, b) for k in ("plain", "drafted", "undrafted") for b in (1, 2)}
+    hw = curve.hardware
+    assert hw["engine"] == "vllm" and hw["engine_version"] == "0.32.0" and hw["dtype"] == "float32"
+    steps = hw["engine_steps"]
+    assert steps["prompts"] == "prompts.jsonl rows 32..33 (held out)" and steps["max_tokens"] == 12
+    assert set(steps["residuals"]) == {f"{k}/bs{b}" for k in ("plain", "drafted", "undrafted") for b in (1, 2)}
+    assert set(steps["dummy_pass_draft_ms"]) == {"1", "2"}
+    records = [json.loads(line) for line in out.with_suffix(".steps.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} == {"prefill", "plain", "drafted", "undrafted"}
