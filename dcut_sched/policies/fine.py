@@ -20,12 +20,14 @@ Beyond D-Cut in two ways:
 2. **Whether to draft at all.** When the confidences are known, the draft's cost is already spent,
    so the choice is taken one step ahead: the plan's ``draft_next`` compares an exponential moving
    average of the best expected tokens per ms of recent drafted steps with plain autoregressive
-   decoding (``bs`` tokens in ``C_ar(bs)``, the plain decode step; :class:`~dcut_sched.step_costs.StepCosts`).
+   decoding (``bs`` tokens in ``StepCosts.undrafted_ms(bs)``, the step the engine runs without a
+   draft: ``C_ar(bs)`` where it truly skips the drafter, ``C_ar + C_draft_first(bs, bs) + O_undrafted``
+   on vLLM 0.32, whose drafter keeps its KV cache in sync; docs/design.md §1).
    While not drafting, no confidences arrive, so the policy drafts now and then (a **probe**) to
    re-measure; the first drafted step after a plain stretch restarts the average.
 
    **Probe budget.** A drafted step that makes ``E`` expected tokens in ``T`` ms loses
-   ``T - E / (bs / C_ar)`` ms against plain decoding (its time minus the time plain steps need for the
+   ``T - E / (bs / undrafted_ms)`` ms against plain decoding (its time minus the time plain steps need for the
    same tokens; negative when drafting pays). The policy keeps the run's account of that loss over all
    its drafted steps (``debt_ms``; a gain is credited, but never more than ``probe_budget`` of the
    elapsed time, so a long good stretch cannot pay for unbounded probing later) and the run's elapsed
