@@ -137,6 +137,8 @@ def stage_engine(args, out: Path) -> None:
                          "generate_s": r["generate_s"], "prefill_s": r["prefill_s"], "decode_s": decode_s,
                          "output_tokens": r["output_tokens"], "decode_tokens": decode_tokens,
                          "decode_steps": len(steps),
+                         # CPU time of the engine process over wall time: below 1 when other jobs take the core
+                         "cpu_share": r.get("generate_cpu_s", float("nan")) / r["generate_s"],
                          "median_decode_step_ms": float(np.median([s["step_ms"] for s in steps])),
                          "accepted_per_request_step": m.get("accepted_per_request_step", 0.0),
                          "keep_ratio": m.get("keep_ratio", float("nan")), "steps": m.get("steps"),
@@ -300,7 +302,8 @@ def stage_predict(args, out: Path) -> None:
         cols += ["forward_only_tokens_per_s", "forward_only_rel_error"]
     cols += ["step_indexed_rel_error", "closed_loop_rel_error"]
     cols += ["ms_per_step", "predicted_ms_per_step", "tokens_per_step", "predicted_tokens_per_step",
-             "end_to_end_tokens_per_s", "keep_ratio", "decode_steps", "predicted_steps", "lossless", "load_1min_start"]
+             "end_to_end_tokens_per_s", "keep_ratio", "decode_steps", "predicted_steps", "lossless", "cpu_share",
+             "load_1min_start"]
     extra = ""
     if before is not None:
         med0 = float(np.median(np.abs(merged["forward_only_rel_error"])))

@@ -1,7 +1,8 @@
 """Cost curves measured inside vLLM 0.32.0: its own forward on dummy batches (imported only inside vLLM).
 
-What is timed (each cell ``warmups`` untimed then ``repeats`` timed calls; median, p20, p80 ms;
-``torch.cuda.synchronize()`` around each call on a GPU):
+What is timed (each cell ``warmups`` untimed then ``repeats`` timed calls, the cells of a batch
+size in turn so that a burst of other work on a shared machine spreads over all of them; median,
+p20, p80 ms; ``torch.cuda.synchronize()`` around each call on a GPU):
 
 - **verify** ``(bs, num_tokens)``, num_tokens = ``bs * L`` for L = 1..B: the target's
   ``GPUModelRunner._dummy_run(num_tokens)`` with ``bs`` requests (``max_num_seqs`` set to ``bs``
@@ -83,18 +84,21 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn, warmups: int, repeats: int, device) -> tuple[float, float, float]:
-    for _ in range(warmups):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    p20, med, p80 = np.percentile(samples, [20, 50, 80])
-    return float(med), float(p20), float(p80)
+def _time_round_robin(runner, batch_size: int, cells, warmups: int, repeats: int, device) -> list[list[float]]:
+    """ms samples per cell, the cells timed in turn (``warmups`` untimed rounds, then ``repeats``
+    timed ones): on a shared machine a burst of other work then spreads over every cell of the
+    batch size instead of taking one cell's whole sample, so each median stays a median."""
+    out: list[list[float]] = [[] for _ in cells]
+    for r in range(warmups + repeats):
+        for j, (_, _, call, drafter_off) in enumerate(cells):
+            with _batch_of(runner, batch_size, drafter_off=drafter_off):
+                _sync(device)
+                t0 = time.perf_counter()
+                call()
+                _sync(device)
+                if r >= warmups:
+                    out[j].append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 @contextlib.contextmanager
@@ -157,43 +161,46 @@ def profile_runner(runner, block_size: int, batch_sizes: Sequence[int], context_
     for bs in sorted(set(int(b) for b in batch_sizes)):
         if bs > max_seqs:
             raise ValueError(f"batch size {bs} > the engine's max_num_seqs {max_seqs}")
+        cells: list[tuple[str, int, Any, bool]] = []  # (kind, num_tokens, call, drafter off)
+        for length in range(1, block_size + 1):
+            n = bs * length
+            if n > runner.max_num_tokens:
+                raise ValueError(f"cell ({bs}, {n}) exceeds max_num_batched_tokens {runner.max_num_tokens}")
+
+            def verify_call(n=n):
+                hidden, _ = runner._dummy_run(n, force_attention=True, profile_seq_lens=context_len)
+                runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
+
+            cells.append(("verify", n, verify_call, True))
+
+        def ar_call(bs=bs):
+            hidden, _ = runner._dummy_run(bs, force_attention=True, uniform_decode=not has_spec,
+                                          profile_seq_lens=context_len)
+            runner.model.compute_logits(hidden[:bs]).argmax(dim=-1)
+
+        cells.append(("ar", bs, ar_call, True))
+        if draft and has_spec:
+            drafter = runner.drafter
+
+            def draft_call(bs=bs):
+                drafter.dummy_run(bs, use_cudagraphs=False)
+                h = drafter.hidden_states[:bs] if getattr(drafter, "hidden_states", None) is not None \
+                    else torch.zeros(bs, drafter.hidden_size, device=device)
+                for _ in range(block_size - 1):
+                    lf = drafter.model.compute_logits(h.to(runner.dtype)).float()
+                    lf.argmax(dim=-1)
+                    torch.logsumexp(lf, dim=-1)
+
+            cells.append(("draft", bs, draft_call, False))
         with torch.inference_mode():
-            for length in range(1, block_size + 1):
-                n = bs * length
-                if n > runner.max_num_tokens:
-                    raise ValueError(f"cell ({bs}, {n}) exceeds max_num_batched_tokens {runner.max_num_tokens}")
-
-                def verify_call(n=n):
-                    hidden, _ = runner._dummy_run(n, force_attention=True, profile_seq_lens=context_len)
-                    runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
-
-                with _batch_of(runner, bs, drafter_off=True):
-                    med, p20, p80 = _time(verify_call, warmups, repeats, device)
+            samples = _time_round_robin(runner, bs, cells, warmups, repeats, device)
+        for (kind, n, _, _), times in zip(cells, samples):
+            p20, med, p80 = (float(x) for x in np.percentile(times, [20, 50, 80]))
+            if kind == "verify":
                 verify.append(VerifyRow(bs, n, med, p20, p80, repeats, "measured"))
-
-            def ar_call():
-                hidden, _ = runner._dummy_run(bs, force_attention=True, uniform_decode=not has_spec,
-                                              profile_seq_lens=context_len)
-                runner.model.compute_logits(hidden[:bs]).argmax(dim=-1)
-
-            with _batch_of(runner, bs, drafter_off=True):
-                med, p20, p80 = _time(ar_call, warmups, repeats, device)
-            ar.append(ArRow(bs, med, p20, p80, repeats, "measured"))
-
-            if draft and has_spec:
-                drafter = runner.drafter
-
-                def draft_call():
-                    drafter.dummy_run(bs, use_cudagraphs=False)
-                    h = drafter.hidden_states[:bs] if getattr(drafter, "hidden_states", None) is not None \
-                        else torch.zeros(bs, drafter.hidden_size, device=device)
-                    for _ in range(block_size - 1):
-                        lf = drafter.model.compute_logits(h.to(runner.dtype)).float()
-                        lf.argmax(dim=-1)
-                        torch.logsumexp(lf, dim=-1)
-
-                with _batch_of(runner, bs, drafter_off=False):
-                    med, p20, p80 = _time(draft_call, warmups, repeats, device)
+            elif kind == "ar":
+                ar.append(ArRow(bs, med, p20, p80, repeats, "measured"))
+            else:
                 drafts.append(DraftRow(bs, med, p20, p80, repeats, "measured"))
         if progress is not None:
             progress(f"bs {bs}: verify {verify[-block_size].median_ms:.1f}..{verify[-1].median_ms:.1f} ms, "
@@ -363,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               **sizes}
     else:
         kw = base
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     llm = LLM(**kw)
     runner = find_model_runner(llm)
     if runner is None:
@@ -411,7 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "runs": "drafted: policy full (K = bs*B) and policy uniform at rho = 1/B (K = bs), "
                                       "drafting every step; undrafted: policy ar on the same speculative engine "
                                       "(num_spec_tokens_to_schedule = 0); plain: no speculative config",
-                              "residuals": notes, "dummy_pass_draft_ms": dummy_draft},
+                              "residuals": notes, "dummy_pass_draft_ms": dummy_draft,
+                              # CPU time of this process over wall time: below 1 when other jobs take the core
+                              "cpu_share": round((time.process_time() - c0) / (time.perf_counter() - t0), 3)},
                               "load_average": {**curve.hardware["load_average"], "end_1min": round(os.getloadavg()[0], 2)}},
                           model=curve.model, block_size=curve.block_size, context_len=curve.context_len,
                           verify=curve.verify, ar=curve.ar, draft=draft, draft_first=first, step_overhead=overhead,

@@ -100,8 +100,10 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
         timer = StepTimer(llm)
         timer.wave = len(prompts)
     t1 = time.perf_counter()
+    c1 = time.process_time()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     t2 = time.perf_counter()
+    cpu_s = time.process_time() - c1
     if timer is not None:
         timer.restore()
     tokens = [list(o.outputs[0].token_ids) for o in outs]
@@ -109,7 +111,8 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     metrics = dict(sched.dcut_metrics) if hasattr(sched, "dcut_metrics") else None
     n_out = sum(len(t) for t in tokens)
     result = {"name": run["name"], "token_ids": tokens, "startup_s": t1 - t0, "generate_s": t2 - t1,
-              "output_tokens": n_out, "tok_per_s": n_out / (t2 - t1), "dcut_metrics": metrics}
+              "output_tokens": n_out, "tok_per_s": n_out / (t2 - t1), "dcut_metrics": metrics,
+              "generate_cpu_s": cpu_s}
     if timer is not None:
         result["steps"] = [r.to_dict() for r in timer.records]
         result["prefill_s"] = sum(r.step_ms for r in timer.records if r.kind == "prefill") / 1e3
