@@ -19,9 +19,19 @@ _EXPORTS: dict[str, str] = {
     "DEFAULT_PROMPTS": ".prompts",
     "PromptFileError": ".prompts",
     "load_prompts": ".prompts",
+    "EngineObserver": ".observer",
+    "PHASES": ".observer",
     "EngineResult": ".spec_engine",
     "SpecEngine": ".spec_engine",
-    "StepRecord": ".spec_engine",
+    "DecodeBatch": ".step",
+    "DecodeContext": ".step",
+    "StepOutcome": ".step",
+    "StepRecord": ".step",
+    "Verification": ".step",
+    "accepted_drafts": ".step",
+    "prefill_free_rows": ".step",
+    "speculative_step": ".step",
+    "verify_block": ".step",
 }
 
 __all__ = sorted(_EXPORTS)
