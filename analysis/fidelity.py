@@ -354,7 +354,7 @@ def _setup(threads: int = 1):
 
     torch.set_num_threads(threads)
     from dcut_sched.traces.prompts import load_prompts
-    from dcut_sched.traces.record import NativeBackend
+    from dcut_sched.engine.trace_backends import NativeBackend
 
     backend = NativeBackend()
     prompts = load_prompts(PROMPTS)

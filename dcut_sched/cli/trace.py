@@ -136,7 +136,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
 
     from dcut_sched.traces.prompts import PromptError, load_prompts
     from dcut_sched.sampling import SamplingParams
-    from dcut_sched.traces.record import HFBackend, NativeBackend, RecordError, record_trace
+    from dcut_sched.engine.trace_backends import HFBackend, NativeBackend
+    from dcut_sched.traces.record import RecordError, record_trace
 
     check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES)})
     try:
