@@ -59,6 +59,7 @@ import torch
 from ..controller import RatioController
 from ..sampling import SamplingParams, request_keys
 from .observer import EngineObserver
+from .verify_runtime import VerifyRuntime
 from .step import DecodeBatch, DecodeContext, StepRecord, prefill_free_rows, speculative_step
 
 __all__ = ["EngineObserver", "EngineResult", "SpecEngine", "StepRecord"]
@@ -208,6 +209,9 @@ class SpecEngine:
         eos_id: stop a request after this token (included in its output); ``None``: never.
         skip_layers: the drafter's skipped layers (``SelfSpecDrafter``; default 14, 15 of SmolLM2).
         sampling: the target's sampling (default greedy, T = 0); drafts are always greedy.
+        cuda_graphs: replay the verification forward from CUDA graphs
+            (:class:`~dcut_sched.engine.verify_runtime.VerifyRuntime`); ``None`` = when CUDA is
+            available and the model is on it; ``False`` = eager (always on CPU).
 
     Raises:
         ValueError: ``batch_size < 1``, ``max_new_tokens < 1`` or a controller with ``B < 2``.
@@ -223,6 +227,7 @@ class SpecEngine:
         eos_id: int | None = None,
         skip_layers: Iterable[int] | str = (14, 15),
         sampling: SamplingParams | None = None,
+        cuda_graphs: bool | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"SpecEngine: batch_size={batch_size} must be >= 1")
@@ -239,6 +244,7 @@ class SpecEngine:
         self.skip_layers = skip_layers
         self.cost_source = ""
         self.sampling = sampling if sampling is not None else SamplingParams()
+        self.cuda_graphs = cuda_graphs
 
     # ------------------------------------------------------------------ run
     @torch.inference_mode()
@@ -296,7 +302,9 @@ class SpecEngine:
         cache = model.new_cache(rows_total, max_len + 1)
         drafter = SelfSpecDrafter(model, self.skip_layers, max_batch_size=rows_total, max_seq_len=max_len)
         ctrl.reset()
-        ctx = DecodeContext(model=model, cache=cache, controller=ctrl, drafter=drafter, block_size=B,
+        runtime = VerifyRuntime(model, cache, max_rows=rows_total * B, block_size=B, scratch_slot=max_len,
+                                cuda_graphs=self.cuda_graphs)
+        ctx = DecodeContext(model=model, cache=cache, verify_runtime=runtime, controller=ctrl, drafter=drafter, block_size=B,
                             scratch_slot=max_len, sampling=sp, keys=keys, record_draft_probs=sampled_trace,
                             observer=obs)
         batch = DecodeBatch(prompts, rows_total, self.max_new_tokens, self.eos_id, on_request_done)

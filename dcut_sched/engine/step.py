@@ -140,6 +140,8 @@ class DecodeContext:
 
     Attributes:
         model: the target ``LlamaModel``; ``cache``: its KV cache (``[rows, max_len + 1]`` slots).
+        verify_runtime: runs the packed verification forward
+            (:class:`~dcut_sched.engine.verify_runtime.VerifyRuntime`: CUDA-graph replay or eager).
         controller: the :class:`~dcut_sched.controller.RatioController`.
         drafter: the :class:`~dcut_sched.model.drafter.SelfSpecDrafter`.
         block_size: B.
@@ -151,6 +153,7 @@ class DecodeContext:
 
     model: Any
     cache: Any
+    verify_runtime: Any
     controller: Any
     drafter: Any
     block_size: int
@@ -242,7 +245,8 @@ def verify_block(ctx: DecodeContext, seqs: Sequence[list[int]], rows: Sequence[i
 
     Request ``j`` (committed sequence ``seqs[j]`` of length ``n``, cache row ``rows[j]``) verifies
     ``[seqs[j][-1]] + drafts[j][:L_j - 1]`` at positions ``n-1 ..``; the slots are packed into
-    dense rows by :func:`~dcut_sched.engine.packing.pack_rows` (padding writes ``scratch_slot``).
+    dense rows by :func:`~dcut_sched.engine.packing.pack_rows` (padding writes ``scratch_slot``) and
+    run through ``ctx.verify_runtime`` (a CUDA-graph replay or the eager forward).
     Greedy: the target's token is the argmax. Sampled: :func:`~dcut_sched.sampling.sample_at` with
     the request's key at the sequence index each slot's token takes (``n + slot``).
 
@@ -260,7 +264,6 @@ def verify_block(ctx: DecodeContext, seqs: Sequence[list[int]], rows: Sequence[i
     pos = np.zeros((n_rows, T), dtype=np.int64)
     slots = np.full((n_rows, T), ctx.scratch_slot, dtype=np.int64)
     batch_index = np.zeros(n_rows, dtype=np.int64)
-    kv_len = 1
     for r, (j, start, length) in enumerate(zip(packing.request, packing.start, packing.length)):
         seq = seqs[j]
         block = [seq[-1]] + drafts[j][: lengths[j] - 1]
@@ -270,15 +273,13 @@ def verify_block(ctx: DecodeContext, seqs: Sequence[list[int]], rows: Sequence[i
         pos[r, length:] = first + length - 1
         slots[r, :length] = pos[r, :length]
         batch_index[r] = rows[j]
-        kv_len = max(kv_len, first + length)
     dev = ctx.model.device
-    logits = ctx.model(
+    # attention window: slots [0, kv_len) = [0, max position + 1) (the runtime derives it)
+    logits = ctx.verify_runtime(
         torch.from_numpy(ids).to(dev),
         torch.from_numpy(pos).to(dev),
-        ctx.cache,
-        cache_slots=torch.from_numpy(slots).to(dev),
-        batch_index=torch.from_numpy(batch_index).to(dev),
-        kv_len=kv_len,
+        torch.from_numpy(slots).to(dev),
+        torch.from_numpy(batch_index).to(dev),
     )
     sp = ctx.sampling
     if sp.is_greedy:
