@@ -353,11 +353,11 @@ def _setup(threads: int = 1):
     import torch
 
     torch.set_num_threads(threads)
-    from dcut_sched.traces.prompts import load_prompts
+    from dcut_sched.traces.prompts import load_prompt_records
     from dcut_sched.engine.trace_backends import NativeBackend
 
     backend = NativeBackend()
-    prompts = load_prompts(PROMPTS)
+    prompts = load_prompt_records(PROMPTS)
     ids = [backend.encode_prompt(p.text) for p in prompts]
     return backend, ids
 

@@ -18,7 +18,7 @@ _EXPORTS: dict[str, str] = {
     "pack_rows": ".packing",
     "DEFAULT_PROMPTS": ".prompts",
     "PromptFileError": ".prompts",
-    "load_prompts": ".prompts",
+    "load_prompt_texts": ".prompts",
     "EngineObserver": ".observer",
     "PHASES": ".observer",
     "EngineResult": ".spec_engine",
