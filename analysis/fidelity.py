@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import pandas as pd
@@ -262,7 +262,7 @@ class ForwardTimer(EngineObserver):
     """
 
     #: engine phase -> the column prefix its forwards are summed under
-    _PHASE_KEY = {"draft": "draft", "oracle_verify": "oracle", "verify": "verify"}
+    _PHASE_KEY: ClassVar[dict[str, str]] = {"draft": "draft", "oracle_verify": "oracle", "verify": "verify"}
 
     def __init__(self, model):
         self.phase: str | None = None
@@ -353,8 +353,8 @@ def _setup(threads: int = 1):
     import torch
 
     torch.set_num_threads(threads)
-    from dcut_sched.traces.prompts import load_prompt_records
     from dcut_sched.engine.trace_backends import NativeBackend
+    from dcut_sched.traces.prompts import load_prompt_records
 
     backend = NativeBackend()
     prompts = load_prompt_records(PROMPTS)

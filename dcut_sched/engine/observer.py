@@ -60,5 +60,5 @@ class EngineObserver:
     def phase_ended(self, step: int, phase: Phase, elapsed_ms: float) -> None:
         """Phase ``phase`` of step ``step`` ran for ``elapsed_ms`` ms of wall time."""
 
-    def step_ended(self, record: "StepRecord") -> None:
+    def step_ended(self, record: StepRecord) -> None:
         """Step ``record.step`` is committed; ``record`` is its :class:`StepRecord`."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 __all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompt_texts"]
 

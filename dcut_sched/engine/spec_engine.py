@@ -59,8 +59,14 @@ import torch
 from ..controller import RatioController
 from ..sampling import SamplingParams, request_keys
 from .observer import EngineObserver
+from .step import (
+    DecodeBatch,
+    DecodeContext,
+    StepRecord,
+    prefill_free_rows,
+    speculative_step,
+)
 from .verify_runtime import VerifyRuntime
-from .step import DecodeBatch, DecodeContext, StepRecord, prefill_free_rows, speculative_step
 
 __all__ = ["EngineObserver", "EngineResult", "SpecEngine", "StepRecord"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -161,7 +161,7 @@ class DecodeContext:
     sampling: SamplingParams
     keys: Sequence[int]
     record_draft_probs: bool = False
-    observer: EngineObserver = EngineObserver()
+    observer: EngineObserver = field(default_factory=EngineObserver)
 
 
 @dataclass(frozen=True)
