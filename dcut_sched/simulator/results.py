@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import gmean
 
-from .engine import ClosedLoopRun, OpenLoopRun
+from .loop import ClosedLoopRun, OpenLoopRun
 
 __all__ = [
     "CLOSED_COLUMNS",
