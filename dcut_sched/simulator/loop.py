@@ -201,9 +201,10 @@ class _Stepper:
             conf, accept = batch.gather()
             plan = driver.plan(conf, accept)
             lengths = np.asarray(plan.lengths, dtype=np.int64)
-            tokens, finished = batch.advance(lengths)
+            verified = verified_prefix_tokens(accept, lengths)
+            tokens, finished = batch.advance_by(verified)
             # drafts accepted among the L - 1 verified ones (in range by construction)
-            driver.observe(verified_prefix_tokens(accept, lengths) - 1, in_range=True)
+            driver.observe(verified - 1, in_range=True)
             step_ms = self.costs.drafted_ms(*driver.graph_cell(bs, plan.num_tokens))
         else:
             plan = driver.plan_without_draft(bs)
