@@ -130,6 +130,8 @@ class ClosedLoopRun:
         approximate: True when the trace is step-indexed (approximate replay).
         log: per-step detail when the run was asked to ``record`` (tests): dicts with ``uid``,
             ``request``, ``cursor`` (before the step), ``lengths``, ``tokens``, ``drafted``, ``step_ms``.
+        controller_metrics: the step driver's counters at the end of the run (the keys of
+            ``RatioController.metrics``: ``bad_conf_requests``, ``accepted_drafts``, ...).
     """
 
     policy: str
@@ -143,6 +145,7 @@ class ClosedLoopRun:
     trace_cycles: int
     approximate: bool
     log: list[dict] = field(default_factory=list)
+    controller_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,6 +159,7 @@ class OpenLoopRun:
             (after queueing and prefill), end of the first decode step, end of the last one.
         output_tokens: tokens each request produced (its output length).
         prefill_ms_total: engine time spent in prefill.
+        controller_metrics: the step driver's counters at the end of the run (as :class:`ClosedLoopRun`).
     """
 
     policy: str
@@ -172,6 +176,7 @@ class OpenLoopRun:
     prefill_ms_total: float
     trace_cycles: int
     approximate: bool
+    controller_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class _Stepper:
@@ -325,6 +330,7 @@ def run_closed_loop(
         trace_cycles=feed.cycles,
         approximate=not trace.exact_replay,
         log=stepper.log,
+        controller_metrics=stepper.driver.metrics,
     )
 
 
@@ -451,4 +457,5 @@ def run_open_loop(
         prefill_ms_total=state["prefill_ms_total"],
         trace_cycles=feed.cycles,
         approximate=not trace.exact_replay,
+        controller_metrics=stepper.driver.metrics,
     )
