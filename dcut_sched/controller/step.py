@@ -45,6 +45,7 @@ from ..scores import Array, is_tensor, verified_prefix_tokens
 __all__ = ["GraphCells", "StepDriver", "restrict_to_graph_cells"]
 
 Cell = tuple[int, int]
+_min_reduce, _max_reduce, _sum_reduce = np.minimum.reduce, np.maximum.reduce, np.add.reduce
 
 
 class GraphCells:
@@ -164,6 +165,7 @@ class StepDriver:
         # Counters that may live on the device (a torch scalar per device, or a host int).
         self._device_counters: dict[str, dict[Any, Any]] = {
             "bad_conf_requests": {}, "accepted_drafts": {}, "bad_accept_requests": {}}
+        self._host_accepted = 0  # accepted drafts of numpy steps (the simulator's), summed on the host
         self.steps = self.drafted_steps = 0
         self.num_tokens = 0
         self.expected_tokens = 0.0
@@ -181,7 +183,7 @@ class StepDriver:
             "expected_tokens": self.expected_tokens,
             "bad_conf_requests": self._read_counter("bad_conf_requests"),
             "observed_steps": self.observed_steps,
-            "accepted_drafts": self._read_counter("accepted_drafts"),
+            "accepted_drafts": self._host_accepted + self._read_counter("accepted_drafts"),
             "bad_accept_requests": self._read_counter("bad_accept_requests"),
         }
 
@@ -207,11 +209,13 @@ class StepDriver:
             ok = (conf == conf.clamp(0.0, 1.0)).all(dim=1)  # False on NaN, +-inf and out of range
             self._count("bad_conf_requests", (~ok).sum())
             return conf.where(ok[:, None], 0.0)
-        conf = np.asarray(conf)
+        if type(conf) is not np.ndarray:
+            conf = np.asarray(conf)
         if conf.dtype.kind != "f":
             conf = conf.astype(np.float32)
-        # Fast path: NaN makes min/max NaN and every comparison with NaN is False.
-        if conf.min() >= 0 and conf.max() <= 1:
+        # Fast path: NaN makes min/max NaN and every comparison with NaN is False (the ufunc
+        # reductions directly: this runs every simulated step).
+        if _min_reduce(conf, None) >= 0 and _max_reduce(conf, None) <= 1:
             return conf
         with np.errstate(invalid="ignore"):
             ok = ((conf >= 0) & (conf <= 1)).all(axis=1)
@@ -292,7 +296,10 @@ class StepDriver:
         self._last = None
         if not in_range:
             num_accepted = self._clip_accepted(num_accepted, lengths)
-        self._count("accepted_drafts", num_accepted.sum())
+        if type(num_accepted) is np.ndarray:
+            self._host_accepted += int(_sum_reduce(num_accepted))
+        else:
+            self._count("accepted_drafts", num_accepted.sum())
         if self.calibrator is not None:
             self.calibrator.observe(conf, num_accepted, lengths)
         self.policy.observe(lengths, num_accepted)

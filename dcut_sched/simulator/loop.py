@@ -49,6 +49,8 @@ from .config import SimConfig
 from .replay import ReplayBatch, RequestFeed
 from .step_cost import StepCosts
 
+_sum_reduce = np.add.reduce
+
 __all__ = [
     "Calibrator",
     "ClosedLoopRun",
@@ -195,6 +197,8 @@ class _Stepper:
         self.log: list[dict] = []
         self.lists: dict[str, list] = {k: [] for k in
                                        ("step_ms", "batch_size", "tokens", "num_tokens", "drafted", "expected_tokens")}
+        (self._step_ms, self._batch_size, self._tokens, self._num_tokens, self._drafted,
+         self._expected) = self.lists.values()  # the same lists, bound once (appended every step)
 
     def step(self) -> tuple[float, np.ndarray, np.ndarray]:
         """Plan and apply one step; returns ``(step_ms, tokens [bs], finished [bs])``."""
@@ -217,13 +221,12 @@ class _Stepper:
             lengths = None
             tokens, finished = batch.advance_plain()
             step_ms = self.costs.plain_ms(bs)
-        lists = self.lists
-        lists["step_ms"].append(step_ms)
-        lists["batch_size"].append(bs)
-        lists["tokens"].append(int(tokens.sum()))
-        lists["num_tokens"].append(plan.num_tokens)
-        lists["drafted"].append(self.drafting)
-        lists["expected_tokens"].append(plan.expected_tokens)
+        self._step_ms.append(step_ms)
+        self._batch_size.append(bs)
+        self._tokens.append(int(_sum_reduce(tokens)))
+        self._num_tokens.append(plan.num_tokens)
+        self._drafted.append(self.drafting)
+        self._expected.append(plan.expected_tokens)
         if self.record:
             self.log.append({
                 "uid": batch.uid.copy(), "request": batch.request.copy(), "cursor": cursor,
