@@ -58,7 +58,7 @@ def _load(out: Path, stage: str, when: str) -> None:
 def stage_profile(args, out: Path) -> None:
     target, draft = write_pair()
     bss = ",".join(map(str, args.batch_sizes))
-    cmd = [sys.executable, "-m", "profiler.cli", "--vllm", str(target), "--vllm-draft", str(draft),
+    cmd = [sys.executable, "-m", "dcut_profiler.cli", "--vllm", str(target), "--vllm-draft", str(draft),
            "--block-size", str(BLOCK_SIZE), "--batch-sizes", bss, "--context-len", str(args.context_len),
            "--repeats", str(args.repeats), "--out", str(out / CURVE_NAME)]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})

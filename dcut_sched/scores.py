@@ -175,8 +175,8 @@ def slot_scores(conf: Array, *, validate: bool = True) -> Array:
     conf = np.asarray(conf)
     out = np.empty((conf.shape[0], conf.shape[1] + 1), dtype=conf.dtype)
     out[:, 0] = 1
-    out[:, 1:] = conf
-    return np.cumprod(out, axis=1, out=out)
+    np.cumprod(conf, axis=1, out=out[:, 1:])  # exactly the products with the leading 1
+    return out
 
 
 class ScoreRanking:
@@ -226,14 +226,15 @@ class ScoreRanking:
             self._order = np.argsort(-flat, kind="stable")
             self._cumsum = np.cumsum(flat[self._order], dtype=np.float64)
 
-    def _partition(self, ks: list[int]) -> np.ndarray:
+    def _partition(self, ks: list[int], kth: np.ndarray | None = None) -> np.ndarray:
         """Negated flat scores with the entry of each rank ``K - 1`` (K in ``ks``) in sorted place.
 
         ``np.partition`` puts each requested rank where a sort would, with only smaller (negated)
         values before it, so the first K entries are the top-K scores (their sum is E(K)) and entry
         K - 1 is the K-th largest score, the selection threshold. Kept for :meth:`lengths`.
+        ``kth``: ``ks - 1`` as an int64 array, when the caller has it.
         """
-        part = np.partition(-self._scores.reshape(-1), np.array(ks) - 1)
+        part = np.partition(-self._scores.reshape(-1), np.array(ks) - 1 if kth is None else kth)
         self._part, self._part_ks = part, frozenset(ks)
         return part
 
@@ -271,11 +272,13 @@ class ScoreRanking:
             return self._cumsum[idx].cpu().numpy()
         if self._order is None and 0 < len(ks_list) <= self.PARTITION_MAX_BUDGETS:
             budgets = sorted(set(ks_list))
-            part = self._partition(budgets)
-            # E(K) for the ascending budgets: sums of the blocks between them, accumulated.
-            sums = np.add.reduceat(part[: budgets[-1]], [0, *budgets[:-1]], dtype=np.float64)
-            expected = -np.cumsum(sums)
-            if budgets == ks_list:  # the usual query: ascending distinct budgets (the D-Cut buckets)
+            # The usual query is ascending distinct budgets (the D-Cut buckets): reuse its array.
+            kth = ks_arr - 1 if budgets == ks_list else np.array(budgets, dtype=np.int64) - 1
+            part = self._partition(budgets, kth)
+            # E(K): the running float64 sum of the partitioned scores read at each K - 1 (entries
+            # before K - 1 are exactly the K - 1 larger scores, in some order).
+            expected = -np.add.accumulate(part[: budgets[-1]], dtype=np.float64)[kth]
+            if budgets == ks_list:
                 return expected
             at = dict(zip(budgets, expected.tolist()))
             return np.array([at[k] for k in ks_list], dtype=np.float64)

@@ -36,11 +36,11 @@ plus attention as its own memory- or compute-bound kernel:
 Plain decode step (``C_ar``, its own path):
     one forward of one token per request (N = bs, T = 1) over the c cached slots, with its *own*
     :class:`Efficiency` (:data:`DEFAULT_AR_EFFICIENCY`, or fitted to ``ar`` rows by
-    :mod:`profiler.fit`). A serving engine runs plain decode on another path than verification: a
+    :mod:`dcut_profiler.efficiency_fit`). A serving engine runs plain decode on another path than verification: a
     full CUDA graph of the one-token step (less fixed cost per forward than piecewise graphs) and a
     decode attention kernel (one query per request, split over the cache, so a higher fraction of
     bandwidth than the variable-length verification kernel). The GEMMs read the same weights on the
-    same device, so :mod:`profiler.fit` shares ``eta_compute`` and ``eta_memory`` between the paths
+    same device, so :mod:`dcut_profiler.efficiency_fit` shares ``eta_compute`` and ``eta_memory`` between the paths
     and gives each its own ``eta_attention`` and ``overhead_ms``.
 
 Draft step:
@@ -49,7 +49,7 @@ Draft step:
     ``self-skip:I,J``: B-1 sequential one-token forwards (N = bs) of the target without layers I, J,
     costed at the mean context ``c + B/2`` of the B-1 steps.
 
-Device peaks and their sources are in :mod:`profiler.devices`; :mod:`profiler.fit` fits
+Device peaks and their sources are in :mod:`dcut_profiler.devices`; :mod:`dcut_profiler.efficiency_fit` fits
 ``eta_compute``, ``eta_memory`` and ``overhead_ms`` to a measured or published curve.
 """
 

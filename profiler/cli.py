@@ -260,7 +260,7 @@ def _resolve(args: argparse.Namespace):
 def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
     from .analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
     from .devices import get_device
-    from .fit import device_matches, fill_curve, fit_efficiency
+    from .efficiency_fit import device_matches, fill_curve, fit_efficiency
     from .grid import verify_tokens
     from .report import fit_table
 
@@ -293,7 +293,7 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
                               f"cells with num_tokens <= bs*{args.block_size} kept, the rest of the B = "
                               f"{args.block_size} grid and its draft step filled from the fitted model")
         source = (f"{src.source} | gaps filled by dcut-profile --analytic --device {device.key} --fit {args.fit}: "
-                  f"roofline of profiler.analytic with efficiency factors fitted to the file's measured/published rows")
+                  f"roofline of dcut_profiler.analytic with efficiency factors fitted to the file's measured/published rows")
         curve = fill_curve(src, shape, fit, batch_sizes=args.batch_sizes, ratios=args.ratios,
                            grid_step=args.grid_step, draft=draft, source=source, block_size=args.block_size)
         return curve, fit
@@ -316,7 +316,7 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
     curve = CostCurve(hardware=hardware, model={"name": shape.name, "config": shape.to_dict(), "dtype": "bfloat16",
                                                 "draft": draft.label()},
                       block_size=args.block_size, context_len=args.context_len, verify=verify, draft=drafts, ar=ar,
-                      source="profiler.analytic roofline with default (unfitted) efficiency factors for the verify and "
+                      source="dcut_profiler.analytic roofline with default (unfitted) efficiency factors for the verify and "
                              "the plain-decode paths; see docs/profiler.md",
                       profile_seconds=0.0)
     return curve, None
@@ -403,8 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-profile``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
     from dcut_sched.console import make_console
 
-    from .cuda_graphs import NoCudaError
-    from .harness import PartialMismatch
+    from .harness import NoCudaError, PartialMismatch
 
     argv = list(sys.argv[1:] if argv is None else argv)
     console = make_console()
@@ -414,6 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str], console) -> int:
+    args = build_parser().parse_args(argv)  # before the heavy imports: --help and usage errors stay fast
+    if args.vllm:
+        return _main_vllm(args)
+
     from dcut_sched.atomic import all_or_none
     from dcut_sched.tables import TABLE_SUFFIXES
 
@@ -421,9 +424,6 @@ def _main(argv: list[str], console) -> int:
     from .interp_error import interpolation_error
     from .report import curve_table, interp_table, noise_summary, write_frame
 
-    args = build_parser().parse_args(argv)
-    if args.vllm:
-        return _main_vllm(args)
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)
     model_file = args.model if args.model and os.path.exists(args.model) else None

@@ -24,13 +24,9 @@ import numpy as np
 import torch
 
 from .grid import Cell
-from .harness import is_oom
+from .harness import NoCudaError, is_oom
 
 __all__ = ["GraphTimer", "NoCudaError", "cuda_hardware", "require_cuda"]
-
-
-class NoCudaError(RuntimeError):
-    """``--gpu`` was asked for but no CUDA device is usable."""
 
 
 def require_cuda() -> None:

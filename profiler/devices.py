@@ -2,8 +2,8 @@
 
 Every figure is the vendor's public datasheet number for the SXM (or, for the H20, the only) board;
 "dense" means without the 2:4 structured-sparsity doubling that datasheets often quote first.
-They are *peaks*: the analytic model (:mod:`profiler.analytic`) multiplies them by efficiency
-factors that :mod:`profiler.fit` can fit to a measured or published curve.
+They are *peaks*: the analytic model (:mod:`dcut_profiler.analytic`) multiplies them by efficiency
+factors that :mod:`dcut_profiler.efficiency_fit` can fit to a measured or published curve.
 
 Sources:
     h200: NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: BF16 Tensor Core 1,979 TFLOPS with

@@ -10,7 +10,7 @@ Per batch size ``bs`` and block size ``B`` the verification token counts are
 
 and, as their own cell family, the plain autoregressive decode step ``ar:bs`` (one token per
 request attending to ``context_len`` cached slots, on the engine's plain-decode path; see
-:mod:`profiler.workload`), which is not the verification cell ``(bs, bs)``.
+:mod:`dcut_profiler.workload`), which is not the verification cell ``(bs, bs)``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The measuring loop shared by every timed mode (CPU eager, CUDA eager, CUDA graphs).
 
-The cells (:mod:`profiler.grid`) are visited in ``rounds`` passes, each in a fresh shuffled order
+The cells (:mod:`dcut_profiler.grid`) are visited in ``rounds`` passes, each in a fresh shuffled order
 (seeded). On its first visit a cell gets ``warmups`` untimed calls; each visit then takes
 ``ceil(repeats / rounds)`` timed calls until the cell has ``repeats`` samples. Its row keeps the median
 and the 20th/80th percentiles (``numpy.percentile``, linear method) of all its samples.
@@ -32,10 +32,16 @@ from dcut_sched.atomic import atomic_write_text
 
 from .grid import Cell
 
-__all__ = ["EagerTimer", "PARTIAL_SCHEMA", "PartialMismatch", "ProfileRun", "is_oom", "partial_path_for",
+__all__ = ["EagerTimer", "NoCudaError", "PARTIAL_SCHEMA", "PartialMismatch", "ProfileRun", "is_oom", "partial_path_for",
            "run_profile", "summarise"]
 
 PARTIAL_SCHEMA = "dcut.profile-partial/1"
+
+
+class NoCudaError(RuntimeError):
+    """``--gpu`` was asked for but no CUDA device is usable (raised by :func:`dcut_profiler.cuda_graphs.require_cuda`;
+    defined here so the CLI can catch it without importing torch)."""
+
 
 
 class PartialMismatch(ValueError):
@@ -169,7 +175,7 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     """Measure ``cells`` with ``timer`` (module docstring).
 
     Args:
-        timer: :class:`EagerTimer`, :class:`profiler.cuda_graphs.GraphTimer` or compatible.
+        timer: :class:`EagerTimer`, :class:`dcut_profiler.cuda_graphs.GraphTimer` or compatible.
         cells: what to measure.
         warmups: untimed calls on a cell's first visit.
         repeats: timed calls per cell in total (>= 1).

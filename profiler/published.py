@@ -8,8 +8,8 @@
       ``1000 * bs / throughput`` ms (7.61 / 8.34 / 9.46 / 11.85 / 17.81 ms);
     - ``fitted`` rows: everything those figures lack (the verify point num_tokens = bs, batch sizes 1
       and 2, the plain step at bs 1 and 2, and the draft step of a 5-layer DFlash-style drafter of the
-      target's width) from the analytic model (:mod:`profiler.analytic`) with its efficiency factors
-      fitted (:mod:`profiler.fit`) to the published verify and ar rows together.
+      target's width) from the analytic model (:mod:`dcut_profiler.analytic`) with its efficiency factors
+      fitted (:mod:`dcut_profiler.efficiency_fit`) to the published verify and ar rows together.
 
 The public figures do not state the context length; the file records ``context_len = 1024``
 (assumed). Only ``context_len / eta_attention`` is identifiable from them, so the fitted rows hardly
@@ -20,7 +20,7 @@ The MoE row (Qwen3.5-35B-A3B, TP2, bs 64: 79.9/85.4/86.1/90.6 ms) is kept in
 two-way tensor parallelism on an architecture whose exact shape is not verified here, cannot pin
 down four efficiency factors, so every fitted row would be a guess.
 
-Rebuild with ``python -m profiler.published [--out PATH]``.
+Rebuild with ``python -m dcut_profiler.published [--out PATH]``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dcut_sched import CostCurve
 
 from .analytic import parse_draft_spec
 from .devices import get_device
-from .fit import FitResult, fill_curve, fit_efficiency
+from .efficiency_fit import EfficiencyFit, fill_curve, fit_efficiency
 from .grid import DEFAULT_RATIOS, bucket_tokens
 from .shapes import resolve_model
 
@@ -58,8 +58,8 @@ PUBLISHED_SOURCE = (
     "rho = 0.25/0.5/0.75/1.0, bs 4/8/16/32/64; published ar rows: the public plain AR engine's steady output "
     "throughput on the same setup (525.8/958.7/1691.3/2700.2/3594.4 tok/s at bs 4/8/16/32/64) as one step of "
     "1000*bs/throughput ms; both as recorded in docs/design.md section 4 of this project (source: the D-Cut documentation "
-    "page, AngelSlim docs); context length not stated (1024 assumed). fitted rows: profiler.analytic roofline with "
-    "efficiency factors fitted to the published verify and ar rows together (profiler.fit: shared GEMM factors, "
+    "page, AngelSlim docs); context length not stated (1024 assumed). fitted rows: dcut_profiler.analytic roofline with "
+    "efficiency factors fitted to the published verify and ar rows together (dcut_profiler.efficiency_fit: shared GEMM factors, "
     "per-path attention and overhead); the draft step is a 5-layer DFlash-style drafter of the target's width "
     "(assumed)."
 )
@@ -90,7 +90,7 @@ def published_rows_curve(context_len: int = 1024, block_size: int = 16) -> CostC
 
 
 def build_h20_qwen3_8b(batch_sizes=DEFAULT_BATCH_SIZES, context_len: int = 1024,
-                       draft: str = "dflash:5") -> tuple[CostCurve, FitResult]:
+                       draft: str = "dflash:5") -> tuple[CostCurve, EfficiencyFit]:
     """The shipped curve (published rows + fitted gaps) and the fit that made the gaps."""
     base = published_rows_curve(context_len)
     shape, _ = resolve_model("qwen3-8b")
@@ -102,7 +102,7 @@ def build_h20_qwen3_8b(batch_sizes=DEFAULT_BATCH_SIZES, context_len: int = 1024,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m profiler.published",
+    ap = argparse.ArgumentParser(prog="python -m dcut_profiler.published",
                                  description="Rebuild the shipped H20 / Qwen3-8B curve from the public D-Cut figures.")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output JSON (default: %(default)s)")
     args = ap.parse_args(argv)

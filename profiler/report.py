@@ -12,7 +12,7 @@ from rich.table import Table
 from dcut_sched import CostCurve
 from dcut_sched.tables import write_table
 
-from .fit import FitResult
+from .efficiency_fit import EfficiencyFit
 from .grid import DEFAULT_RATIOS, bucket_tokens
 
 __all__ = ["curve_table", "fit_table", "interp_table", "noise_summary", "write_frame"]
@@ -82,7 +82,7 @@ def noise_summary(curve: CostCurve) -> dict[str, Any]:
             "max_spread_cell": rel[int(np.argmax(vals))][1], "median_spread_pct_by_family": by_family}
 
 
-def fit_table(fit: FitResult, title: str = "efficiency fit") -> Table:
+def fit_table(fit: EfficiencyFit, title: str = "efficiency fit") -> Table:
     """The fitted factors of both paths, the residual of every fitted row, and the error per family."""
     def factors(e) -> str:
         return (f"eta_compute={e.eta_compute:.3f} eta_memory={e.eta_memory:.3f} eta_attention={e.eta_attention:.3f} "
@@ -102,7 +102,7 @@ def fit_table(fit: FitResult, title: str = "efficiency fit") -> Table:
 
 
 def interp_table(err: pd.DataFrame) -> Table:
-    """:func:`profiler.interp_error.interpolation_error` as a table."""
+    """:func:`dcut_profiler.interp_error.interpolation_error` as a table."""
     t = Table(title="coarse grid (num_tokens = bs + 4 buckets) vs measured dense grid: prediction error of the dense points",
               caption="lin: numpy.interp between coarse points; curve: CostCurve lookup (isotonic + PCHIP)")
     for col in ("bs", "pts", "lin max ms", "lin max %", "lin mean %", "curve max ms", "curve max %",

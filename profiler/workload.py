@@ -20,7 +20,7 @@ Plain decode cell ``ar`` (bs):
     runs it: ``LlamaModel.forward`` on ``input_ids [bs, 1]`` at position ``c``, the default causal
     mask over the ``c`` cached slots plus itself (``kv_len = c + 1``), K/V written at slot ``c``, no
     per-slot cache remapping, no padding, logits of the one token. On a GPU the timer captures this
-    whole step as one full CUDA graph (:mod:`profiler.cuda_graphs`), which is how serving engines
+    whole step as one full CUDA graph (:mod:`dcut_profiler.cuda_graphs`), which is how serving engines
     run plain decode. On this project's CPU forward the verification cell ``(bs, bs)`` does nearly
     the same work; on an engine whose verification runs piecewise graphs and variable-length
     attention the two differ a lot (docs/design.md §1), which is why the AR step is its own cell.

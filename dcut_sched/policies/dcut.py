@@ -58,8 +58,10 @@ class DCut(Policy):
         ranking = ScoreRanking(scores)
         ks = self.budgets(bs, block)
         verify_ms = costs.verify_ms_at(bs, ks)
-        expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
-        utility = expected / verify_ms
-        q = int(np.argmax(utility))
+        expected = ranking.expected_tokens_at(ks).tolist()  # the one host sync of the step
+        # q* = argmax_q E_q / C_verify(bs, K_q), the first (smaller budget) on ties; a handful of
+        # buckets, so plain floats (the same float64 division) beat numpy's per-call overhead.
+        utility = [e / v for e, v in zip(expected, verify_ms.tolist())]
+        q = utility.index(max(utility))
         k = int(ks[q])
-        return self._make_plan(scores, ranking.lengths(k), num_tokens=k, expected=float(expected[q]))
+        return self._make_plan(scores, ranking.lengths(k), num_tokens=k, expected=expected[q])

@@ -279,7 +279,11 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
         raise TraceError(f"{path_str}: not a readable Parquet trace file ({type(exc).__name__}: {exc})") from None
-    names = table.schema.names
+    try:
+        names = table.schema.names
+    except UnicodeDecodeError:
+        raise TraceError(f"{path_str}: a column name is not UTF-8 text (the file is corrupt or was not written as "
+                         f"a trace; rewrite it with dcut_sched.traces.Trace.save)") from None
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise TraceError(f"{path_str}: field {dupes[0]!r}: the column appears {names.count(dupes[0])} times; "

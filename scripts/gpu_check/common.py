@@ -115,6 +115,28 @@ def missing(*names: str) -> list[str]:
     return [n for n in names if not available(n)]
 
 
+def can_run(res: "StepResult", packages: tuple[str, ...], *, cuda: bool, dry_run: bool, why: str = "") -> bool:
+    """Whether a step can run here; records the skip on ``res`` (and returns False) when not.
+
+    Args:
+        packages: what the step imports; a missing one skips it.
+        cuda: the step needs a CUDA device, unless ``dry_run`` (every step then runs on the CPU).
+        why: appended to the skip message (what cannot run without them).
+    """
+    need = missing(*packages)
+    tail = f"; {why}" if why else ""
+    if need:
+        res.skip(f"needs {', '.join(need)} (not installed on this machine){tail}")
+        return False
+    if cuda and not dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            res.skip(f"no CUDA device (see the env step){tail}")
+            return False
+    return True
+
+
 def ensure_rich() -> str | None:
     """Make ``import rich`` work; returns a note when pip's vendored copy stands in for it.
 

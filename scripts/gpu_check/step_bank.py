@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 
-from common import StepResult, missing
+from common import StepResult, can_run
 from settings import Settings
 
 RATIOS = (0.25, 0.5, 0.75, 1.0)
@@ -34,9 +34,7 @@ def _rel_err(got, want) -> float:
 
 
 def run_bank(res: StepResult, cfg: Settings) -> None:
-    need = missing("torch", "numpy")
-    if need:
-        res.skip(f"needs {', '.join(need)} (not installed on this machine)")
+    if not can_run(res, ("torch", "numpy"), cuda=True, dry_run=cfg.dry_run):
         return
     import torch
 
@@ -46,9 +44,6 @@ def run_bank(res: StepResult, cfg: Settings) -> None:
     from dcut_sched.policies import budget_from_ratio
 
     gpu = not cfg.dry_run
-    if gpu and not torch.cuda.is_available():
-        res.skip("no CUDA device (see the env step)")
-        return
     dev = torch.device(cfg.device)
     dtype_name = "bfloat16" if gpu else "float32"
     dtype = getattr(torch, dtype_name)

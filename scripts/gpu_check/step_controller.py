@@ -24,7 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import REPO, StepResult, missing
+from common import REPO, StepResult, can_run
 from settings import Settings
 
 POLICIES = ("dcut", "fine")
@@ -59,9 +59,7 @@ def _with_layout(plan):
 
 
 def run_controller(res: StepResult, cfg: Settings) -> None:
-    need = missing("torch", "numpy", "scipy")
-    if need:
-        res.skip(f"needs {', '.join(need)} (not installed on this machine)")
+    if not can_run(res, ("torch", "numpy", "scipy"), cuda=True, dry_run=cfg.dry_run):
         return
     import numpy as np
     import torch
@@ -69,9 +67,6 @@ def run_controller(res: StepResult, cfg: Settings) -> None:
     from dcut_sched import CostCurve, RatioController
 
     gpu = not cfg.dry_run
-    if gpu and not torch.cuda.is_available():
-        res.skip("no CUDA device (see the env step)")
-        return
     dev = torch.device(cfg.device)
     curve = CostCurve.load(cfg.controller_curve, check_hardware=False)
     block = curve.block_size

@@ -9,7 +9,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from common import PACKAGE_USES, REPO, StepResult, missing, version_of
+from common import PACKAGE_USES, REPO, StepResult, can_run, version_of
 from settings import Settings
 
 NVIDIA_SMI_FIELDS = ("name", "driver_version", "memory.total", "memory.used", "compute_cap", "clocks.max.sm",
@@ -113,9 +113,7 @@ def _junit(path: Path) -> dict:
 
 
 def run_pytest(res: StepResult, cfg: Settings) -> None:
-    need = missing("pytest", "torch", "numpy", "scipy")
-    if need:
-        res.skip(f"needs {', '.join(need)} (not installed on this machine)")
+    if not can_run(res, ("pytest", "torch", "numpy", "scipy"), cuda=False, dry_run=cfg.dry_run):
         return
     import pytest
 

@@ -5,7 +5,7 @@ draft step and the plain decode step at bs 4/8/16/32/64) against the 10 s goal. 
 writes the full curve (bs 1..64, every multiple of the grid step as well) and judges how well the
 coarse grid predicts the dense cells at two batch sizes (goal: median error <= 3 %).
 
-Both run ``profiler.cli.main`` in this process (the code behind the ``dcut-profile`` console script)
+Both run ``dcut_profiler.cli.main`` in this process (the code behind the ``dcut-profile`` console script)
 and then check the file it wrote: schema version 2, ``ar`` rows (the plain decode step, on a GPU a
 captured full CUDA graph), ``draft`` rows, every cell measured, the hardware fingerprint.
 """
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import StepResult, device_slug, ensure_rich, missing
+from common import StepResult, can_run, device_slug, ensure_rich
 from settings import Settings
 
 TIME_GOAL_S = 10.0
@@ -58,25 +58,18 @@ def curve_path(res: StepResult, cfg: Settings, suffix: str = "") -> Path:
 
 
 def _prepare(res: StepResult, cfg: Settings) -> bool:
-    need = missing("torch", "numpy", "scipy", "pandas")
-    if need:
-        res.skip(f"needs {', '.join(need)} (not installed on this machine); dcut-profile cannot run")
+    if not can_run(res, ("torch", "numpy", "scipy", "pandas"), cuda=False, dry_run=cfg.dry_run,
+                   why="dcut-profile cannot run"):
         return False
     note = ensure_rich()
     if note:
         res.note(note)
-    if not cfg.dry_run:
-        import torch
-
-        if not torch.cuda.is_available():
-            res.skip("no CUDA device (see the env step); --gpu cannot run")
-            return False
-    return True
+    return can_run(res, (), cuda=True, dry_run=cfg.dry_run, why="--gpu cannot run")
 
 
 def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict | None:
     """Run dcut-profile; returns the written file as JSON, or ``None`` after recording the failure."""
-    from profiler.cli import main
+    from dcut_profiler.cli import main
 
     argv = [*args, "--out", str(out)]
     command = "dcut-profile " + " ".join(argv)
@@ -91,7 +84,7 @@ def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict
     if rc != 0 or not out.exists():
         err = [ln for ln in tee.buf.getvalue().splitlines() if ln.strip()]
         res.check("dcut-profile exits 0 and writes the curve", False, value=rc, detail=err[-1] if err else "",
-                  hint=f"rerun: PYTHONPATH=. python3 -m profiler.cli {' '.join(argv)}"
+                  hint=f"rerun: PYTHONPATH=. python3 -m dcut_profiler.cli {' '.join(argv)}"
                        + (f" --resume (measured cells are kept in {partial.name})" if partial.exists() else ""))
         return None
     res.check("dcut-profile exits 0 and writes the curve", True, value=rc)
@@ -101,7 +94,7 @@ def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict
 
 def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
     """Schema, ar/draft rows, cells, fingerprint of a profile the profiler wrote."""
-    from profiler.grid import verify_tokens
+    from dcut_profiler.grid import verify_tokens
 
     schema = doc.get("schema")
     res.check("cost-curve schema v2", schema == SCHEMA_V2, value=schema,
@@ -154,7 +147,7 @@ def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
     res.figure("cells", {"verify": len(doc.get("verify", [])), "ar": len(ar), "draft": len(draft_bs)})
     by_bs = {}
     verify = {(int(r["batch_size"]), int(r["num_tokens"])): r["median_ms"] for r in doc.get("verify", [])}
-    from profiler.grid import bucket_tokens
+    from dcut_profiler.grid import bucket_tokens
 
     for bs in want:
         by_bs[str(bs)] = {
@@ -220,7 +213,7 @@ def _interp(res: StepResult, cfg: Settings, path: Path) -> None:
     import numpy as np
 
     from dcut_sched import CostCurve
-    from profiler.interp_error import interpolation_points
+    from dcut_profiler.interp_error import interpolation_points
 
     curve = CostCurve.load(path, check_hardware=False)
     pts = interpolation_points(curve)

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dcut_sched.model.config import PRESETS
-from profiler.analytic import (DraftSpec, Efficiency, draft_ms, forward_bytes, forward_flops, forward_ms,
+from dcut_profiler.analytic import (DraftSpec, Efficiency, draft_ms, forward_bytes, forward_flops, forward_ms,
                                parse_draft_spec)
-from profiler.devices import DeviceSpec, get_device
-from profiler.grid import Cell, build_cells, bucket_tokens, verify_tokens
-from profiler.shapes import ModelShape, resolve_model
+from dcut_profiler.devices import DeviceSpec, get_device
+from dcut_profiler.grid import Cell, build_cells, bucket_tokens, verify_tokens
+from dcut_profiler.shapes import ModelShape, resolve_model
 
 
 # ---------------------------------------------------------------- grid

@@ -31,7 +31,7 @@ def _main(cli: str):
     elif cli == "engine":
         from dcut_sched.cli.engine import main
     else:
-        from profiler.cli import main
+        from dcut_profiler.cli import main
     return main
 
 

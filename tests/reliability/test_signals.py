@@ -96,7 +96,7 @@ def test_dcut_sim_outputs_all_or_none(tmp_path, capsys, sig, seed):
 @pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGTERM"])
 def test_dcut_profile_cpu_outputs_all_or_none_and_keeps_its_partial(tmp_path, capsys, sig, seed):
     from dcut_sched import CostCurve
-    from profiler.cli import main
+    from dcut_profiler.cli import main
 
     out, report = tmp_path / "c.json", tmp_path / "rep.csv"
     partial = tmp_path / "c.json.partial"

@@ -5,15 +5,15 @@ with bounds), minimising the squared *log* ratio ``log(model_ms / curve_ms)`` ov
 ``measured`` and ``published`` rows, i.e. relative error, so that a 130 ms cell does not drown a 8 ms
 one:
 
-- **verify** rows ``C_verify(bs, num_tokens)`` (:func:`profiler.analytic.forward_ms`);
-- **ar** rows ``C_ar(bs)``, the plain decode step on its own path (:func:`profiler.analytic.ar_step_ms`).
+- **verify** rows ``C_verify(bs, num_tokens)`` (:func:`dcut_profiler.analytic.forward_ms`);
+- **ar** rows ``C_ar(bs)``, the plain decode step on its own path (:func:`dcut_profiler.analytic.ar_step_ms`).
 
 Shared between the families (the same GEMMs read the same weights on the same device):
 ``eta_compute``, ``eta_memory``. Per family: ``eta_attention`` (verification's variable-length
 kernel vs the decode kernel) and ``overhead_ms`` (piecewise vs full graphs). Bounds: eta in (0, 1],
 overhead in [0, 100] ms; ``smoothness`` is held fixed (it and the overhead trade off against each
 other on few points). With fewer verify rows than the verify path's 4 factors the fit is refused;
-with fewer than 2 ``ar`` rows the decode path is not fitted (``FitResult.ar_efficiency`` is None)
+with fewer than 2 ``ar`` rows the decode path is not fitted (``EfficiencyFit.ar_efficiency`` is None)
 and no ``ar`` rows are filled: the curve then keeps an assumed plain step rather than an invented one.
 
 :func:`fill_curve` keeps every row of the source curve as it is and adds the cells it lacks
@@ -41,7 +41,7 @@ from .devices import DeviceSpec
 from .grid import DEFAULT_RATIOS, verify_tokens
 from .shapes import ModelShape
 
-__all__ = ["FAMILIES", "FitResult", "device_matches", "fill_curve", "fit_efficiency"]
+__all__ = ["FAMILIES", "EfficiencyFit", "device_matches", "fill_curve", "fit_efficiency"]
 
 FIT_PROVENANCES = ("measured", "published")
 FAMILIES = ("verify", "ar")
@@ -53,7 +53,7 @@ MIN_AR_ROWS = 2
 
 
 @dataclass
-class FitResult:
+class EfficiencyFit:
     """Fitted :class:`Efficiency` factors of the verification and decode paths and how well they match.
 
     Attributes:
@@ -107,7 +107,7 @@ def device_matches(device: DeviceSpec, device_name: str | None) -> bool:
 
 
 def fit_efficiency(curve: CostCurve, shape: ModelShape, device: DeviceSpec, *, smoothness: float = 4.0,
-                   start: Efficiency | None = None, provenances: Sequence[str] = FIT_PROVENANCES) -> FitResult:
+                   start: Efficiency | None = None, provenances: Sequence[str] = FIT_PROVENANCES) -> EfficiencyFit:
     """Fit the verify and decode paths' factors to ``curve``'s verify and ``ar`` rows together.
 
     Args:
@@ -165,15 +165,15 @@ def fit_efficiency(curve: CostCurve, shape: ModelShape, device: DeviceSpec, *, s
                                     "curve_ms": ar_y, "model_ms": ar_model, "rel_err": ar_model / ar_y - 1.0}))
     frame = pd.concat(frames, ignore_index=True)
     rel = frame["rel_err"].to_numpy()
-    return FitResult(eff, frame, float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))), ctx, device,
+    return EfficiencyFit(eff, frame, float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))), ctx, device,
                      ar_efficiency=ar_eff)
 
 
-def fill_curve(curve: CostCurve, shape: ModelShape, fit: FitResult, *, batch_sizes: Sequence[int],
+def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch_sizes: Sequence[int],
                ratios: Sequence[float] = DEFAULT_RATIOS, grid_step: int = 0, draft: DraftSpec | None = None,
                extra_hardware: dict[str, Any] | None = None, source: str | None = None,
                block_size: int | None = None) -> CostCurve:
-    """``curve`` plus fitted rows for the cells of :func:`profiler.grid.verify_tokens` it lacks.
+    """``curve`` plus fitted rows for the cells of :func:`dcut_profiler.grid.verify_tokens` it lacks.
 
     Every source row is kept verbatim. Draft rows are added at ``batch_sizes`` lacking one when
     ``draft`` is given and is not ``none``; ``ar`` rows at ``batch_sizes`` lacking one when the fit
