@@ -120,7 +120,8 @@ class SimConfig:
             raise SimulationError("no batch sizes given (batch_sizes is empty)")
         for bs in sizes:
             if not _is_int(bs) or bs < 1:
-                raise SimulationError(f"batch size {bs!r} must be a positive integer (batch_sizes={self.batch_sizes!r})")
+                raise SimulationError(
+                    f"batch size {bs!r} must be a positive integer (batch_sizes={self.batch_sizes!r})")
         if len(set(sizes)) != len(sizes):
             raise SimulationError(f"batch sizes {sizes} repeat a value (batch_sizes)")
         put("batch_sizes", tuple(int(b) for b in sizes))
