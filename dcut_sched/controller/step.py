@@ -46,6 +46,8 @@ __all__ = ["GraphCells", "StepDriver", "restrict_to_graph_cells"]
 
 Cell = tuple[int, int]
 _min_reduce, _max_reduce, _sum_reduce = np.minimum.reduce, np.maximum.reduce, np.add.reduce
+# float itemsize -> (unsigned integer view, the bits of 1.0): float16, float32, float64
+_ONE_BITS = {2: (np.uint16, 0x3C00), 4: (np.uint32, 0x3F800000), 8: (np.uint64, 0x3FF0000000000000)}
 
 
 class GraphCells:
@@ -183,7 +185,7 @@ class StepDriver:
             "expected_tokens": self.expected_tokens,
             "bad_conf_requests": self._read_counter("bad_conf_requests"),
             "observed_steps": self.observed_steps,
-            "accepted_drafts": self._host_accepted + self._read_counter("accepted_drafts"),
+            "accepted_drafts": int(self._host_accepted) + self._read_counter("accepted_drafts"),
             "bad_accept_requests": self._read_counter("bad_accept_requests"),
         }
 
@@ -213,9 +215,15 @@ class StepDriver:
             conf = np.asarray(conf)
         if conf.dtype.kind != "f":
             conf = conf.astype(np.float32)
-        # Fast path: NaN makes min/max NaN and every comparison with NaN is False (the ufunc
-        # reductions directly: this runs every simulated step).
-        if _min_reduce(conf, None) >= 0 and _max_reduce(conf, None) <= 1:
+        # Fast path, one reduction (this runs every simulated step): an IEEE float is in [+0, 1]
+        # exactly when its bits, read as an unsigned integer, are at most those of 1.0 (negative
+        # values, -0.0 included, have the sign bit; inf and NaN lie above 1.0). A row that fails goes
+        # to the exact check below (so -0.0 is kept).
+        bits = _ONE_BITS.get(conf.dtype.itemsize) if conf.dtype.isnative else None
+        if bits is not None:
+            if _max_reduce(conf.view(bits[0]), None) <= bits[1]:
+                return conf
+        elif _min_reduce(conf, None) >= 0 and _max_reduce(conf, None) <= 1:
             return conf
         with np.errstate(invalid="ignore"):
             ok = ((conf >= 0) & (conf <= 1)).all(axis=1)
@@ -297,7 +305,7 @@ class StepDriver:
         if not in_range:
             num_accepted = self._clip_accepted(num_accepted, lengths)
         if type(num_accepted) is np.ndarray:
-            self._host_accepted += int(_sum_reduce(num_accepted))
+            self._host_accepted += _sum_reduce(num_accepted)
         else:
             self._count("accepted_drafts", num_accepted.sum())
         if self.calibrator is not None:

@@ -70,3 +70,15 @@ def test_controller_with_graph_cells_restricts_and_pads(make_curve):
     assert plan.num_tokens in (4, 10, 20, 32) and plan.graph_cell == (4, plan.num_tokens)
     uni = RatioController(curve, 8, policy="uniform", graph_bank=cells, rho=0.25)  # K = 8 -> cell 10
     assert uni.plan(np.full((4, 7), 0.9, dtype=np.float32)).graph_cell == (4, 10)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, ">f4", np.longdouble])
+def test_sanitize_fast_path_is_exact(dtype):
+    drv = StepDriver(policies.get("ar"), None, 4)
+    good = np.array([[0.0, 0.5, 1.0], [-0.0, 1e-3, 0.999]], dtype=dtype)
+    assert np.array_equal(drv.sanitize(good), good.astype(good.dtype.newbyteorder("=")))
+    assert drv.metrics["bad_conf_requests"] == 0  # -0.0 is in [0, 1]
+    for bad in (np.nan, np.inf, -np.inf, -1e-3, 1.001):
+        conf = np.array([[0.5, bad, 0.5], [0.2, 0.3, 0.4]], dtype=dtype)
+        out = drv.sanitize(conf)
+        assert out[0].tolist() == [0.0, 0.0, 0.0] and out[1].tolist() == conf[1].tolist(), bad

@@ -58,6 +58,21 @@ def test_simulator_and_controller_choose_the_same_lengths(make_curve, policy, ca
     assert int(run.steps.num_tokens.sum()) == sim["num_tokens"]
 
 
+@pytest.mark.parametrize("policy", ["fine", "dcut"])
+def test_same_lengths_on_a_shipped_trace(policy):
+    from dcut_sched import CostCurve
+    from dcut_sched.simulator import defaults
+    from dcut_sched.traces import Trace
+
+    trace = Trace.load(defaults.default_path(defaults.DEFAULT_TRACE))
+    curve = CostCurve.load(defaults.default_path(defaults.DEFAULT_COST), check_hardware=False)
+    cal = OnlineCalibrator(trace.block_size, refit_every=64)
+    run = run_closed_loop(trace, curve, policies.get(policy), 16, num_steps=60, seed=1,
+                          calibrator=copy.deepcopy(cal), record=True)
+    ctrl = RatioController(curve, trace.block_size, policy=policy, calibrator=copy.deepcopy(cal))
+    assert _replay_through_controller(trace, curve, run, ctrl) == [log["lengths"].tolist() for log in run.log]
+
+
 def test_graph_bank_restricts_fine_budgets_to_captured_counts(make_curve):
     trace = random_trace(num_requests=10, block_size=8, seed=5)
     curve = make_curve(batch_sizes=(1, 2, 4, 8), block_size=8, base_ms=5.0, per_token_ms=0.4, draft_base_ms=1.0)
