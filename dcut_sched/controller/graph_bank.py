@@ -20,10 +20,11 @@ Outputs are the cell's static buffers (in both modes): valid until the next call
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+
+from .step import GraphCells
 
 __all__ = ["VerifyGraphBank", "cells_from_curve"]
 
@@ -71,21 +72,16 @@ class VerifyGraphBank:
         pad_values: Any = 0,
         warmup_iters: int = 2,
     ):
-        cell_set = sorted({(int(c[0]), int(c[1])) for c in cells})
-        if not cell_set:
-            raise ValueError("VerifyGraphBank: no cells to capture")
-        for bs, k in cell_set:
-            if bs < 1 or k < bs:
-                raise ValueError(f"VerifyGraphBank: cell (batch_size={bs}, num_tokens={k}) needs 1 <= batch_size <= num_tokens")
+        try:
+            self.grid = GraphCells(cells)  # the cells and the padding rule (torch-free, shared with the simulator)
+        except ValueError as exc:
+            raise ValueError(f"VerifyGraphBank: {exc}") from None
+        cell_set = self.grid.cells
         self.fn = fn
         self.make_inputs = make_inputs
         self.cells: list[Cell] = cell_set
         self.pad_values = pad_values
         self.warmup_iters = int(warmup_iters)
-        self._tokens_by_bs: dict[int, list[int]] = {}
-        for bs, k in cell_set:
-            self._tokens_by_bs.setdefault(bs, []).append(k)
-        self._batch_sizes = sorted(self._tokens_by_bs)
         self._inputs: dict[Cell, tuple[torch.Tensor, ...]] = {}
         self._outputs: dict[Cell, Any] = {}
         self._graphs: dict[Cell, Any] = {}
@@ -108,27 +104,19 @@ class VerifyGraphBank:
     # ------------------------------------------------------------------ cells
     def token_counts(self, batch_size: int | None = None) -> list[int]:
         """Captured token counts (ascending) at ``batch_size``, or of every cell when ``None``."""
-        if batch_size is None:
-            return sorted({k for _, k in self.cells})
-        return list(self._tokens_by_bs.get(int(batch_size), []))
+        return self.grid.token_counts(batch_size)
 
     def cell_for(self, batch_size: int, num_tokens: int) -> Cell:
-        """The captured cell a request of ``(batch_size, num_tokens)`` replays: the smallest captured
-        batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``.
+        """The captured cell a request of ``(batch_size, num_tokens)`` replays
+        (:meth:`GraphCells.cell_for <dcut_sched.controller.step.GraphCells.cell_for>`).
 
         Raises:
             ValueError: no captured cell is that large (names the largest ones).
         """
-        j = bisect.bisect_left(self._batch_sizes, int(batch_size))
-        for bs in self._batch_sizes[j:]:
-            tokens = self._tokens_by_bs[bs]
-            t = bisect.bisect_left(tokens, int(num_tokens))
-            if t < len(tokens):
-                return bs, tokens[t]
-        raise ValueError(
-            f"VerifyGraphBank: no captured cell holds batch_size={batch_size}, num_tokens={num_tokens}; "
-            f"largest cells: {self.cells[-3:]} (capture larger cells or lower the budget)"
-        )
+        try:
+            return self.grid.cell_for(batch_size, num_tokens)
+        except ValueError as exc:
+            raise ValueError(f"VerifyGraphBank: {exc}") from None
 
     # ------------------------------------------------------------------ capture
     def _capture_all(self) -> None:
@@ -190,4 +178,4 @@ class VerifyGraphBank:
 
     def __repr__(self) -> str:
         mode = "cuda-graph" if self.enabled else "eager"
-        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self._batch_sizes})"
+        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self.grid.batch_sizes})"
