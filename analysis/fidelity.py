@@ -496,7 +496,7 @@ def drafter_prefill_ms(steps: pd.DataFrame, block_size: int) -> np.ndarray:
 def stage_predict(args) -> None:
     """Simulate the measured runs and compare (no model needed; seconds)."""
     from dcut_sched import policies
-    from dcut_sched.simulator.engine import run_open_loop
+    from dcut_sched.simulator import run_open_loop
 
     steps, runs, doc = _load_engine(args.measurements)
     outputs = doc["outputs"]

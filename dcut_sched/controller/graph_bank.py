@@ -24,10 +24,11 @@ The speculative-decoding engine verifies through a bank (:mod:`dcut_sched.engine
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+
+from .step import GraphCells
 
 __all__ = ["VerifyGraphBank", "cells_from_curve"]
 
@@ -75,21 +76,16 @@ class VerifyGraphBank:
         pad_values: Any = 0,
         warmup_iters: int = 2,
     ):
-        cell_set = sorted({(int(c[0]), int(c[1])) for c in cells})
-        if not cell_set:
-            raise ValueError("VerifyGraphBank: no cells to capture")
-        for bs, k in cell_set:
-            if bs < 1 or k < bs:
-                raise ValueError(f"VerifyGraphBank: cell (batch_size={bs}, num_tokens={k}) needs 1 <= batch_size <= num_tokens")
+        try:
+            self.grid = GraphCells(cells)  # the cells and the padding rule (torch-free, shared with the simulator)
+        except ValueError as exc:
+            raise ValueError(f"VerifyGraphBank: {exc}") from None
+        cell_set = self.grid.cells
         self.fn = fn
         self.make_inputs = make_inputs
         self.cells: list[Cell] = cell_set
         self.pad_values = pad_values
         self.warmup_iters = int(warmup_iters)
-        self._tokens_by_bs: dict[int, list[int]] = {}
-        for bs, k in cell_set:
-            self._tokens_by_bs.setdefault(bs, []).append(k)
-        self._batch_sizes = sorted(self._tokens_by_bs)
         self._inputs: dict[Cell, tuple[torch.Tensor, ...]] = {}
         self._outputs: dict[Cell, Any] = {}
         self._graphs: dict[Cell, Any] = {}
@@ -112,18 +108,17 @@ class VerifyGraphBank:
     # ------------------------------------------------------------------ cells
     def token_counts(self, batch_size: int | None = None) -> list[int]:
         """Captured token counts (ascending) at ``batch_size``, or of every cell when ``None``."""
-        if batch_size is None:
-            return sorted({k for _, k in self.cells})
-        return list(self._tokens_by_bs.get(int(batch_size), []))
+        return self.grid.token_counts(batch_size)
 
     def _candidates(self, batch_size: int, num_tokens: int):
         """Captured cells of batch size >= ``batch_size`` and token count >= ``num_tokens``, in the
-        order the bank prefers them: batch size ascending, then token count ascending."""
-        j = bisect.bisect_left(self._batch_sizes, int(batch_size))
-        for bs in self._batch_sizes[j:]:
-            tokens = self._tokens_by_bs[bs]
-            for k in tokens[bisect.bisect_left(tokens, int(num_tokens)):]:
-                yield bs, k
+        order of the padding rule (:meth:`GraphCells.cell_for`): batch size ascending, then token
+        count ascending."""
+        for bs in self.grid.batch_sizes:
+            if bs >= int(batch_size):
+                for k in self.grid.token_counts(bs):
+                    if k >= int(num_tokens):
+                        yield bs, k
 
     def _holds(self, cell: Cell, input_shapes: Sequence[Sequence[int]]) -> bool:
         """Whether ``cell``'s static buffers hold inputs of ``input_shapes`` (each no larger along any dimension)."""
@@ -136,26 +131,25 @@ class VerifyGraphBank:
                  input_shapes: Sequence[Sequence[int]] | None = None) -> Cell:
         """The captured cell a request of ``(batch_size, num_tokens)`` replays.
 
-        Candidates are the cells with batch size >= ``batch_size`` and token count >=
-        ``num_tokens``, smallest batch size first, then smallest token count. Without
-        ``input_shapes`` the first candidate is returned; with them (what :meth:`__call__` passes),
-        the first candidate whose static buffers hold inputs of those shapes, so a request whose
-        rows are longer than the first candidate's buffers is served by a larger cell rather than
-        refused.
+        Without ``input_shapes``: the padding rule's cell
+        (:meth:`GraphCells.cell_for <dcut_sched.controller.step.GraphCells.cell_for>`: smallest
+        captured batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``; what
+        the controller charges a plan). With them (what :meth:`__call__` passes): the first cell in
+        that order whose static buffers hold inputs of those shapes, so a request whose rows are
+        longer than the first cell's buffers is served by a larger cell rather than refused.
 
         Raises:
             ValueError: no captured cell is that large, or none holds ``input_shapes`` ("does not fit").
         """
-        first = None
+        try:
+            first = self.grid.cell_for(batch_size, num_tokens)
+        except ValueError as exc:
+            raise ValueError(f"VerifyGraphBank: {exc}") from None
+        if input_shapes is None or self._holds(first, input_shapes):
+            return first
         for cell in self._candidates(batch_size, num_tokens):
-            if input_shapes is None or self._holds(cell, input_shapes):
+            if self._holds(cell, input_shapes):
                 return cell
-            first = first or cell
-        if first is None:
-            raise ValueError(
-                f"VerifyGraphBank: no captured cell holds batch_size={batch_size}, num_tokens={num_tokens}; "
-                f"largest cells: {self.cells[-3:]} (capture larger cells or lower the budget)"
-            )
         shapes = [tuple(int(d) for d in s) for s in input_shapes]
         raise ValueError(
             f"VerifyGraphBank: a request with inputs of shapes {shapes} does not fit the static buffers of any "
@@ -226,4 +220,4 @@ class VerifyGraphBank:
 
     def __repr__(self) -> str:
         mode = "cuda-graph" if self.enabled else "eager"
-        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self._batch_sizes})"
+        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self.grid.batch_sizes})"

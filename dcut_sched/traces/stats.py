@@ -27,6 +27,7 @@ import pandas as pd
 from scipy.stats import binned_statistic
 
 from .. import policies
+from ..scores import verified_prefix_tokens
 from .format import Trace, TraceError, check_trace_columns, read_trace_file
 
 __all__ = [
@@ -202,7 +203,8 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
 
     Each policy runs as ``policies.get(name, rho=K / (bs * B))`` (so ``uniform`` verifies
     ``ceil(K / bs)`` slots per request and ``topk`` the global top-K), plans every batch, and the
-    batch produces ``sum(1 + min(accept_len, L - 1))`` tokens (docs/design.md §1).
+    batch produces ``sum(verified_prefix_tokens(accept_len, L))`` tokens (docs/design.md §1,
+    :func:`dcut_sched.scores.verified_prefix_tokens`).
 
     Args:
         trace: the trace.
@@ -237,7 +239,7 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
                 kwargs = {"accept_len": acc} if policy.needs_accept_len else {}
                 plan = policy.plan(trace.conf[rows], None, validate=False, **kwargs)
                 verified += plan.num_tokens
-                drafts += float(np.minimum(acc, np.asarray(plan.lengths) - 1).sum())
+                drafts += float((verified_prefix_tokens(acc, plan.lengths) - 1).sum())
                 expected += plan.expected_tokens
             out.append({
                 "policy": name, "batch_size": bs, "budget": int(k), "ratio": k / (bs * block),
