@@ -4,18 +4,22 @@ D-Cut replays one pre-captured CUDA graph per verification ratio; here a cell is
 ``(batch_size, num_tokens)`` the cost curve measured, so every budget the controller can choose has
 a graph. The bank:
 
-- captures one ``torch.cuda.CUDAGraph`` per cell, largest first, all in one shared memory pool
+- captures one ``torch.cuda.CUDAGraph`` per cell with :func:`dcut_sched.graph_capture.capture_graph`
+  (the profiler's capture routine too), largest first, all in one shared memory pool
   (``torch.cuda.graph_pool_handle()``): the largest cell's allocations are reused by the smaller
   ones, as vLLM and SGLang do for their decode graphs;
 - keeps static input buffers per cell, shaped by ``make_inputs(batch_size, num_tokens)``;
-- on a call, pads the request up to the nearest captured cell (smallest captured batch size >= the
-  request's, then the smallest captured token count >= its), copies each input into the leading
+- on a call, pads the request up to the nearest captured cell whose buffers hold its inputs
+  (smallest captured batch size >= the request's, then the smallest captured token count >= its,
+  skipping cells whose buffers are too short for the inputs' rows), copies each input into the leading
   corner of its static buffer (the rest filled with that input's pad value), replays, and returns
   the cell's static outputs;
 - without CUDA, or with ``enabled=False``, runs ``fn`` eagerly on the same padded buffers: the same
   interface and the same values, so engines and tests need no second code path.
 
 Outputs are the cell's static buffers (in both modes): valid until the next call of the bank.
+
+The speculative-decoding engine verifies through a bank (:mod:`dcut_sched.engine.verify_runtime`).
 """
 
 from __future__ import annotations
@@ -106,36 +110,62 @@ class VerifyGraphBank:
         """Captured token counts (ascending) at ``batch_size``, or of every cell when ``None``."""
         return self.grid.token_counts(batch_size)
 
-    def cell_for(self, batch_size: int, num_tokens: int) -> Cell:
-        """The captured cell a request of ``(batch_size, num_tokens)`` replays
-        (:meth:`GraphCells.cell_for <dcut_sched.controller.step.GraphCells.cell_for>`).
+    def _candidates(self, batch_size: int, num_tokens: int):
+        """Captured cells of batch size >= ``batch_size`` and token count >= ``num_tokens``, in the
+        order of the padding rule (:meth:`GraphCells.cell_for`): batch size ascending, then token
+        count ascending."""
+        for bs in self.grid.batch_sizes:
+            if bs >= int(batch_size):
+                for k in self.grid.token_counts(bs):
+                    if k >= int(num_tokens):
+                        yield bs, k
+
+    def _holds(self, cell: Cell, input_shapes: Sequence[Sequence[int]]) -> bool:
+        """Whether ``cell``'s static buffers hold inputs of ``input_shapes`` (each no larger along any dimension)."""
+        static = self._static(cell)
+        return len(input_shapes) == len(static) and all(
+            len(shape) == buf.dim() and all(a <= b for a, b in zip(shape, buf.shape))
+            for shape, buf in zip(input_shapes, static))
+
+    def cell_for(self, batch_size: int, num_tokens: int,
+                 input_shapes: Sequence[Sequence[int]] | None = None) -> Cell:
+        """The captured cell a request of ``(batch_size, num_tokens)`` replays.
+
+        Without ``input_shapes``: the padding rule's cell
+        (:meth:`GraphCells.cell_for <dcut_sched.controller.step.GraphCells.cell_for>`: smallest
+        captured batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``; what
+        the controller charges a plan). With them (what :meth:`__call__` passes): the first cell in
+        that order whose static buffers hold inputs of those shapes, so a request whose rows are
+        longer than the first cell's buffers is served by a larger cell rather than refused.
 
         Raises:
-            ValueError: no captured cell is that large (names the largest ones).
+            ValueError: no captured cell is that large, or none holds ``input_shapes`` ("does not fit").
         """
         try:
-            return self.grid.cell_for(batch_size, num_tokens)
+            first = self.grid.cell_for(batch_size, num_tokens)
         except ValueError as exc:
             raise ValueError(f"VerifyGraphBank: {exc}") from None
+        if input_shapes is None or self._holds(first, input_shapes):
+            return first
+        for cell in self._candidates(batch_size, num_tokens):
+            if self._holds(cell, input_shapes):
+                return cell
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        raise ValueError(
+            f"VerifyGraphBank: a request with inputs of shapes {shapes} does not fit the static buffers of any "
+            f"cell from {first} up (e.g. {[tuple(b.shape) for b in self._static(first)]} at {first}); "
+            f"capture cells with longer rows"
+        )
 
     # ------------------------------------------------------------------ capture
     def _capture_all(self) -> None:
+        from ..graph_capture import capture_graph
+
         self.pool = torch.cuda.graph_pool_handle()
         for cell in reversed(self.cells):  # largest first: the pool grows once
-            inputs = self._inputs.get(cell)
-            if inputs is None:
-                inputs = self._inputs[cell] = tuple(self.make_inputs(*cell))
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(self.warmup_iters):
-                    self.fn(*inputs)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.fn(*inputs)
-            self._graphs[cell] = graph
-            self._outputs[cell] = out
+            inputs = self._static(cell)
+            self._graphs[cell], self._outputs[cell] = capture_graph(
+                lambda inputs=inputs: self.fn(*inputs), pool=self.pool, warmup_iters=self.warmup_iters)
         torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ calls
@@ -144,10 +174,15 @@ class VerifyGraphBank:
             return self.pad_values[n]
         return self.pad_values
 
-    def _load(self, cell: Cell, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _static(self, cell: Cell) -> tuple[torch.Tensor, ...]:
+        """The cell's static input buffers (made by ``make_inputs`` on first use)."""
         static = self._inputs.get(cell)
         if static is None:
             static = self._inputs[cell] = tuple(self.make_inputs(*cell))
+        return static
+
+    def _load(self, cell: Cell, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        static = self._static(cell)
         if len(inputs) != len(static):
             raise ValueError(f"VerifyGraphBank: got {len(inputs)} inputs, the cell's buffers take {len(static)}")
         for n, (buf, x) in enumerate(zip(static, inputs)):
@@ -166,10 +201,17 @@ class VerifyGraphBank:
     def __call__(self, batch_size: int, num_tokens: int, *inputs: torch.Tensor) -> Any:
         """Run the verification for ``(batch_size, num_tokens)`` on ``inputs``.
 
-        Each input may be smaller than the cell's buffer along any dimension (it is padded).
-        Returns the outputs of ``fn`` at the padded cell (static buffers; valid until the next call).
+        Each input may be smaller than the cell's buffer along any dimension (it is padded); the cell
+        is :meth:`cell_for` with the inputs' shapes. Returns the outputs of ``fn`` at the padded cell
+        (static buffers; valid until the next call).
+
+        Raises:
+            ValueError: no cell holds the request or its inputs; a wrong number of inputs.
         """
-        cell = self.cell_for(batch_size, num_tokens)
+        if len(inputs) != len(self._static(self.cells[-1])):
+            raise ValueError(f"VerifyGraphBank: got {len(inputs)} inputs, the cells' buffers take "
+                             f"{len(self._static(self.cells[-1]))}")
+        cell = self.cell_for(batch_size, num_tokens, [tuple(x.shape) for x in inputs])
         static = self._load(cell, inputs)
         if self.enabled:
             self._graphs[cell].replay()

@@ -35,7 +35,7 @@ __all__ = [
     "reliability",
     "replay_rows",
     "sample_replay_batches",
-    "selection_curve",
+    "selection_curve_arrays",
     "selection_frame",
     "trace_stats",
     "validate_file",
@@ -250,13 +250,15 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
     return pd.DataFrame(out)
 
 
-def selection_curve(trace: Trace, batch_size: int = 32, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
-                    policy_names: Sequence[str] = ("uniform", "topk"), num_batches: int = 200, seed: int = 0,
-                    steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def selection_curve_arrays(trace: Trace, batch_size: int = 32, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+                           policy_names: Sequence[str] = ("uniform", "topk"), num_batches: int = 200, seed: int = 0,
+                           steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Mean tokens a step-weighted batch produces when each policy verifies at each ratio.
 
     The array form of :func:`selection_frame` on :func:`sample_replay_batches` batches, with
     ``K = ceil(rho * bs * B)`` per ratio (what the preset fit compares with published figures).
+    :func:`dcut_sched.simulator.selection_curve.selection_curve` is the table form for ``dcut-sim``
+    (a DataFrame per policy and budget).
 
     Returns:
         ``{policy name: [len(ratios)] float64 mean tokens per batch}`` plus ``"num_tokens"``: the
