@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import pandas as pd
@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:
 from dcut_sched.atomic import atomic_write_text, atomic_write_with  # noqa: E402
 from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.cost_curve import CostCurve  # noqa: E402
+from dcut_sched.engine.observer import EngineObserver  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
 
 POLICIES = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
@@ -274,86 +275,68 @@ def _write_frame(path: Path, frame: pd.DataFrame) -> None:
     write_table(frame, path)
 
 
-class ForwardTimer:
+class ForwardTimer(EngineObserver):
     """Times every model forward and attributes it to the engine phase it runs in.
 
-    Installs wrappers on one model instance (``forward``), one engine (``_verify``) and the
-    ``SelfSpecDrafter.draft`` class method, plus the controller's ``plan``/``plan_without_draft``
-    (one call per engine step, between the draft and the verification). Per step ``s`` it sums
-    the forward time inside the draft call (``draft_fwd_ms``), inside the verification
-    (``verify_fwd_ms``) and, for ``oracle``, inside the full verification before planning
-    (``oracle_fwd_ms``). Timing cost: two ``perf_counter`` calls per forward.
+    An :class:`~dcut_sched.engine.observer.EngineObserver`: the engine tells it each step's phases
+    (``draft``, ``oracle_verify``, ``plan``, ``verify``) and torch module hooks on the target model
+    (``register_forward_pre_hook`` / ``register_forward_hook``, removed by :meth:`close`) time the
+    forwards; the drafter runs the same model instance, so its forwards are seen too. Per step
+    ``s`` it sums the forward time inside the draft call (``draft_fwd_ms``), inside the
+    verification (``verify_fwd_ms``) and, for ``oracle``, inside the full verification before
+    planning (``oracle_fwd_ms``). Timing cost: two ``perf_counter`` calls per forward.
     """
 
-    def __init__(self, model, engine, controller):
-        from dcut_sched.model.drafter import SelfSpecDrafter
+    #: engine phase -> the column prefix its forwards are summed under
+    _PHASE_KEY: ClassVar[dict[str, str]] = {"draft": "draft", "oracle_verify": "oracle", "verify": "verify"}
 
+    def __init__(self, model):
         self.phase: str | None = None
-        self.last = ""
+        self.step = 0
         self.draft_calls = 0
-        self.n_plan = 0
         self.acc: dict[tuple[str, int], float] = {}
         self.ctx: dict[tuple[str, int], int] = {}
-        timer = self
-        orig_forward = model.forward
+        self._t0 = 0.0
+        self._handles = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                         model.register_forward_hook(self._after_forward, with_kwargs=True)]
 
-        def forward(*args, **kwargs):
-            if timer.phase is None:
-                return orig_forward(*args, **kwargs)
-            t0 = time.perf_counter()
-            out = orig_forward(*args, **kwargs)
-            ms = (time.perf_counter() - t0) * 1e3
-            key = (timer.phase, timer.n_plan)
-            timer.acc[key] = timer.acc.get(key, 0.0) + ms
-            if timer.phase == "draft" and timer.draft_calls == 0:
+    # engine hooks
+    def phase_started(self, step: int, phase: str) -> None:
+        self.phase, self.step = self._PHASE_KEY.get(phase), step
+        if phase == "draft":
+            self.draft_calls = 0
+
+    def phase_ended(self, step: int, phase: str, elapsed_ms: float) -> None:
+        self.phase = None
+
+    # model hooks
+    def _before_forward(self, module, args, kwargs) -> None:
+        if self.phase is not None:
+            self._t0 = time.perf_counter()
+
+    def _after_forward(self, module, args, kwargs, output) -> None:
+        if self.phase is None:
+            return
+        ms = (time.perf_counter() - self._t0) * 1e3
+        key = (self.phase, self.step)
+        self.acc[key] = self.acc.get(key, 0.0) + ms
+        if self.phase == "draft":
+            if self.draft_calls == 0:
                 # the drafter's first forward feeds what its cache misses (the whole prompt on a
                 # request's first draft), padded to [bs, P], and yields the first draft token
                 ids = args[0] if args else kwargs["input_ids"]
-                timer.acc[("draft_first", timer.n_plan)] = ms
-                timer.ctx[("draft_first_len", timer.n_plan)] = int(ids.shape[1])
-            if timer.phase == "draft":
-                timer.draft_calls += 1
-            kv = kwargs.get("kv_len")
-            if kv is not None:
-                timer.ctx[key] = max(timer.ctx.get(key, 0), int(kv))
-            return out
+                self.acc[("draft_first", self.step)] = ms
+                self.ctx[("draft_first_len", self.step)] = int(ids.shape[1])
+            self.draft_calls += 1
+        kv = kwargs.get("kv_len")
+        if kv is not None:
+            self.ctx[key] = max(self.ctx.get(key, 0), int(kv))
 
-        model.forward = forward
-        orig_verify = engine._verify
-
-        def verify(*args, **kwargs):
-            # after the step's plan: its verification; before it (oracle): the full pre-verification
-            timer.phase = "verify" if timer.last == "plan" else "oracle"
-            try:
-                return orig_verify(*args, **kwargs)
-            finally:
-                timer.phase, timer.last = None, "verify"
-
-        engine._verify = verify
-        self._drafter_cls = SelfSpecDrafter
-        self._orig_draft = SelfSpecDrafter.draft
-
-        def draft(this, *args, **kwargs):
-            timer.phase, timer.draft_calls = "draft", 0
-            try:
-                return timer._orig_draft(this, *args, **kwargs)
-            finally:
-                timer.phase, timer.last = None, "draft"
-
-        SelfSpecDrafter.draft = draft
-        for name in ("plan", "plan_without_draft"):
-            orig = getattr(controller, name)
-
-            def wrapped(*args, _orig=orig, **kwargs):
-                out = _orig(*args, **kwargs)
-                timer.n_plan += 1
-                timer.last = "plan"
-                return out
-
-            setattr(controller, name, wrapped)
-
-    def restore(self) -> None:
-        self._drafter_cls.draft = self._orig_draft
+    def close(self) -> None:
+        """Remove the model hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
     def per_step(self, num_steps: int) -> pd.DataFrame:
         """``draft_fwd_ms``, ``oracle_fwd_ms``, ``verify_fwd_ms``, ``verify_kv_len`` per step."""
@@ -364,26 +347,26 @@ class ForwardTimer:
                 "draft_first_fwd_ms": self.acc.get(("draft_first", s), 0.0),
                 "draft_first_len": self.ctx.get(("draft_first_len", s), 0),
                 "oracle_fwd_ms": self.acc.get(("oracle", s), 0.0),
-                "verify_fwd_ms": self.acc.get(("verify", s + 1), 0.0),
-                "verify_kv_len": self.ctx.get(("verify", s + 1), 0),
+                "verify_fwd_ms": self.acc.get(("verify", s), 0.0),
+                "verify_kv_len": self.ctx.get(("verify", s), 0),
             })
         return pd.DataFrame(rows)
 
 
-def _engine_run(model, prompt_ids, policy: str, bs: int, max_new_tokens: int, curve: CostCurve, eos_id: int):
+def _engine_run(model, prompt_ids, policy: str, bs: int, max_new_tokens: int, curve: CostCurve, eos_id: int | None,
+                skip_layers: Sequence[int] = (14, 15)):
     from dcut_sched.controller import RatioController
     from dcut_sched.engine import SpecEngine
 
     ctrl = RatioController(curve, BLOCK_SIZE, policy=policy)
-    eng = SpecEngine(model, ctrl, batch_size=bs, max_new_tokens=max_new_tokens, eos_id=eos_id)
-    timer = ForwardTimer(model, eng, ctrl)
+    eng = SpecEngine(model, ctrl, batch_size=bs, max_new_tokens=max_new_tokens, eos_id=eos_id, skip_layers=skip_layers)
+    timer = ForwardTimer(model)
     try:
         t0 = time.perf_counter()
-        res = eng.generate(prompt_ids)
+        res = eng.generate(prompt_ids, observer=timer)
         wall = time.perf_counter() - t0
     finally:
-        timer.restore()
-        del model.forward  # back to the class method
+        timer.close()
     steps = res.steps_frame()
     steps = pd.concat([steps, timer.per_step(len(steps))], axis=1)
     steps["policy"] = policy
@@ -396,11 +379,11 @@ def _setup(threads: int = 1):
     import torch
 
     torch.set_num_threads(threads)
-    from dcut_sched.traces.prompts import load_prompts
-    from dcut_sched.traces.record import NativeBackend
+    from dcut_sched.engine.trace_backends import NativeBackend
+    from dcut_sched.traces.prompts import load_prompt_records
 
     backend = NativeBackend()
-    prompts = load_prompts(PROMPTS)
+    prompts = load_prompt_records(PROMPTS)
     ids = [backend.encode_prompt(p.text) for p in prompts]
     return backend, ids
 
@@ -531,7 +514,7 @@ def drafter_prefill_ms(steps: pd.DataFrame, block_size: int) -> np.ndarray:
 def stage_predict(args) -> None:
     """Simulate the measured runs and compare (no model needed; seconds)."""
     from dcut_sched import policies
-    from dcut_sched.simulator.engine import run_open_loop
+    from dcut_sched.simulator import run_open_loop
 
     steps, runs, doc = _load_engine(args.measurements)
     outputs = doc["outputs"]

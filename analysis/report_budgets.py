@@ -1,7 +1,7 @@
 """Report section: where ``fine`` beats ``dcut``, from the budgets each chooses step by step.
 
 Both policies run through :func:`dcut_sched.simulator.run_closed_loop`, whose ``steps``
-(:class:`dcut_sched.simulator.StepRecord`) already hold, per engine step, the verified budget
+(:class:`dcut_sched.simulator.SimStepRecord`) already hold, per engine step, the verified budget
 ``num_tokens`` (K), whether the step drafted, the tokens produced and the step time; nothing is
 added to the simulator. Per (trace, policy, bs) the summary gives the steady-state tokens/s, the
 mean ratio rho = K / (bs*B), the number of distinct budgets used, the share of steps that skipped

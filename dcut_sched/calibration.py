@@ -9,7 +9,8 @@ that probability from the outcomes a serving loop observes anyway.
 Observations (censored, from one verified step)
 -----------------------------------------------
 For request i with raw confidences ``conf[i, :]`` (``[B-1]``), ``lengths[i]`` slots verified and
-``num_accepted[i] = min(accept_len[i], lengths[i] - 1)`` drafts accepted, draft slot t (1-based) is
+``num_accepted[i] = verified_prefix_tokens(accept_len, lengths)[i] - 1`` drafts accepted
+(:func:`dcut_sched.scores.verified_prefix_tokens`), draft slot t (1-based) is
 
 - observed **accepted** iff ``t <= num_accepted[i]``,
 - observed **rejected** iff ``t == num_accepted[i] + 1 <= lengths[i] - 1``,
@@ -64,7 +65,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .scores import Array
+from .scores import Array, verified_prefix_tokens
 
 __all__ = ["OnlineCalibrator", "censored_outcomes", "expected_calibration_error"]
 
@@ -319,8 +320,8 @@ class OnlineCalibrator:
 
         Args:
             conf: ``[bs, B-1]`` raw (uncalibrated) confidences of the drafted step, in [0, 1].
-            num_accepted: ``[bs]`` ints, drafts accepted, ``min(accept_len, lengths - 1)``; larger
-                values are clipped to ``lengths - 1``.
+            num_accepted: ``[bs]`` ints, drafts accepted (``verified_prefix_tokens(accept_len,
+                lengths) - 1``); larger values are clipped to ``lengths - 1``.
             lengths: ``[bs]`` ints in ``[1, B]``, slots each request verified.
 
         All three of one kind (numpy, or torch on one device). Constant work per step (one
@@ -333,7 +334,7 @@ class OnlineCalibrator:
             dev = conf.device
             num_accepted = torch.as_tensor(num_accepted, device=dev).to(torch.int64)
             lengths = torch.as_tensor(lengths, device=dev).to(torch.int64)
-            num_accepted = torch.minimum(num_accepted, lengths - 1)
+            num_accepted = verified_prefix_tokens(num_accepted, lengths) - 1  # at most lengths - 1
             observed, accepted = censored_outcomes(num_accepted, lengths, nd)
             bins = (conf.clamp(0.0, 1.0) * self.num_bins).to(torch.int64).clamp_(max=self.num_bins - 1)
             offsets = self._band_offsets_torch.get(dev)
@@ -357,7 +358,7 @@ class OnlineCalibrator:
             conf = np.asarray(conf)
             num_accepted = np.asarray(num_accepted, dtype=np.int64)
             lengths = np.asarray(lengths, dtype=np.int64)
-            num_accepted = np.minimum(num_accepted, lengths - 1)
+            num_accepted = verified_prefix_tokens(num_accepted, lengths) - 1  # at most lengths - 1
             observed, accepted = censored_outcomes(num_accepted, lengths, nd)
             bins = np.minimum((np.clip(conf, 0.0, 1.0) * self.num_bins).astype(np.int64), self.num_bins - 1)
             cell = self._band_of_depth[None, :] * self.num_bins + bins

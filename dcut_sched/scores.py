@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence, Union
 
 import numpy as np
 
@@ -33,6 +33,7 @@ Array = Union[np.ndarray, "torch.Tensor"]
 
 __all__ = [
     "Array",
+    "Budgets",
     "ScoreRanking",
     "check_confidences",
     "check_scores",
@@ -179,6 +180,39 @@ def slot_scores(conf: Array, *, validate: bool = True) -> Array:
     return out
 
 
+class Budgets:
+    """Ascending distinct verification budgets, prepared once for many :meth:`ScoreRanking.expected_tokens_at` calls.
+
+    A policy that asks for the same few budgets every step (``dcut``'s buckets) keeps one per batch
+    shape, so the per-step query skips converting, sorting and offsetting them.
+
+    Attributes:
+        array: ``[n]`` int64, read-only, ascending, distinct.
+        values: the same budgets as a tuple of ints.
+        kth: ``array - 1`` (int64, read-only): the ranks ``np.partition`` puts in place.
+
+    Raises:
+        ValueError: empty, not ascending and distinct, or not integers.
+    """
+
+    __slots__ = ("array", "values", "kth")
+
+    def __init__(self, ks: Any):
+        arr = np.array(ks, dtype=np.int64).reshape(-1)
+        if arr.size == 0 or (arr.size > 1 and not (np.diff(arr) > 0).all()):
+            raise ValueError(f"Budgets: need ascending distinct budgets, got {arr.tolist()}")
+        arr.setflags(write=False)
+        kth = arr - 1
+        kth.setflags(write=False)
+        self.array, self.values, self.kth = arr, tuple(arr.tolist()), kth
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        return f"Budgets({list(self.values)})"
+
+
 class ScoreRanking:
     """All global top-K selections of one batch, from a single sort.
 
@@ -226,7 +260,7 @@ class ScoreRanking:
             self._order = np.argsort(-flat, kind="stable")
             self._cumsum = np.cumsum(flat[self._order], dtype=np.float64)
 
-    def _partition(self, ks: list[int], kth: np.ndarray | None = None) -> np.ndarray:
+    def _partition(self, ks: Sequence[int], kth: np.ndarray | None = None) -> np.ndarray:
         """Negated flat scores with the entry of each rank ``K - 1`` (K in ``ks``) in sorted place.
 
         ``np.partition`` puts each requested rank where a sort would, with only smaller (negated)
@@ -257,9 +291,21 @@ class ScoreRanking:
     def expected_tokens_at(self, ks: Any) -> np.ndarray:
         """Expected tokens of the top-K selection for each K in ``ks``.
 
+        Args:
+            ks: budgets (any int array-like, any order, repeats allowed), or a :class:`Budgets`
+                (ascending distinct, prepared once: the fast path of a per-step query).
+
         Returns a float64 numpy array on the host (one device-to-host copy for a torch ranking).
         Every K must satisfy ``bs <= K <= bs*B`` (``ValueError`` otherwise).
         """
+        if type(ks) is Budgets and not self._torch and self._order is None and len(ks) <= self.PARTITION_MAX_BUDGETS:
+            values = ks.values
+            if values[0] < self.batch_size or values[-1] > self.max_tokens:
+                self.check_budget(values[0] if values[0] < self.batch_size else values[-1])
+            part = self._partition(values, ks.kth)
+            return -np.add.accumulate(part[: values[-1]], dtype=np.float64)[ks.kth]
+        if type(ks) is Budgets:
+            ks = ks.array
         ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
         ks_list = ks_arr.tolist()
         if ks_list and (min(ks_list) < self.batch_size or max(ks_list) > self.max_tokens):

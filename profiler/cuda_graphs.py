@@ -1,6 +1,7 @@
 """CUDA-graph capture and replay timing for ``dcut-profile --gpu``.
 
-One graph per cell (verification forward, plain decode step, draft step), each a *full* graph of the
+One graph per cell (verification forward, plain decode step, draft step), captured with
+:func:`dcut_sched.graph_capture.capture_graph` (the routine the engine's ``VerifyGraphBank`` uses), each a *full* graph of the
 whole step (the plain decode cell is thus a captured full CUDA graph of the one-token step, the path
 serving engines run without speculation), captured largest first into one shared memory pool (later, smaller graphs reuse
 the pool's blocks, as serving engines do), each after two eager warm-up calls on a side stream
@@ -22,6 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+
+from dcut_sched.graph_capture import capture_graph
 
 from .grid import Cell
 from .harness import NoCudaError, is_oom
@@ -93,15 +96,7 @@ class GraphTimer:
         for cell in sorted(cells, key=lambda c: (c.size(), c.kind, c.batch_size), reverse=True):
             try:
                 fn = self.workload.fn_for(cell)
-                side = cuda.Stream()
-                side.wait_stream(cuda.current_stream())
-                with cuda.stream(side):
-                    for _ in range(self.capture_warmups):
-                        fn()
-                cuda.current_stream().wait_stream(side)
-                graph = cuda.CUDAGraph()
-                with cuda.graph(graph, pool=self.pool):
-                    fn()
+                graph, _ = capture_graph(fn, pool=self.pool, warmup_iters=self.capture_warmups, cuda=cuda)
             except Exception as exc:  # noqa: BLE001 - only OOM is tolerated
                 if not is_oom(exc):
                     raise

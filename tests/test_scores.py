@@ -149,3 +149,34 @@ def test_partition_path_equals_the_sort_path(conf):
         assert fresh.expected_tokens_at([k])[0] == pytest.approx(expected_sorted[k - bs], abs=1e-9)
         assert fresh.lengths(int(k)).tolist() == sorted_ranking.lengths(int(k)).tolist()
         assert ScoreRanking(scores).lengths(int(k)).tolist() == sorted_ranking.lengths(int(k)).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(conf=tied_conf, data=st.data())
+def test_prepared_budgets_answer_like_any_array(conf, data):
+    """A Budgets query (the dcut fast path) gives the E(K) of the sort path, and the lengths after it."""
+    from dcut_sched.scores import Budgets
+
+    scores = slot_scores(conf)
+    bs, block = scores.shape
+    ks = sorted(data.draw(st.sets(st.integers(bs, bs * block), min_size=1, max_size=8)))
+    full = ScoreRanking(scores)
+    full._sort()
+    fast = ScoreRanking(scores)
+    got = fast.expected_tokens_at(Budgets(ks))
+    assert got.tolist() == pytest.approx(full.expected_tokens_at(ks).tolist(), abs=1e-9)
+    for k in ks:
+        assert fast.lengths(k).tolist() == full.lengths(k).tolist()
+
+
+def test_budgets_refuse_bad_input_and_out_of_range():
+    from dcut_sched.scores import Budgets
+
+    for bad in ([], [4, 4], [8, 4]):
+        with pytest.raises(ValueError, match="ascending distinct"):
+            Budgets(bad)
+    ranking = ScoreRanking(slot_scores(np.full((2, 3), 0.5, dtype=np.float32)))  # bs 2, B 4: 2..8
+    assert ranking.expected_tokens_at(Budgets([2, 8])).tolist() == [2.0, 2.0 + 2 * (0.5 + 0.25 + 0.125)]
+    for bad in ([1, 4], [4, 9]):
+        with pytest.raises(ValueError, match="out of range"):
+            ranking.expected_tokens_at(Budgets(bad))

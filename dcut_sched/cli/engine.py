@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import policies
     from ..controller import RatioController
     from ..cost_curve import CostCurve, CostCurveError
-    from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompts
+    from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
     from ..sampling import SamplingParams
 
     if args.batch_size < 1 or args.block_size < 2 or args.max_new_tokens < 1:
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        texts = load_prompts(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
+        texts = load_prompt_texts(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
     except PromptFileError as exc:
         raise UsageError(f"--prompts: {exc}") from None
     if args.num_prompts is not None:

@@ -112,6 +112,10 @@ def build_parser() -> CliParser:
                    help="multiply the cost curve's draft step by X (what-if: a cheaper or dearer drafter) (default: %(default)s)")
     g.add_argument("--calibrate", action="store_true",
                    help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
+    g.add_argument("--graph-tokens", type=_int_list, default=None, metavar="LIST",
+                   help="token counts a CUDA-graph bank captured (at every batch size), e.g. 64,128,256,512,1024: "
+                        "fine only chooses among them and each drafted step is charged at the smallest captured "
+                        "count >= its budget, as the controller with a VerifyGraphBank (default: every budget)")
     g = p.add_argument_group("closed loop")
     g.add_argument("--steps", type=int_at_least(1), default=None,
                    help=f"engine steps per (trace, policy, batch size), warm-up included (default: "
@@ -350,22 +354,11 @@ def _run_seeds(args, console) -> None:
     d = _defaults()
     trace = _input_paths(args.trace, d.DEFAULT_TRACE, "--trace", "trace", False)[0]
     cost = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", False)[0]
-    params: dict[str, dict[str, Any]] = {}
-    for policy, key, value in args.param:
-        params.setdefault(policy, {})[key] = value
-    if args.prompt_len is not None and args.prefill_ms is not None:
-        raise UsageError("give --prompt-len or --prefill-ms, not both")
     steps = args.steps if args.steps is not None else d.DEFAULT_NUM_STEPS
     warmup = args.warmup if args.warmup is not None else min(d.DEFAULT_WARMUP_STEPS, max(steps - 1, 0))
-    frames = []
-    for seed in range(args.seed, args.seed + args.seeds):
-        frames.append(simulate(
-            trace, cost, batch_sizes=args.batch_sizes, policies=args.policies, policy_params=params, mode=args.mode,
-            num_steps=steps, warmup_steps=warmup, seed=seed, shuffle=not args.no_shuffle,
-            overhead_ms=args.overhead_ms, draft_scale=args.draft_scale,
-            calibrator=_make_calibrator() if args.calibrate else None, rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
-            prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
-        ))
+    config = _sim_config(args, num_steps=steps, warmup_steps=warmup,
+                         policies=None if args.policies == ["all"] else args.policies)
+    frames = [simulate(trace, cost, config.replace(seed=seed)) for seed in range(args.seed, args.seed + args.seeds)]
     import pandas as pd
 
     df = pd.concat(frames, ignore_index=True)
@@ -392,6 +385,23 @@ def _run_seeds(args, console) -> None:
                       highlight=False, soft_wrap=True)
     if args.out:
         write_frame(df, args.out)
+
+
+def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] | None):
+    """The :class:`~dcut_sched.simulator.SimConfig` of the parsed flags (the one place the CLI builds
+    it; ``--param`` and the prefill flags checked first, with the flag names)."""
+    from ..simulator import SimConfig
+
+    if args.prompt_len is not None and args.prefill_ms is not None:
+        raise UsageError("give --prompt-len or --prefill-ms, not both")
+    return SimConfig(
+        policies=policies, policy_params=_policy_params(args.param, policies), batch_sizes=args.batch_sizes,
+        mode=args.mode, num_steps=num_steps, warmup_steps=warmup_steps, seed=args.seed,
+        shuffle=not args.no_shuffle, overhead_ms=args.overhead_ms, draft_scale=args.draft_scale,
+        calibrator=_make_calibrator() if args.calibrate else None, graph_token_counts=args.graph_tokens,
+        rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
+        prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
+    )
 
 
 def _defaults():
@@ -431,17 +441,7 @@ def _run(args, console) -> None:
         args.policies = None
     elif args.policies is None and benchmarks:
         args.policies = list(d.DEFAULT_BENCHMARK_POLICIES)
-    params = _policy_params(args.param, args.policies)
-    kwargs = dict(
-        policies=args.policies, policy_params=params, mode=args.mode, num_steps=args.steps,
-        warmup_steps=args.warmup, seed=args.seed, shuffle=not args.no_shuffle, overhead_ms=args.overhead_ms,
-        draft_scale=args.draft_scale,
-        calibrator=_make_calibrator() if args.calibrate else None, rate_rps=args.rate, load=args.load,
-        num_requests=args.requests, prompt_len=args.prompt_len, prefill_ms=args.prefill_ms,
-        slo_tpot_ms=args.slo_tpot_ms,
-    )
-    if args.prompt_len is not None and args.prefill_ms is not None:
-        raise UsageError("give --prompt-len or --prefill-ms, not both")
+    config = _sim_config(args, num_steps=args.steps, warmup_steps=args.warmup, policies=args.policies)
     if args.scheduler == "dask" and not (args.sweep and args.scheduler_address):
         raise UsageError("--scheduler dask runs a --sweep on a cluster: add --sweep and --scheduler-address ADDR")
     if args.scheduler_address and args.scheduler != "dask":
@@ -465,13 +465,13 @@ def _run(args, console) -> None:
                 from ..simulator import dask_executor
 
                 with dask_executor(args.scheduler_address) as executor:
-                    df = sweep(traces, costs, args.batch_sizes, executor=executor, on_job=on_job, **kwargs)
+                    df = sweep(traces, costs, config.batch_sizes, config, executor=executor, on_job=on_job)
             else:
-                df = sweep(traces, costs, args.batch_sizes, jobs=args.jobs, on_job=on_job, **kwargs)
+                df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, on_job=on_job)
         elif benchmarks:
-            df = simulate_benchmarks(traces, costs[0], batch_sizes=args.batch_sizes, on_run=on_run, **kwargs)
+            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run)
         else:
-            df = simulate(traces[0], costs[0], batch_sizes=args.batch_sizes, on_run=on_run, **kwargs)
+            df = simulate(traces[0], costs[0], config, on_run=on_run)
     if benchmarks:
         if not args.quiet:
             _render_benchmarks(df, console, args, costs[0])

@@ -134,9 +134,10 @@ def build_parser() -> CliParser:
 def _cmd_record(args: argparse.Namespace) -> int:
     import torch
 
-    from dcut_sched.traces.prompts import PromptError, load_prompts
+    from dcut_sched.traces.prompts import PromptError, load_prompt_records
     from dcut_sched.sampling import SamplingParams
-    from dcut_sched.traces.record import HFBackend, NativeBackend, RecordError, record_trace
+    from dcut_sched.engine.trace_backends import HFBackend, NativeBackend
+    from dcut_sched.traces.record import RecordError, record_trace
 
     check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES)})
     try:
@@ -148,7 +149,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        prompts = load_prompts(args.prompts)
+        prompts = load_prompt_records(args.prompts)
     except PromptError as exc:
         raise UsageError(f"--prompts: {exc}") from None
     if args.limit is not None:

@@ -1,12 +1,32 @@
 """The online controller: per-step verification plans, their token layouts, and the CUDA-graph bank.
 
 See ``docs/controller.md``. Public names: :class:`RatioController` (plans over the policy registry),
-:class:`ControllerPlan`, :func:`slot_layout` / :class:`SlotLayout`, :class:`VerifyGraphBank`,
-:func:`cells_from_curve`.
+:class:`ControllerPlan`, :class:`StepDriver` (the per-step sequence both the controller and the
+simulator run), :class:`GraphCells`, :func:`restrict_to_graph_cells`, :func:`slot_layout` /
+:class:`SlotLayout`, :class:`VerifyGraphBank`, :func:`cells_from_curve`.
+
+Names are imported on first use (PEP 562): the simulator imports :mod:`.step` (numpy only) without
+loading torch through :mod:`.controller`.
 """
 
-from .controller import ControllerPlan, RatioController
-from .graph_bank import VerifyGraphBank, cells_from_curve
-from .layouts import SlotLayout, slot_layout
+from __future__ import annotations
 
-__all__ = ["ControllerPlan", "RatioController", "SlotLayout", "VerifyGraphBank", "cells_from_curve", "slot_layout"]
+from .._lazy import lazy_exports
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "ControllerPlan": ".controller",
+    "RatioController": ".controller",
+    "GraphCells": ".step",
+    "StepDriver": ".step",
+    "restrict_to_graph_cells": ".step",
+    "VerifyGraphBank": ".graph_bank",
+    "cells_from_curve": ".graph_bank",
+    "SlotLayout": ".layouts",
+    "slot_layout": ".layouts",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -6,7 +6,10 @@
 >>> plan.lengths, plan.num_tokens, plan.ratio, plan.draft_next, plan.cu_num_draft_tokens  # doctest: +SKIP
 >>> ctrl.observe(accept_len)        # [bs]: drafts accepted this step            # doctest: +SKIP
 
-What it adds to a :class:`~dcut_sched.policies.Policy` (which it calls, never re-implements):
+What it adds to a :class:`~dcut_sched.policies.Policy` (which it calls, never re-implements). The
+per-step sequence itself (sanitise -> calibrate -> plan -> observe, and the counters) is one
+:class:`~dcut_sched.controller.step.StepDriver`, the same object the simulator runs on numpy arrays;
+this class adds the shape checks, the CPU-tensor fast path and the layouts:
 
 - **Sanitising on the device.** A request whose confidence row holds NaN, +-inf or a value outside
   [0, 1] never makes ``plan`` raise: its row is replaced by zeros on the device (its drafts score 0,
@@ -41,6 +44,7 @@ from ..cost_curve import CostCurve
 from ..policies import VerifyPlan
 from ..scores import Array
 from .layouts import SlotLayout, slot_layout
+from .step import StepDriver, restrict_to_graph_cells
 
 __all__ = ["ControllerPlan", "RatioController"]
 
@@ -161,9 +165,9 @@ class RatioController:
         if cost is not None:
             cost.require_block_size(self.block_size)
         self.graph_bank = graph_bank
-        if graph_bank is not None and policy == "fine" and "allowed_num_tokens" not in policy_params:
-            policy_params["allowed_num_tokens"] = graph_bank.token_counts()
         self.policy = _policies.get(policy, **policy_params)
+        if graph_bank is not None and "allowed_num_tokens" not in policy_params:
+            self.policy = restrict_to_graph_cells(self.policy, graph_bank.token_counts())
         if self.policy.needs_cost and cost is None:
             raise ValueError(
                 f"RatioController: policy {policy!r} needs a cost curve (CostCurve.load(...)); got cost=None"
@@ -173,22 +177,15 @@ class RatioController:
         self.calibrator = calibrator if calibrator is not None else (
             OnlineCalibrator(self.block_size) if self.calibrate else None
         )
-        self.reset()
+        # The per-step sequence (sanitise, calibrate, plan, observe) and the counters: the same
+        # object the simulator runs (controller/step.py).
+        self.driver = StepDriver(self.policy, cost, self.block_size, calibrator=self.calibrator,
+                                 graph_cells=graph_bank)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Start a new run: the policy's running state and the metrics (not the calibration)."""
-        self.policy.reset()
-        self._last: tuple[Array, Array] | None = None
-        self._pending_bs: int | None = None  # batch size of the plan awaiting observe(), if any
-        # Counters that may live on the device (a torch scalar per device, or a host int): summed
-        # lazily, so counting costs no host sync.
-        self._device_counters: dict[str, dict[Any, Any]] = {
-            "bad_conf_requests": {}, "accepted_drafts": {}, "bad_accept_requests": {}}
-        self._steps = self._drafted_steps = 0
-        self._num_tokens = 0
-        self._expected = 0.0
-        self._observed_steps = 0
+        self.driver.reset()
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -200,48 +197,9 @@ class RatioController:
         ``accepted_drafts`` (sum of observed accepted drafts), ``bad_accept_requests`` (request-steps
         whose observed accept count was negative or above ``lengths - 1`` and was clipped).
         """
-        bad = self._read_counter("bad_conf_requests")
-        accepted = self._read_counter("accepted_drafts")
-        return {
-            "steps": self._steps,
-            "drafted_steps": self._drafted_steps,
-            "plain_steps": self._steps - self._drafted_steps,
-            "num_tokens": self._num_tokens,
-            "expected_tokens": self._expected,
-            "bad_conf_requests": bad,
-            "observed_steps": self._observed_steps,
-            "accepted_drafts": accepted,
-            "bad_accept_requests": self._read_counter("bad_accept_requests"),
-        }
-
-    def _count(self, name: str, value: Any) -> None:
-        per_device = self._device_counters[name]
-        key = value.device if isinstance(value, torch.Tensor) else "host"
-        held = per_device.get(key)
-        per_device[key] = value if held is None else held + value
-
-    def _read_counter(self, name: str) -> int:
-        return sum(int(v) for v in self._device_counters[name].values())
+        return self.driver.metrics
 
     # ------------------------------------------------------------------ planning
-    def _sanitize(self, conf: Array) -> Array:
-        if isinstance(conf, torch.Tensor):
-            if not conf.is_floating_point():
-                conf = conf.to(torch.float32)
-            ok = (conf == conf.clamp(0.0, 1.0)).all(dim=1)  # False on NaN, +-inf and out of range
-            self._count("bad_conf_requests", (~ok).sum())
-            return conf.where(ok[:, None], 0.0)
-        conf = np.asarray(conf)
-        if conf.dtype.kind != "f":
-            conf = conf.astype(np.float32)
-        # Fast path: NaN makes min/max NaN and every comparison with NaN is False.
-        if conf.min() >= 0 and conf.max() <= 1:
-            return conf
-        with np.errstate(invalid="ignore"):
-            ok = ((conf >= 0) & (conf <= 1)).all(axis=1)
-        self._count("bad_conf_requests", int((~ok).sum()))
-        return np.where(ok[:, None], conf, conf.dtype.type(0))
-
     def _check_shape(self, conf: Array) -> None:
         if not isinstance(conf, (np.ndarray, torch.Tensor)):
             raise ValueError(
@@ -256,12 +214,7 @@ class RatioController:
             )
 
     def _finish(self, vp: VerifyPlan) -> ControllerPlan:
-        bs = vp.batch_size
-        cell = (bs, vp.num_tokens) if self.graph_bank is None else self.graph_bank.cell_for(bs, vp.num_tokens)
-        self._steps += 1
-        self._drafted_steps += vp.drafted
-        self._num_tokens += vp.num_tokens
-        self._expected += vp.expected_tokens
+        cell = self.driver.graph_cell(vp.batch_size, vp.num_tokens)
         return ControllerPlan(vp.lengths, vp.num_tokens, self.block_size, vp.expected_tokens, vp.draft_next,
                               vp.drafted, cell, vp)
 
@@ -290,16 +243,8 @@ class RatioController:
                 arr = arr.to(torch.float32)
             if accept_len is not None and isinstance(accept_len, torch.Tensor):
                 accept_len = accept_len.cpu().numpy()
-            return _to_torch(self._plan(arr.numpy(), accept_len))
-        return self._plan(conf, accept_len)
-
-    def _plan(self, conf: Array, accept_len: Array | None) -> ControllerPlan:
-        conf = self._sanitize(conf)
-        scored = self.calibrator.transform(conf) if self.calibrate else conf
-        vp = self.policy.plan(scored, self.cost, accept_len=accept_len, validate=False)
-        self._last = (conf, vp.lengths)
-        self._pending_bs = vp.batch_size
-        return self._finish(vp)
+            return _to_torch(self._finish(self.driver.plan(arr.numpy(), accept_len)))
+        return self._finish(self.driver.plan(conf, accept_len))
 
     def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
         """Plan a step that ran no draft (every request verifies its anchor): plain decoding.
@@ -313,16 +258,12 @@ class RatioController:
         """
         if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"RatioController.plan_without_draft: batch_size={batch_size!r} must be an integer >= 1")
-        vp = self.policy.plan_without_draft(int(batch_size), self.block_size, self.cost)
-        if self.calibrate:
-            self.calibrator.observe_plain(int(batch_size))  # the decay clock of unobserved ranges
+        vp = self.driver.plan_without_draft(int(batch_size))
         if device is not None:
             vp = VerifyPlan(
                 torch.as_tensor(vp.lengths, device=device), vp.num_tokens, vp.block_size,
                 vp.expected_tokens, vp.draft_next, vp.drafted,
             )
-        self._last = None
-        self._pending_bs = int(batch_size)
         return self._finish(vp)
 
     def observe(self, accept_len: Array) -> None:
@@ -341,40 +282,19 @@ class RatioController:
             ValueError: no plan awaits an observation (before any plan, or a second ``observe`` for
                 one plan), or ``accept_len`` is not ``[bs]`` for the last plan's batch size.
         """
-        if self._pending_bs is None:
+        bs = self.driver.pending_batch_size
+        if bs is None:
             raise ValueError(
                 "RatioController.observe: no plan to observe; call plan() or plan_without_draft() first "
                 "and observe() once per plan"
             )
-        bs = self._pending_bs
         if not isinstance(accept_len, (np.ndarray, torch.Tensor)) or tuple(accept_len.shape) != (bs,):
             shape = tuple(accept_len.shape) if hasattr(accept_len, "shape") else type(accept_len).__name__
             raise ValueError(
                 f"RatioController.observe: accept_len must be an integer array of shape [{bs}] (the last "
                 f"plan's batch size); got {shape}"
             )
-        self._pending_bs = None
-        self._observed_steps += 1
-        if self._last is None:
-            return
-        conf, lengths = self._last
-        self._last = None
-        if isinstance(lengths, torch.Tensor):
-            accept = torch.as_tensor(accept_len, device=lengths.device).to(torch.int64)
-            hi = lengths - 1
-            self._count("bad_accept_requests", ((accept < 0) | (accept > hi)).sum())
-            num_accepted = torch.minimum(accept.clamp(min=0), hi)
-        else:
-            if isinstance(accept_len, torch.Tensor):
-                accept_len = accept_len.cpu().numpy()
-            accept = np.asarray(accept_len, dtype=np.int64)
-            hi = lengths - 1
-            self._count("bad_accept_requests", int(((accept < 0) | (accept > hi)).sum()))
-            num_accepted = np.minimum(np.maximum(accept, 0), hi)
-        self._count("accepted_drafts", num_accepted.sum())
-        if self.calibrate:
-            self.calibrator.observe(conf, num_accepted, lengths)
-        self.policy.observe(lengths, num_accepted)
+        self.driver.observe(accept_len)
 
     def __repr__(self) -> str:
         return (

@@ -4,26 +4,31 @@ D-Cut replays one pre-captured CUDA graph per verification ratio; here a cell is
 ``(batch_size, num_tokens)`` the cost curve measured, so every budget the controller can choose has
 a graph. The bank:
 
-- captures one ``torch.cuda.CUDAGraph`` per cell, largest first, all in one shared memory pool
+- captures one ``torch.cuda.CUDAGraph`` per cell with :func:`dcut_sched.graph_capture.capture_graph`
+  (the profiler's capture routine too), largest first, all in one shared memory pool
   (``torch.cuda.graph_pool_handle()``): the largest cell's allocations are reused by the smaller
   ones, as vLLM and SGLang do for their decode graphs;
 - keeps static input buffers per cell, shaped by ``make_inputs(batch_size, num_tokens)``;
-- on a call, pads the request up to the nearest captured cell (smallest captured batch size >= the
-  request's, then the smallest captured token count >= its), copies each input into the leading
+- on a call, pads the request up to the nearest captured cell whose buffers hold its inputs
+  (smallest captured batch size >= the request's, then the smallest captured token count >= its,
+  skipping cells whose buffers are too short for the inputs' rows), copies each input into the leading
   corner of its static buffer (the rest filled with that input's pad value), replays, and returns
   the cell's static outputs;
 - without CUDA, or with ``enabled=False``, runs ``fn`` eagerly on the same padded buffers: the same
   interface and the same values, so engines and tests need no second code path.
 
 Outputs are the cell's static buffers (in both modes): valid until the next call of the bank.
+
+The speculative-decoding engine verifies through a bank (:mod:`dcut_sched.engine.verify_runtime`).
 """
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+
+from .step import GraphCells
 
 __all__ = ["VerifyGraphBank", "cells_from_curve"]
 
@@ -71,21 +76,16 @@ class VerifyGraphBank:
         pad_values: Any = 0,
         warmup_iters: int = 2,
     ):
-        cell_set = sorted({(int(c[0]), int(c[1])) for c in cells})
-        if not cell_set:
-            raise ValueError("VerifyGraphBank: no cells to capture")
-        for bs, k in cell_set:
-            if bs < 1 or k < bs:
-                raise ValueError(f"VerifyGraphBank: cell (batch_size={bs}, num_tokens={k}) needs 1 <= batch_size <= num_tokens")
+        try:
+            self.grid = GraphCells(cells)  # the cells and the padding rule (torch-free, shared with the simulator)
+        except ValueError as exc:
+            raise ValueError(f"VerifyGraphBank: {exc}") from None
+        cell_set = self.grid.cells
         self.fn = fn
         self.make_inputs = make_inputs
         self.cells: list[Cell] = cell_set
         self.pad_values = pad_values
         self.warmup_iters = int(warmup_iters)
-        self._tokens_by_bs: dict[int, list[int]] = {}
-        for bs, k in cell_set:
-            self._tokens_by_bs.setdefault(bs, []).append(k)
-        self._batch_sizes = sorted(self._tokens_by_bs)
         self._inputs: dict[Cell, tuple[torch.Tensor, ...]] = {}
         self._outputs: dict[Cell, Any] = {}
         self._graphs: dict[Cell, Any] = {}
@@ -108,46 +108,64 @@ class VerifyGraphBank:
     # ------------------------------------------------------------------ cells
     def token_counts(self, batch_size: int | None = None) -> list[int]:
         """Captured token counts (ascending) at ``batch_size``, or of every cell when ``None``."""
-        if batch_size is None:
-            return sorted({k for _, k in self.cells})
-        return list(self._tokens_by_bs.get(int(batch_size), []))
+        return self.grid.token_counts(batch_size)
 
-    def cell_for(self, batch_size: int, num_tokens: int) -> Cell:
-        """The captured cell a request of ``(batch_size, num_tokens)`` replays: the smallest captured
-        batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``.
+    def _candidates(self, batch_size: int, num_tokens: int):
+        """Captured cells of batch size >= ``batch_size`` and token count >= ``num_tokens``, in the
+        order of the padding rule (:meth:`GraphCells.cell_for`): batch size ascending, then token
+        count ascending."""
+        for bs in self.grid.batch_sizes:
+            if bs >= int(batch_size):
+                for k in self.grid.token_counts(bs):
+                    if k >= int(num_tokens):
+                        yield bs, k
+
+    def _holds(self, cell: Cell, input_shapes: Sequence[Sequence[int]]) -> bool:
+        """Whether ``cell``'s static buffers hold inputs of ``input_shapes`` (each no larger along any dimension)."""
+        static = self._static(cell)
+        return len(input_shapes) == len(static) and all(
+            len(shape) == buf.dim() and all(a <= b for a, b in zip(shape, buf.shape))
+            for shape, buf in zip(input_shapes, static))
+
+    def cell_for(self, batch_size: int, num_tokens: int,
+                 input_shapes: Sequence[Sequence[int]] | None = None) -> Cell:
+        """The captured cell a request of ``(batch_size, num_tokens)`` replays.
+
+        Without ``input_shapes``: the padding rule's cell
+        (:meth:`GraphCells.cell_for <dcut_sched.controller.step.GraphCells.cell_for>`: smallest
+        captured batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``; what
+        the controller charges a plan). With them (what :meth:`__call__` passes): the first cell in
+        that order whose static buffers hold inputs of those shapes, so a request whose rows are
+        longer than the first cell's buffers is served by a larger cell rather than refused.
 
         Raises:
-            ValueError: no captured cell is that large (names the largest ones).
+            ValueError: no captured cell is that large, or none holds ``input_shapes`` ("does not fit").
         """
-        j = bisect.bisect_left(self._batch_sizes, int(batch_size))
-        for bs in self._batch_sizes[j:]:
-            tokens = self._tokens_by_bs[bs]
-            t = bisect.bisect_left(tokens, int(num_tokens))
-            if t < len(tokens):
-                return bs, tokens[t]
+        try:
+            first = self.grid.cell_for(batch_size, num_tokens)
+        except ValueError as exc:
+            raise ValueError(f"VerifyGraphBank: {exc}") from None
+        if input_shapes is None or self._holds(first, input_shapes):
+            return first
+        for cell in self._candidates(batch_size, num_tokens):
+            if self._holds(cell, input_shapes):
+                return cell
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
         raise ValueError(
-            f"VerifyGraphBank: no captured cell holds batch_size={batch_size}, num_tokens={num_tokens}; "
-            f"largest cells: {self.cells[-3:]} (capture larger cells or lower the budget)"
+            f"VerifyGraphBank: a request with inputs of shapes {shapes} does not fit the static buffers of any "
+            f"cell from {first} up (e.g. {[tuple(b.shape) for b in self._static(first)]} at {first}); "
+            f"capture cells with longer rows"
         )
 
     # ------------------------------------------------------------------ capture
     def _capture_all(self) -> None:
+        from ..graph_capture import capture_graph
+
         self.pool = torch.cuda.graph_pool_handle()
         for cell in reversed(self.cells):  # largest first: the pool grows once
-            inputs = self._inputs.get(cell)
-            if inputs is None:
-                inputs = self._inputs[cell] = tuple(self.make_inputs(*cell))
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(self.warmup_iters):
-                    self.fn(*inputs)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.fn(*inputs)
-            self._graphs[cell] = graph
-            self._outputs[cell] = out
+            inputs = self._static(cell)
+            self._graphs[cell], self._outputs[cell] = capture_graph(
+                lambda inputs=inputs: self.fn(*inputs), pool=self.pool, warmup_iters=self.warmup_iters)
         torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ calls
@@ -156,10 +174,15 @@ class VerifyGraphBank:
             return self.pad_values[n]
         return self.pad_values
 
-    def _load(self, cell: Cell, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def _static(self, cell: Cell) -> tuple[torch.Tensor, ...]:
+        """The cell's static input buffers (made by ``make_inputs`` on first use)."""
         static = self._inputs.get(cell)
         if static is None:
             static = self._inputs[cell] = tuple(self.make_inputs(*cell))
+        return static
+
+    def _load(self, cell: Cell, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        static = self._static(cell)
         if len(inputs) != len(static):
             raise ValueError(f"VerifyGraphBank: got {len(inputs)} inputs, the cell's buffers take {len(static)}")
         for n, (buf, x) in enumerate(zip(static, inputs)):
@@ -178,10 +201,17 @@ class VerifyGraphBank:
     def __call__(self, batch_size: int, num_tokens: int, *inputs: torch.Tensor) -> Any:
         """Run the verification for ``(batch_size, num_tokens)`` on ``inputs``.
 
-        Each input may be smaller than the cell's buffer along any dimension (it is padded).
-        Returns the outputs of ``fn`` at the padded cell (static buffers; valid until the next call).
+        Each input may be smaller than the cell's buffer along any dimension (it is padded); the cell
+        is :meth:`cell_for` with the inputs' shapes. Returns the outputs of ``fn`` at the padded cell
+        (static buffers; valid until the next call).
+
+        Raises:
+            ValueError: no cell holds the request or its inputs; a wrong number of inputs.
         """
-        cell = self.cell_for(batch_size, num_tokens)
+        if len(inputs) != len(self._static(self.cells[-1])):
+            raise ValueError(f"VerifyGraphBank: got {len(inputs)} inputs, the cells' buffers take "
+                             f"{len(self._static(self.cells[-1]))}")
+        cell = self.cell_for(batch_size, num_tokens, [tuple(x.shape) for x in inputs])
         static = self._load(cell, inputs)
         if self.enabled:
             self._graphs[cell].replay()
@@ -190,4 +220,4 @@ class VerifyGraphBank:
 
     def __repr__(self) -> str:
         mode = "cuda-graph" if self.enabled else "eager"
-        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self._batch_sizes})"
+        return f"VerifyGraphBank({mode}, cells={len(self.cells)}, batch_sizes={self.grid.batch_sizes})"

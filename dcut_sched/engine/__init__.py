@@ -18,10 +18,20 @@ _EXPORTS: dict[str, str] = {
     "pack_rows": ".packing",
     "DEFAULT_PROMPTS": ".prompts",
     "PromptFileError": ".prompts",
-    "load_prompts": ".prompts",
+    "load_prompt_texts": ".prompts",
+    "EngineObserver": ".observer",
+    "PHASES": ".observer",
     "EngineResult": ".spec_engine",
     "SpecEngine": ".spec_engine",
-    "StepRecord": ".spec_engine",
+    "DecodeBatch": ".step",
+    "DecodeContext": ".step",
+    "StepOutcome": ".step",
+    "StepRecord": ".step",
+    "Verification": ".step",
+    "accepted_drafts": ".step",
+    "prefill_free_rows": ".step",
+    "speculative_step": ".step",
+    "verify_block": ".step",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-__all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompts"]
+__all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompt_texts"]
 
 #: Short chat prompts of mixed kinds (arithmetic, code, facts, writing) used when no file is given.
 DEFAULT_PROMPTS: tuple[str, ...] = (
@@ -41,8 +39,11 @@ class PromptFileError(ValueError):
     """A prompt file is unreadable or malformed; the message names the file and line."""
 
 
-def load_prompts(path: str | os.PathLike) -> list[str]:
-    """Read prompts from a file.
+def load_prompt_texts(path: str | os.PathLike) -> list[str]:
+    """Read prompt texts from a file: one ``str`` per prompt (the engine tokenises them).
+
+    (:func:`dcut_sched.traces.prompts.load_prompt_records` reads the trace recorder's prompt set
+    into ``Prompt`` records with ids and categories instead.)
 
     Formats (by content, not suffix): **JSONL** if the first non-empty line starts with ``{`` or
     ``"``: one JSON object per line with a ``prompt`` (or ``text``, or ``question``) string field,

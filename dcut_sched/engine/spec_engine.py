@@ -38,61 +38,37 @@ token for token, whatever the policy (up to floating-point near-ties between dif
 forwards; see ``greedy_generate``'s note). ``oracle`` needs the true acceptance before planning: the
 engine verifies the whole block to learn it, then plans with it (an upper bound for comparisons, not
 a deployable policy; its step cost is that of ``full``).
+
+Code layout (after gpt-fast's ``speculative_decode()`` beside ``generate()``): one step is the free
+function :func:`~dcut_sched.engine.step.speculative_step` (draft, plan, verify, commit, feedback),
+built from :func:`~dcut_sched.engine.step.verify_block` and
+:func:`~dcut_sched.engine.step.accepted_drafts`; :meth:`SpecEngine.generate` is the loop around it
+(prefill into free rows, step, repeat). Timing hooks: pass an
+:class:`~dcut_sched.engine.observer.EngineObserver` to ``generate`` to be called around each step
+and its draft / plan / verify phases (how ``analysis/fidelity.py`` times the engine).
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from ..controller import ControllerPlan, RatioController
-from ..sampling import SamplingParams, request_keys, sample_at, sampling_probs
-from .packing import RowPacking, pack_rows
+from ..controller import RatioController
+from ..sampling import SamplingParams, request_keys
+from .observer import EngineObserver
+from .step import (
+    DecodeBatch,
+    DecodeContext,
+    StepRecord,
+    prefill_free_rows,
+    speculative_step,
+)
+from .verify_runtime import VerifyRuntime
 
-__all__ = ["EngineResult", "SpecEngine", "StepRecord"]
-
-
-@dataclass
-class StepRecord:
-    """One engine step.
-
-    Attributes:
-        step: index from 0.
-        request_ids: ``[bs]`` prompt index of each active request.
-        drafted: whether the step ran the drafter.
-        lengths: ``[bs]`` slots verified per request (the plan).
-        num_tokens: ``sum(lengths)``; ``ratio``: ``num_tokens / (bs * B)``.
-        graph_cell: ``(batch_size, num_tokens)`` cell the plan maps to.
-        packed_tokens: token-forwards of the packed verification input (``rows * T``).
-        expected_tokens: the plan's expected tokens.
-        accepted: ``[bs]`` drafts accepted per request.
-        committed_tokens: tokens committed this step (after truncation at EOS / max_new_tokens).
-        draft_ms, plan_ms, verify_ms: wall time of the three phases.
-    """
-
-    step: int
-    request_ids: list[int]
-    drafted: bool
-    lengths: list[int]
-    num_tokens: int
-    ratio: float
-    graph_cell: tuple[int, int]
-    packed_tokens: int
-    expected_tokens: float
-    accepted: list[int]
-    committed_tokens: int
-    draft_ms: float
-    plan_ms: float
-    verify_ms: float
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.request_ids)
+__all__ = ["EngineObserver", "EngineResult", "SpecEngine", "StepRecord"]
 
 
 @dataclass
@@ -239,6 +215,9 @@ class SpecEngine:
         eos_id: stop a request after this token (included in its output); ``None``: never.
         skip_layers: the drafter's skipped layers (``SelfSpecDrafter``; default 14, 15 of SmolLM2).
         sampling: the target's sampling (default greedy, T = 0); drafts are always greedy.
+        cuda_graphs: replay the verification forward from CUDA graphs
+            (:class:`~dcut_sched.engine.verify_runtime.VerifyRuntime`); ``None`` = when CUDA is
+            available and the model is on it; ``False`` = eager (always on CPU).
 
     Raises:
         ValueError: ``batch_size < 1``, ``max_new_tokens < 1`` or a controller with ``B < 2``.
@@ -254,6 +233,7 @@ class SpecEngine:
         eos_id: int | None = None,
         skip_layers: Iterable[int] | str = (14, 15),
         sampling: SamplingParams | None = None,
+        cuda_graphs: bool | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"SpecEngine: batch_size={batch_size} must be >= 1")
@@ -270,6 +250,7 @@ class SpecEngine:
         self.skip_layers = skip_layers
         self.cost_source = ""
         self.sampling = sampling if sampling is not None else SamplingParams()
+        self.cuda_graphs = cuda_graphs
 
     # ------------------------------------------------------------------ run
     @torch.inference_mode()
@@ -281,8 +262,12 @@ class SpecEngine:
         on_request_done: Callable[[int], None] | None = None,
         keys: Sequence[int] | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
+        observer: EngineObserver | None = None,
     ) -> EngineResult:
         """Generate for every prompt.
+
+        The loop is: prefill waiting requests into free cache rows, run one
+        :func:`~dcut_sched.engine.step.speculative_step` over the active requests, repeat.
 
         Args:
             prompt_ids: token ids of each prompt (each non-empty).
@@ -291,6 +276,8 @@ class SpecEngine:
             keys: per-request sampling keys (default ``request_keys(sampling.seed, len(prompt_ids))``);
                 a request's output depends only on its prompt and key. Ignored at T = 0.
             on_step: called with each step's :class:`StepRecord` once the step is committed (progress).
+            observer: timing hooks called around each step and its draft / plan / verify phases
+                (:class:`~dcut_sched.engine.observer.EngineObserver`); ``None``: none.
 
         Returns:
             The :class:`EngineResult`.
@@ -311,147 +298,41 @@ class SpecEngine:
         keys = request_keys(sp.seed, len(prompts)) if keys is None else [int(k) for k in keys]
         if len(keys) != len(prompts):
             raise ValueError(f"SpecEngine.generate: {len(keys)} keys for {len(prompts)} prompts")
-        self._keys = keys
         sampled_trace = record_trace and not sp.is_greedy
-        self._record_probs = sampled_trace
         if sampled_trace and ctrl.policy.name != "full":
             raise ValueError("SpecEngine.generate: a sampled trace records the target's probability of every "
                              f"draft token, so every slot must be verified: use policy 'full', not {ctrl.policy.name!r}")
-        dev = model.device
+        obs = observer if observer is not None else EngineObserver()
         rows_total = min(self.batch_size, len(prompts))
         max_len = max(len(p) for p in prompts) + self.max_new_tokens + B
-        self._scratch = max_len
         cache = model.new_cache(rows_total, max_len + 1)
         drafter = SelfSpecDrafter(model, self.skip_layers, max_batch_size=rows_total, max_seq_len=max_len)
         ctrl.reset()
-
-        queue = deque(range(len(prompts)))
-        row_request: list[int | None] = [None] * rows_total
-        seqs: dict[int, list[int]] = {}
-        outputs: list[list[int] | None] = [None] * len(prompts)
-        drafted_steps_of: dict[int, int] = {}
+        runtime = VerifyRuntime(model, cache, max_rows=rows_total * B, block_size=B, scratch_slot=max_len,
+                                cuda_graphs=self.cuda_graphs)
+        ctx = DecodeContext(model=model, cache=cache, verify_runtime=runtime, controller=ctrl, drafter=drafter, block_size=B,
+                            scratch_slot=max_len, sampling=sp, keys=keys, record_draft_probs=sampled_trace,
+                            observer=obs)
+        batch = DecodeBatch(prompts, rows_total, self.max_new_tokens, self.eos_id, on_request_done)
         trace_rows: list[tuple] | None = [] if record_trace else None
+        drafted_steps_of: dict[int, int] = {}
         steps: list[StepRecord] = []
-        prefill_ms = 0.0
+        prefill_ms = prefill_free_rows(ctx, batch)
         decode_ms = 0.0
-
-        def finish(row: int) -> None:
-            q = row_request[row]
-            outputs[q] = seqs.pop(q)[len(prompts[q]):]
-            row_request[row] = None
-            if on_request_done is not None:
-                on_request_done(q)
-
-        def commit(row: int, tokens: list[int]) -> int:
-            """Append tokens to the row's request up to EOS / max_new_tokens; return how many."""
-            q = row_request[row]
-            seq = seqs[q]
-            done = 0
-            for tok in tokens:
-                seq.append(tok)
-                done += 1
-                if (self.eos_id is not None and tok == self.eos_id) or len(seq) - len(prompts[q]) >= self.max_new_tokens:
-                    finish(row)
-                    break
-            return done
-
-        def admit() -> None:
-            nonlocal prefill_ms
-            while queue and None in row_request:
-                t0 = time.perf_counter()
-                free = [r for r, q in enumerate(row_request) if q is None][: len(queue)]
-                new = [queue.popleft() for _ in free]
-                for r, q in zip(free, new):
-                    row_request[r] = q
-                    seqs[q] = list(prompts[q])
-                drafter.reset(free)
-                lengths = [len(prompts[q]) for q in new]
-                ids = torch.zeros(len(new), max(lengths), dtype=torch.long)
-                for j, q in enumerate(new):
-                    ids[j, : lengths[j]] = torch.tensor(prompts[q], dtype=torch.long)
-                logits = model.prefill(
-                    ids.to(dev), cache, lengths=torch.tensor(lengths, device=dev),
-                    batch_index=torch.tensor(free, dtype=torch.long, device=dev),
-                )
-                for j, (r, q) in enumerate(zip(free, new)):
-                    commit(r, sample_at(logits[j : j + 1], sp, keys[q], [lengths[j]]))
-                prefill_ms += (time.perf_counter() - t0) * 1e3
-
-        admit()
-        draft_next = ctrl.policy.drafts_first_step
-        needs_accept = ctrl.policy.needs_accept_len
-        step = 0
-        while any(q is not None for q in row_request):
-            rows = [r for r, q in enumerate(row_request) if q is not None]
-            reqs = [row_request[r] for r in rows]
-            bs = len(rows)
-            t0 = time.perf_counter()
-            drafts: list[list[int]] = [[] for _ in rows]
-            conf = None
-            if draft_next:
-                draft_tok, conf = drafter.draft([seqs[q] for q in reqs], B - 1, rows=rows)
-                drafts = draft_tok.tolist()
-            t1 = time.perf_counter()
-            oracle_targets = None
-            if conf is None:
-                plan = ctrl.plan_without_draft(bs, device=dev)
-            elif needs_accept:
-                # oracle: learn the true acceptance from a full verification, then plan with it
-                full = [B] * bs
-                oracle_targets = self._verify(cache, rows, reqs, seqs, drafts, full)
-                true_accept = [self._accepted(d, t, B) for d, t in zip(drafts, oracle_targets)]
-                plan = ctrl.plan(conf, accept_len=torch.tensor(true_accept, device=conf.device))
-            else:
-                plan = ctrl.plan(conf)
-            lengths = plan.lengths.tolist()
-            t2 = time.perf_counter()
-            if oracle_targets is not None:
-                targets, packing_tokens = oracle_targets, bs * B
-            else:
-                targets = self._verify(cache, rows, reqs, seqs, drafts, lengths)
-                packing_tokens = self._last_packing.padded_tokens
-            accepted = [self._accepted(d, t, n) for d, t, n in zip(drafts, targets, lengths)]
-            committed = 0
-            for row, q, d, t, a in zip(rows, reqs, drafts, targets, accepted):
-                committed += commit(row, d[:a] + [t[a]])
-            t3 = time.perf_counter()
-            if conf is not None:
-                ctrl.observe(torch.tensor(accepted, device=conf.device))
-                if trace_rows is not None:
-                    conf_rows = conf.float().cpu().tolist()
-                    probs = self._last_draft_probs if sampled_trace else [None] * bs
-                    for q, a, c, pr in zip(reqs, accepted, conf_rows, probs):
-                        k = drafted_steps_of.get(q, 0)
-                        trace_rows.append((q, k, a, c) if pr is None else (q, k, a, c, pr))
-                        drafted_steps_of[q] = k + 1
-            else:
-                ctrl.observe(torch.zeros(bs, dtype=torch.int64, device=dev))
-            steps.append(
-                StepRecord(
-                    step=step,
-                    request_ids=reqs,
-                    drafted=conf is not None,
-                    lengths=lengths,
-                    num_tokens=plan.num_tokens,
-                    ratio=plan.ratio,
-                    graph_cell=tuple(plan.graph_cell),
-                    packed_tokens=packing_tokens,
-                    expected_tokens=plan.expected_tokens,
-                    accepted=accepted,
-                    committed_tokens=committed,
-                    draft_ms=(t1 - t0) * 1e3,
-                    plan_ms=(t2 - t1) * 1e3,
-                    verify_ms=(t3 - t2) * 1e3,
-                )
-            )
-            decode_ms += (t3 - t0) * 1e3
+        draft = ctrl.policy.drafts_first_step
+        while batch.has_active:
+            out = speculative_step(ctx, batch, len(steps), draft)
+            if trace_rows is not None and out.conf is not None:
+                _append_trace_rows(trace_rows, drafted_steps_of, out)
+            steps.append(out.record)
+            decode_ms += out.step_ms
+            obs.step_ended(out.record)
             if on_step is not None:
-                on_step(steps[-1])
-            draft_next = plan.draft_next
-            step += 1
-            admit()
+                on_step(out.record)
+            draft = out.draft_next
+            prefill_ms += prefill_free_rows(ctx, batch)
         return EngineResult(
-            outputs=[o if o is not None else [] for o in outputs],
+            outputs=batch.outputs(),
             steps=steps,
             prefill_ms=prefill_ms,
             decode_ms=decode_ms,
@@ -464,77 +345,14 @@ class SpecEngine:
             sampling=sp,
         )
 
-    # ------------------------------------------------------------------ pieces
-    @staticmethod
-    def _accepted(drafts: list[int], targets: list[int], length: int) -> int:
-        """Drafts accepted: the longest prefix of ``drafts[:length-1]`` equal to ``targets``."""
-        a = 0
-        while a < length - 1 and drafts[a] == targets[a]:
-            a += 1
-        return a
 
-    def _verify(
-        self,
-        cache: Any,
-        rows: list[int],
-        reqs: list[int],
-        seqs: dict[int, list[int]],
-        drafts: list[list[int]],
-        lengths: list[int],
-    ) -> list[list[int]]:
-        """One packed target forward; returns the target's token at each verified slot per request.
-
-        Greedy: the argmax. Sampled: :func:`~dcut_sched.sampling.sample_at` with the request's key at
-        the sequence index each slot's token takes (``len(seq) + slot``). Also keeps, for sampled trace
-        recording, the target's probability of each verified draft token (``_last_draft_probs``).
-        """
-        packing: RowPacking = pack_rows(lengths)
-        self._last_packing = packing
-        n_rows, T = packing.num_rows, packing.tokens_per_row
-        ids = np.zeros((n_rows, T), dtype=np.int64)
-        pos = np.zeros((n_rows, T), dtype=np.int64)
-        slots = np.full((n_rows, T), self._scratch, dtype=np.int64)
-        batch_index = np.zeros(n_rows, dtype=np.int64)
-        kv_len = 1
-        for r, (j, start, length) in enumerate(zip(packing.request, packing.start, packing.length)):
-            seq = seqs[reqs[j]]
-            block = [seq[-1]] + drafts[j][: lengths[j] - 1]
-            first = len(seq) - 1 + start
-            ids[r, :length] = block[start : start + length]
-            pos[r, :length] = np.arange(first, first + length)
-            pos[r, length:] = first + length - 1
-            slots[r, :length] = pos[r, :length]
-            batch_index[r] = rows[j]
-            kv_len = max(kv_len, first + length)
-        dev = self.model.device
-        logits = self.model(
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(pos).to(dev),
-            cache,
-            cache_slots=torch.from_numpy(slots).to(dev),
-            batch_index=torch.from_numpy(batch_index).to(dev),
-            kv_len=kv_len,
-        )
-        sp = self.sampling
-        if sp.is_greedy:
-            argmax = logits.argmax(-1).cpu().numpy()
-            targets: list[list[int]] = [[] for _ in reqs]
-            for r, (j, length) in enumerate(zip(packing.request, packing.length)):
-                targets[j].extend(argmax[r, :length].tolist())
-            return targets
-        per_request: list[list[torch.Tensor]] = [[] for _ in reqs]
-        for r, (j, length) in enumerate(zip(packing.request, packing.length)):
-            per_request[j].append(logits[r, :length])
-        targets, draft_probs = [], []
-        for j, chunks in enumerate(per_request):
-            block_logits = torch.cat(chunks, 0)  # [L_j, V]
-            n = len(seqs[reqs[j]])
-            targets.append(sample_at(block_logits, sp, self._keys[reqs[j]], range(n, n + lengths[j])))
-            d = drafts[j][: lengths[j] - 1]
-            if d and self._record_probs:
-                probs = sampling_probs(block_logits[: len(d)], sp)
-                draft_probs.append(probs[torch.arange(len(d)), torch.tensor(d)].float().cpu().tolist())
-            else:
-                draft_probs.append([])
-        self._last_draft_probs = draft_probs
-        return targets
+def _append_trace_rows(trace_rows: list[tuple], drafted_steps_of: dict[int, int], out) -> None:
+    """Append one drafted step's trace rows ``(request_id, k, accept_len, conf[B-1][, p[B-1]])``;
+    ``k`` counts the request's drafted steps (the step-indexed trace's position)."""
+    rec = out.record
+    conf_rows = out.conf.float().cpu().tolist()
+    probs = out.draft_probs if out.draft_probs is not None else [None] * rec.batch_size
+    for q, a, c, pr in zip(rec.request_ids, rec.accepted, conf_rows, probs):
+        k = drafted_steps_of.get(q, 0)
+        trace_rows.append((q, k, a, c) if pr is None else (q, k, a, c, pr))
+        drafted_steps_of[q] = k + 1

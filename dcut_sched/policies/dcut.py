@@ -7,15 +7,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..scores import Array, ScoreRanking
+from ..scores import Array, Budgets, ScoreRanking
 from .base import CostLike, Policy, VerifyPlan, budget_from_ratio, check_conf_shape, register
 
 
 @lru_cache(maxsize=256)
-def _bucket_budgets(ratios: tuple[float, ...], batch_size: int, block_size: int) -> np.ndarray:
-    ks = np.unique([budget_from_ratio(r, batch_size, block_size) for r in ratios])
-    ks.setflags(write=False)
-    return ks
+def _bucket_budgets(ratios: tuple[float, ...], batch_size: int, block_size: int) -> Budgets:
+    return Budgets(np.unique([budget_from_ratio(r, batch_size, block_size) for r in ratios]))
 
 
 @register
@@ -46,8 +44,8 @@ class DCut(Policy):
         return {"ratios": self.ratios}
 
     def budgets(self, batch_size: int, block_size: int) -> np.ndarray:
-        """The distinct bucket budgets ``K_q`` (ascending) for this batch shape."""
-        return _bucket_budgets(self.ratios, int(batch_size), int(block_size))
+        """The distinct bucket budgets ``K_q`` (ascending, int64, read-only) for this batch shape."""
+        return _bucket_budgets(self.ratios, int(batch_size), int(block_size)).array
 
     def plan(
         self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
@@ -56,12 +54,12 @@ class DCut(Policy):
         costs = self._step_costs(cost, conf)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
-        ks = self.budgets(bs, block)
-        verify_ms = costs.verify_ms_at(bs, ks)
+        ks = _bucket_budgets(self.ratios, bs, block)
+        verify_ms = costs.verify_ms_at(bs, ks.array)
         expected = ranking.expected_tokens_at(ks).tolist()  # the one host sync of the step
         # q* = argmax_q E_q / C_verify(bs, K_q), the first (smaller budget) on ties; a handful of
         # buckets, so plain floats (the same float64 division) beat numpy's per-call overhead.
         utility = [e / v for e, v in zip(expected, verify_ms.tolist())]
         q = utility.index(max(utility))
-        k = int(ks[q])
+        k = ks.values[q]
         return self._make_plan(scores, ranking.lengths(k), num_tokens=k, expected=expected[q])

@@ -3,8 +3,9 @@
 >>> import dcut_sched as d
 >>> df = d.simulate("traces/x.parquet", "profiler/profiles/y.json", batch_sizes=[4, 16, 64])  # doctest: +SKIP
 
-Modules: ``replay`` (vectorised trace cursor), ``step_cost`` (step times from the cost curve),
-``engine`` (simpy processes, closed and open loop), ``results`` (figures and the DataFrame),
+Modules: ``config`` (``SimConfig``, every option, validated once), ``replay`` (vectorised trace
+cursor), ``step_cost`` (step times from the cost curve), ``loop`` (simpy processes, closed and open
+loop, each step run by the controller's ``StepDriver``), ``results`` (figures and the DataFrame),
 ``simulate`` (the public entry point), ``protocol`` (several benchmarks, mean speedup over them:
 the published protocol), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
 ``output`` (result files), ``defaults`` (default inputs). See docs/simulator.md.
@@ -29,12 +30,13 @@ _EXPORTS: dict[str, str] = {
     "DEFAULT_TRACES": ".defaults",
     "benchmark_table": ".protocol",
     "simulate_benchmarks": ".protocol",
-    "Calibrator": ".engine",
-    "ClosedLoopRun": ".engine",
-    "OpenLoopRun": ".engine",
-    "StepRecord": ".engine",
-    "run_closed_loop": ".engine",
-    "run_open_loop": ".engine",
+    "SimConfig": ".config",
+    "Calibrator": ".loop",
+    "ClosedLoopRun": ".loop",
+    "OpenLoopRun": ".loop",
+    "SimStepRecord": ".loop",
+    "run_closed_loop": ".loop",
+    "run_open_loop": ".loop",
     "check_output_path": ".output",
     "write_frame": ".output",
     "plot_selection_curve": ".plot",
@@ -45,7 +47,7 @@ _EXPORTS: dict[str, str] = {
     "seed_spread": ".results",
     "speedup_table": ".results",
     "selection_curve": ".selection_curve",
-    "SimulationError": ".simulate",
+    "SimulationError": ".config",
     "check_simulation": ".simulate",
     "resolve_policies": ".simulate",
     "simulate": ".simulate",

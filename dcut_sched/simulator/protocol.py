@@ -20,7 +20,8 @@ from scipy.stats import gmean
 
 from ..cost_curve import CostCurve
 from ..traces import Trace
-from .simulate import _load, check_simulation, simulate
+from .config import SimConfig
+from .simulate import _load, check_simulation, sim_config, simulate
 
 __all__ = ["benchmark_table", "simulate_benchmarks"]
 
@@ -32,17 +33,19 @@ def _benchmark_name(trace: Trace) -> str:
 def simulate_benchmarks(
     traces: Sequence[Trace | str | os.PathLike],
     cost: CostCurve | str | os.PathLike,
+    config: SimConfig | None = None,
     *,
     on_run: Callable[[int, int, str], None] | None = None,
-    **simulate_kwargs: Any,
+    **options: Any,
 ) -> pd.DataFrame:
     """:func:`simulate` on each trace with the same cost curve and options; one row per (trace, policy, bs).
 
     Args:
         traces: the benchmarks' traces (objects or paths); all are loaded and checked before any runs.
         cost: one cost curve for all of them.
+        config: the options (:class:`~.config.SimConfig`), the same for every trace.
         on_run: progress, called as ``on_run(done, total, label)`` over all traces' runs.
-        **simulate_kwargs: :func:`simulate`'s options (policies, batch_sizes, num_steps, seed, ...).
+        **options: SimConfig fields (policies, batch_sizes, num_steps, seed, ...), applied over ``config``.
 
     Returns:
         The stacked result rows with a ``benchmark`` column (the trace's ``dataset`` metadata, else its
@@ -53,10 +56,11 @@ def simulate_benchmarks(
     """
     if not traces:
         raise ValueError("no traces given")
+    config = sim_config(config, **options)
     loaded = []
     for t in traces:
         trace, cost = _load(t, cost)
-        check_simulation(trace, cost, **simulate_kwargs)
+        check_simulation(trace, cost, config)
         loaded.append(trace)
     names = [_benchmark_name(t) for t in loaded]
     if len(set(names)) != len(names):
@@ -68,7 +72,7 @@ def simulate_benchmarks(
             if on_run is not None:
                 on_run(n * total + done, len(loaded) * total, f"{name}: {label}")
 
-        df = simulate(trace, cost, on_run=progress, **simulate_kwargs)
+        df = simulate(trace, cost, config, on_run=progress)
         per_trace = df.attrs
         df.insert(0, "benchmark", name)
         frames.append(df)

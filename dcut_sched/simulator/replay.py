@@ -12,10 +12,11 @@ Two pieces:
   verified prefix produced.
 
 Replay rule (docs/design.md §1, §3): a request that verifies ``L`` slots produces
-``1 + min(accept_len, L - 1)`` tokens.
+``verified_prefix_tokens(accept_len, L)`` tokens (:func:`dcut_sched.scores.verified_prefix_tokens`,
+the one implementation of ``1 + min(accept_len, L - 1)``).
 
 - **Position-indexed** trace (exact): the request's cursor is its output position ``p``; it moves to
-  ``p + 1 + min(accept_len[p], L - 1)`` and is finished at ``p = n`` (its number of positions), which
+  ``p + verified_prefix_tokens(accept_len[p], L)`` and is finished at ``p = n`` (its number of positions), which
   is also its output length. The trace loader guarantees ``p + 1 + accept_len[p] <= n``.
 - **Step-indexed** trace (approximate): the cursor is the index of the recorded step; it moves on by
   one record per engine step (wrapping within the request if the policy needs more steps than the
@@ -220,7 +221,14 @@ class ReplayBatch:
         """
         if self._rows is None:
             raise RuntimeError("ReplayBatch.advance needs gather() first in the same step")
-        tokens = verified_prefix_tokens(self._acc, lengths)
+        return self.advance_by(verified_prefix_tokens(self._acc, lengths))
+
+    def advance_by(self, verified: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`advance` given the step's ``verified_prefix_tokens(accept_len, lengths)`` (``[bs]``
+        int64, for a caller that needs them too), after :meth:`gather`. Same returns."""
+        if self._rows is None:
+            raise RuntimeError("ReplayBatch.advance needs gather() first in the same step")
+        tokens = verified
         self._rows = None
         if self.exact:
             self.cursor += tokens

@@ -9,7 +9,7 @@ Closed loop (steady state, the steps after the warm-up):
   ``full`` on a position-indexed trace, tau the mean acceptance length).
 - ``verified_tokens_per_step``: slots verified per request per step (``B`` for ``full``).
 - ``waste_frac``: verified slots that produced no token / verified slots. A request that verifies
-  ``L`` slots and produces ``1 + min(a, L-1)`` tokens used that many slots (the anchor's bonus token
+  ``L`` slots and produces ``verified_prefix_tokens(a, L)`` tokens used that many slots (the anchor's bonus token
   and the accepted drafts) and wasted the rest.
 - ``mean_ratio``: mean over steps of ``num_tokens / (bs * B)`` (rho; a plain step counts ``1/B``).
 - ``draft_frac``: share of steps that ran the draft model.
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import gmean
 
-from .engine import ClosedLoopRun, OpenLoopRun
+from .loop import ClosedLoopRun, OpenLoopRun
 
 __all__ = [
     "CLOSED_COLUMNS",

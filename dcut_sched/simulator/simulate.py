@@ -5,33 +5,25 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
-import numpy as np
 import pandas as pd
 
 from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveRangeError
 from ..policies import Policy
 from ..traces import Trace, TraceError, check_trace_columns
-from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS, DEFAULT_WARMUP_STEPS
-from .engine import Calibrator, run_closed_loop, run_open_loop
+from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, SimulationError
+from .loop import run_closed_loop, run_open_loop
 from .replay import output_lengths
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row, open_loop_row
 from .step_cost import StepCosts, step_costs
 
 __all__ = [
-    "MODES", "PolicySpec", "SimulationError", "check_simulation", "default_rate_rps", "resolve_policies", "simulate",
+    "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
+    "default_rate_rps", "resolve_policies", "simulate",
 ]
 
-MODES = ("closed", "open")
 #: A policy given by name, as an instance, or as ``(name, params)``.
 PolicySpec = Union[str, Policy, tuple]
-#: Open loop without a rate: arrivals at this fraction of the ``ar`` capacity at the max batch size.
-DEFAULT_LOAD = 0.7
-DEFAULT_OPEN_REQUESTS = 400
-
-
-class SimulationError(ValueError):
-    """A simulation cannot run as asked (batch size outside the cost curve, bad option, ...)."""
 
 
 def _label(name: str, params: Mapping[str, Any]) -> str:
@@ -107,13 +99,12 @@ def _check_batch_sizes(costs: StepCosts, batch_sizes: Sequence[int], drafting: b
 
     Asks ``costs`` (the step costs the runs will use) for each batch size's verify table, draft step
     and plain step, so a curve that cannot answer one of them fails here, before anything runs.
+    (The batch sizes themselves were checked by :class:`SimConfig`.)
     """
     cost, block_size = costs.cost, costs.block_size
     where = f"cost curve {cost.path}" if cost.path else "cost curve"
     measured = ", ".join(map(str, cost.batch_sizes))
     for bs in batch_sizes:
-        if not isinstance(bs, (int, np.integer)) or bs < 1:
-            raise SimulationError(f"batch size {bs!r} must be a positive integer")
         needed = range(1, bs + 1) if mode == "open" else (bs,)
         for b in needed:
             try:
@@ -142,44 +133,32 @@ def default_rate_rps(trace: Trace, cost: CostCurve, max_batch_size: int, load: f
     return float(load * tokens_per_s / output_lengths(trace).mean())
 
 
-def _prepare(
-    trace, cost, *, policies=None, policy_params=None, batch_sizes=DEFAULT_BATCH_SIZES, mode="closed",
-    num_steps=DEFAULT_NUM_STEPS, warmup_steps=DEFAULT_WARMUP_STEPS, overhead_ms=0.0, draft_scale=1.0, rate_rps=None,
-    load=DEFAULT_LOAD, num_requests=DEFAULT_OPEN_REQUESTS, warmup_requests=None, prompt_len=None,
-    prefill_ms=None, **_run_only: Any,
-) -> tuple[Trace, CostCurve, list[tuple[str, Policy]], int]:
-    """Load and check everything :func:`simulate` needs before it runs anything."""
-    if mode not in MODES:
-        raise SimulationError(f"mode {mode!r} must be one of {MODES}")
+def sim_config(config: SimConfig | None = None, **options: Any) -> SimConfig:
+    """``config`` with ``options`` (SimConfig fields) applied, or a SimConfig built from ``options``:
+    how :func:`simulate`, :func:`check_simulation`, the protocol and the sweep accept both forms.
+
+    Raises:
+        SimulationError: a bad value; TypeError: an unknown option name.
+    """
+    if config is None:
+        return SimConfig(**options)
+    if not isinstance(config, SimConfig):
+        raise TypeError(f"config must be a SimConfig; got {type(config).__name__} (use SimConfig.from_dict)")
+    return config.replace(**options) if options else config
+
+
+def _prepare(trace, cost, config: SimConfig) -> tuple[Trace, CostCurve, list[tuple[str, Policy]]]:
+    """Load and check everything :func:`simulate` needs before it runs anything (the options were
+    validated by :class:`SimConfig`; here what needs the trace and the cost curve)."""
     trace, cost = _load(trace, cost)
     cost.require_block_size(trace.block_size)
-    batch_sizes = list(batch_sizes)
-    if not batch_sizes:
-        raise SimulationError("no batch sizes given")
-    if len(set(batch_sizes)) != len(batch_sizes):
-        raise SimulationError(f"batch sizes {batch_sizes} repeat a value")
-    if mode == "closed" and not (0 <= warmup_steps < num_steps):
-        raise SimulationError(f"need 0 <= warmup_steps ({warmup_steps}) < num_steps ({num_steps})")
-    if not 0 <= overhead_ms < float("inf"):
-        raise SimulationError(f"overhead_ms={overhead_ms} must be a finite number >= 0")
-    if not (draft_scale > 0 and np.isfinite(draft_scale)):
-        raise SimulationError(f"draft_scale={draft_scale} must be a finite number > 0")
-    if mode == "open":
-        if num_requests < 1:
-            raise SimulationError(f"num_requests={num_requests} must be >= 1")
-        if rate_rps is not None and not rate_rps > 0:
-            raise SimulationError(f"rate_rps={rate_rps} must be > 0")
-        if rate_rps is None and not load > 0:
-            raise SimulationError(f"load={load} must be > 0")
-        if prompt_len is not None and prompt_len < 1:
-            raise SimulationError(f"prompt_len={prompt_len} must be >= 1")
-        if prefill_ms is not None and prefill_ms < 0:
-            raise SimulationError(f"prefill_ms={prefill_ms} must be >= 0")
-    runs = resolve_policies(policies, policy_params)
+    runs = resolve_policies(config.policies, config.policy_params)
     drafting = any(p.name != "ar" for _, p in runs)
-    _check_batch_sizes(StepCosts(cost, trace.block_size, overhead_ms, draft_scale), batch_sizes, drafting, mode)
-    if mode == "open" and prompt_len is not None:
-        for bs in batch_sizes:
+    _check_batch_sizes(StepCosts(cost, trace.block_size, config.overhead_ms, config.draft_scale), config.batch_sizes,
+                       drafting, config.mode)
+    if config.mode == "open" and config.prompt_len is not None:
+        prompt_len = config.prompt_len
+        for bs in config.batch_sizes:
             for k in range(1, bs + 1):
                 try:
                     cost.verify_ms(k, k * int(prompt_len))
@@ -188,71 +167,42 @@ def _prepare(
                         f"prefill of prompt_len={prompt_len} is outside the cost curve: {exc}. Give a fixed "
                         f"per-request prefill time instead (prefill_ms / --prefill-ms)"
                     ) from None
-    if warmup_requests is None:
-        warmup_requests = num_requests // 10
-
-    return trace, cost, runs, warmup_requests
+    return trace, cost, runs
 
 
-def check_simulation(trace, cost, **simulate_kwargs: Any) -> None:
+def check_simulation(trace, cost, config: SimConfig | None = None, **options: Any) -> None:
     """Raise what :func:`simulate` would raise for bad input, without simulating.
 
     Takes :func:`simulate`'s arguments. Raises TraceError, CostCurveError or SimulationError.
     """
-    _prepare(trace, cost, **simulate_kwargs)
+    _prepare(trace, cost, sim_config(config, **options))
 
 
 def simulate(
     trace: Trace | str | os.PathLike,
     cost: CostCurve | str | os.PathLike,
+    config: SimConfig | None = None,
     *,
-    policies: Iterable[PolicySpec] | None = None,
-    policy_params: Mapping[str, Mapping[str, Any]] | None = None,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    mode: str = "closed",
-    num_steps: int = DEFAULT_NUM_STEPS,
-    warmup_steps: int = DEFAULT_WARMUP_STEPS,
-    seed: int = 0,
-    shuffle: bool = True,
-    overhead_ms: float = 0.0,
-    draft_scale: float = 1.0,
-    calibrator: Calibrator | None = None,
-    rate_rps: float | None = None,
-    load: float = DEFAULT_LOAD,
-    num_requests: int = DEFAULT_OPEN_REQUESTS,
-    warmup_requests: int | None = None,
-    prompt_len: int | None = None,
-    prefill_ms: float | None = None,
-    slo_tpot_ms: float | None = None,
     on_run: Callable[[int, int, str], None] | None = None,
+    **options: Any,
 ) -> pd.DataFrame:
     """Replay ``trace`` with ``cost`` once per (policy, batch size); one result row each.
 
     Every run uses the same request sequence (``seed``), so differences between policies are the
-    policy's. ``ar`` is always run (first) as the speedup baseline.
+    policy's. ``ar`` is always run (first) as the speedup baseline. Each run drives the online
+    controller's step code (:class:`~dcut_sched.controller.step.StepDriver`) on numpy arrays.
 
     Args:
         trace: a :class:`Trace` or a trace file path (validated on load).
         cost: a :class:`CostCurve` or a cost-curve JSON path; its block size must equal the trace's.
-        policies: names, :class:`Policy` instances or ``(name, params)``; None = all registered policies.
-        policy_params: parameters for policies given by name, e.g. ``{"topk": {"rho": 0.25}}``.
-        batch_sizes: closed loop: concurrent requests; open loop: maximum batch sizes.
-        mode: ``"closed"`` (fixed concurrency, steady state) or ``"open"`` (Poisson arrivals).
-        num_steps / warmup_steps: closed loop: steps per run, and leading steps left out of the figures.
-        seed: seeds the request order and the arrival times.
-        shuffle: shuffle the request order (False: the trace's order).
-        overhead_ms: fixed time added to every drafted step (controller overhead), ms.
-        draft_scale: multiplier on the curve's draft step (what-if: a cheaper or dearer drafter).
-        calibrator: optional confidence calibrator (:class:`~.engine.Calibrator`); each run gets a deep
-            copy of it as given.
-        rate_rps: open loop: arrival rate in requests/s (None: ``load`` x the ``ar`` capacity at each
-            max batch size, see :func:`default_rate_rps`).
-        load: open loop: the load used when ``rate_rps`` is None.
-        num_requests: open loop: arrivals per run.
-        warmup_requests: open loop: first arrivals left out of latency figures (None: 10%).
-        prompt_len / prefill_ms: open loop prefill cost (see :func:`~.engine.run_open_loop`); neither = free.
-        slo_tpot_ms: open loop: TPOT objective for goodput.
+        config: the options, a :class:`~.config.SimConfig` (validated when built).
         on_run: called as ``on_run(done, total, label)`` after each run (progress bars).
+        **options: SimConfig fields (``policies``, ``policy_params``, ``batch_sizes``, ``mode``,
+            ``num_steps``, ``warmup_steps``, ``seed``, ``shuffle``, ``overhead_ms``, ``draft_scale``,
+            ``calibrator``, ``graph_token_counts``, ``rate_rps``, ``load``, ``num_requests``,
+            ``warmup_requests``, ``prompt_len``, ``prefill_ms``, ``slo_tpot_ms``; see SimConfig):
+            applied over ``config``, or, without one, building it
+            (``simulate(t, c, batch_sizes=[4, 16])`` works as before).
 
     Returns:
         One row per (policy, batch_size) with the columns of :data:`~.results.CLOSED_COLUMNS` first
@@ -263,43 +213,39 @@ def simulate(
 
     Raises:
         TraceError / CostCurveError: unreadable or invalid files, block-size mismatch.
-        SimulationError: bad options, or batch sizes/budgets outside the cost curve.
+        SimulationError: bad options, batch sizes/budgets outside the cost curve, or a budget no
+            captured graph cell holds (``graph_token_counts``).
     """
-    trace, cost, runs, warmup_requests = _prepare(
-        trace, cost, policies=policies, policy_params=policy_params, batch_sizes=batch_sizes, mode=mode,
-        num_steps=num_steps, warmup_steps=warmup_steps, overhead_ms=overhead_ms, draft_scale=draft_scale,
-        rate_rps=rate_rps, load=load,
-        num_requests=num_requests, warmup_requests=warmup_requests, prompt_len=prompt_len, prefill_ms=prefill_ms,
-    )
-    batch_sizes = list(batch_sizes)
+    config = sim_config(config, **options)
+    trace, cost, runs = _prepare(trace, cost, config)
+    mode = config.mode
+    batch_sizes = list(config.batch_sizes)
     rows = []
     total = len(runs) * len(batch_sizes)
     done = 0
     for bs in batch_sizes:
-        rate = rate_rps if rate_rps is not None else (default_rate_rps(trace, cost, bs, load) if mode == "open" else None)
+        rate = config.rate_rps if config.rate_rps is not None else (
+            default_rate_rps(trace, cost, bs, config.load) if mode == "open" else None)
         for label, policy in runs:
             try:
                 if mode == "closed":
-                    run = run_closed_loop(
-                        trace, cost, policy, bs, num_steps=num_steps, warmup_steps=warmup_steps, seed=seed,
-                        shuffle=shuffle, overhead_ms=overhead_ms, draft_scale=draft_scale, calibrator=calibrator,
-                        label=label,
-                    )
+                    run = run_closed_loop(trace, cost, policy, bs, config, label=label)
                     rows.append(closed_loop_row(run))
                 else:
-                    run = run_open_loop(
-                        trace, cost, policy, bs, rate_rps=rate, num_requests=num_requests,
-                        warmup_requests=warmup_requests, seed=seed, shuffle=shuffle, overhead_ms=overhead_ms,
-                        draft_scale=draft_scale,
-                        calibrator=calibrator, prompt_len=prompt_len, prefill_ms=prefill_ms, label=label,
-                    )
-                    rows.append(open_loop_row(run, slo_tpot_ms))
+                    run = run_open_loop(trace, cost, policy, bs, config, rate_rps=rate, label=label)
+                    rows.append(open_loop_row(run, config.slo_tpot_ms))
             except CostCurveRangeError as exc:
                 raise SimulationError(f"policy {label!r} at batch size {bs}: {exc}") from None
+            except ValueError as exc:
+                if config.graph_token_counts is None or "no captured cell" not in str(exc):
+                    raise
+                raise SimulationError(f"policy {label!r} at batch size {bs}: {exc} (graph_token_counts)") from None
             done += 1
             if on_run is not None:
                 on_run(done, total, f"{label} bs={bs}")
 
+    seed, draft_scale = config.seed, config.draft_scale
+    prompt_len, prefill_ms = config.prompt_len, config.prefill_ms
     df = pd.DataFrame(rows)
     df["trace"] = trace.path or trace.name
     df["cost"] = cost.path or repr(cost)
@@ -322,8 +268,8 @@ def simulate(
         "seed": seed,
         "draft_scale": float(draft_scale),
         "plain_step": cost.ar_provenance,
-        "num_steps": num_steps if mode == "closed" else None,
-        "warmup_steps": warmup_steps if mode == "closed" else None,
+        "num_steps": config.num_steps if mode == "closed" else None,
+        "warmup_steps": config.warmup_steps if mode == "closed" else None,
         "trace_cycles": int(df["trace_cycles"].max()),
     })
     return df

@@ -20,14 +20,15 @@ import itertools
 import os
 import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
 from ..cost_curve import CostCurve
 from ..traces import Trace
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS
-from .simulate import check_simulation, simulate
+from .config import SimConfig
+from .simulate import check_simulation, sim_config, simulate
 
 __all__ = ["dask_executor", "sweep", "sweep_job"]
 
@@ -82,12 +83,16 @@ def dask_executor(address: str, *, timeout_s: float = 30.0) -> Iterator[Executor
         client.close()
 
 
-def sweep_job(trace_path: str, cost_path: str, batch_size: int, kwargs: dict[str, Any]) -> pd.DataFrame:
-    """One sweep cell: :func:`simulate` on the files at one batch size (``kwargs``: its options).
+def sweep_job(trace_path: str, cost_path: str, batch_size: int, config: SimConfig | Mapping[str, Any]) -> pd.DataFrame:
+    """One sweep cell: :func:`simulate` on the files at one batch size.
 
-    A plain module-level function of picklable arguments, so any executor or cluster engine can run it.
+    ``config``: the sweep's :class:`~.config.SimConfig` (one picklable object; a dict of its fields
+    is accepted too). A plain module-level function of picklable arguments, so any executor or
+    cluster engine can run it.
     """
-    df = simulate(_load_trace(trace_path), _load_cost(cost_path), batch_sizes=[batch_size], **kwargs)
+    if not isinstance(config, SimConfig):
+        config = SimConfig.from_dict(config)
+    df = simulate(_load_trace(trace_path), _load_cost(cost_path), config.replace(batch_sizes=(int(batch_size),)))
     df["trace"] = trace_path
     df["cost"] = cost_path
     return df
@@ -97,11 +102,12 @@ def sweep(
     traces: Sequence[str | os.PathLike],
     costs: Sequence[str | os.PathLike],
     batch_sizes: Sequence[int],
+    config: SimConfig | None = None,
     *,
     jobs: int | None = None,
     executor: Executor | None = None,
     on_job: Callable[[int, int], None] | None = None,
-    **simulate_kwargs: Any,
+    **options: Any,
 ) -> pd.DataFrame:
     """Run :func:`simulate` for every (trace, cost curve, batch size), in parallel.
 
@@ -109,11 +115,13 @@ def sweep(
         traces / costs: file paths (loaded and validated first in this process, so a bad file fails
             fast with its own message).
         batch_sizes: batch sizes (each a job per trace and curve).
+        config: the options of every job (:class:`~.config.SimConfig`; its ``batch_sizes`` are
+            replaced by ``batch_sizes``), shipped to the workers as one object.
         jobs: worker processes of the default executor (None: ``os.cpu_count()``).
         executor: any ``concurrent.futures.Executor`` (e.g. a Dask ``Client.get_executor()`` on a
             cluster); it is not shut down here.
         on_job: called as ``on_job(done, total)`` after each job.
-        **simulate_kwargs: passed to :func:`simulate` (policies, mode, num_steps, seed, ...).
+        **options: SimConfig fields (policies, mode, num_steps, seed, ...), applied over ``config``.
 
     Returns:
         The rows of every job, ordered by trace, cost curve, batch size, policy; ``trace`` and
@@ -124,15 +132,16 @@ def sweep(
     """
     traces = [str(t) for t in traces]
     costs = [str(c) for c in costs]
+    config = sim_config(config, **options, batch_sizes=tuple(batch_sizes))
     # Fail fast, in this process, before any worker time: files, block sizes, batch-size ranges, options.
     for t, c in itertools.product(traces, costs):
-        check_simulation(_load_trace(t), _load_cost(c), batch_sizes=list(batch_sizes), **simulate_kwargs)
-    cells = list(itertools.product(traces, costs, batch_sizes))
+        check_simulation(_load_trace(t), _load_cost(c), config)
+    cells = list(itertools.product(traces, costs, config.batch_sizes))
     own = executor is None
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_ignores_signals) if own else executor
     frames: dict[int, pd.DataFrame] = {}
     try:
-        futures = {pool.submit(sweep_job, t, c, int(bs), simulate_kwargs): n for n, (t, c, bs) in enumerate(cells)}
+        futures = {pool.submit(sweep_job, t, c, int(bs), config): n for n, (t, c, bs) in enumerate(cells)}
         for done, fut in enumerate(as_completed(futures), start=1):
             frames[futures[fut]] = fut.result()
             if on_job is not None:
@@ -148,8 +157,8 @@ def sweep(
         if own:
             pool.shutdown(cancel_futures=True)
     df = pd.concat([frames[n] for n in range(len(cells))], ignore_index=True)
-    lead = CLOSED_COLUMNS + (OPEN_COLUMNS if simulate_kwargs.get("mode") == "open" else [])
+    lead = CLOSED_COLUMNS + (OPEN_COLUMNS if config.mode == "open" else [])
     df = df[["trace", "cost"] + lead + [c for c in df.columns if c not in lead + ["trace", "cost"]]]
     df.attrs["approximate"] = bool(df["approximate"].any())
-    df.attrs["mode"] = simulate_kwargs.get("mode", "closed")
+    df.attrs["mode"] = config.mode
     return df

@@ -8,7 +8,7 @@ followed by a Nelder-Mead polish. The statistics (:func:`moments`):
 
 - the selection curve at ``bs`` = 32: tokens per request produced by ``uniform`` at rho = 0.25, 0.5,
   0.75, 1 and by ``topk`` at rho = 0.25, 0.5, 0.75, from the project's policies
-  (:func:`dcut_sched.traces.stats.selection_curve`);
+  (:func:`dcut_sched.traces.stats.selection_curve_arrays`);
 - the acceptance-length histogram of the full-verification replay (shares);
 - mean confidence of reached draft slots, of accepted ones and of rejected ones (calibration and
   separation);
@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import differential_evolution, minimize
 
 from .format import Trace
-from .stats import reached_slots, replay_rows, selection_curve
+from .stats import reached_slots, replay_rows, selection_curve_arrays
 from .synth import SynthParams, generate
 
 __all__ = ["FIT_BOUNDS", "FitResult", "fit_moments", "fit_trace", "moments", "print_fit"]
@@ -53,7 +53,7 @@ def moments(trace: Trace, num_batches: int = 100, seed: int = 0, batch_size: int
     and rejected slots; ``request_tau_sd`` [1]; ``tau`` [1] (full-verification replay).
     """
     steps = replay_rows(trace)
-    curve = selection_curve(trace, batch_size=batch_size, ratios=CURVE_RATIOS, num_batches=num_batches,
+    curve = selection_curve_arrays(trace, batch_size=batch_size, ratios=CURVE_RATIOS, num_batches=num_batches,
                             seed=seed, steps=steps)
     a = trace.accept_len[steps].astype(np.int64)
     hist = np.bincount(a, minlength=trace.block_size) / max(len(a), 1)

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Prompt", "PromptError", "load_prompts", "prompts_digest"]
+__all__ = ["Prompt", "PromptError", "load_prompt_records", "prompts_digest"]
 
 
 class PromptError(ValueError):
@@ -29,8 +29,10 @@ class Prompt:
     text: str
 
 
-def load_prompts(path: str | os.PathLike) -> list[Prompt]:
-    """Read a prompt file (JSON lines; blank lines ignored).
+def load_prompt_records(path: str | os.PathLike) -> list[Prompt]:
+    """Read a prompt set into :class:`Prompt` records (id, category, text; JSON lines, blank lines ignored).
+
+    (:func:`dcut_sched.engine.prompts.load_prompt_texts` reads plain prompt texts for the engine.)
 
     Raises:
         PromptError: missing file, a line that is not a JSON object, a missing or non-string field,

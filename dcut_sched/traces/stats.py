@@ -27,6 +27,7 @@ import pandas as pd
 from scipy.stats import binned_statistic
 
 from .. import policies
+from ..scores import verified_prefix_tokens
 from .format import Trace, TraceError, check_trace_columns, read_trace_file
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "reliability",
     "replay_rows",
     "sample_replay_batches",
-    "selection_curve",
+    "selection_curve_arrays",
     "selection_frame",
     "trace_stats",
     "validate_file",
@@ -202,7 +203,8 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
 
     Each policy runs as ``policies.get(name, rho=K / (bs * B))`` (so ``uniform`` verifies
     ``ceil(K / bs)`` slots per request and ``topk`` the global top-K), plans every batch, and the
-    batch produces ``sum(1 + min(accept_len, L - 1))`` tokens (docs/design.md §1).
+    batch produces ``sum(verified_prefix_tokens(accept_len, L))`` tokens (docs/design.md §1,
+    :func:`dcut_sched.scores.verified_prefix_tokens`).
 
     Args:
         trace: the trace.
@@ -237,7 +239,7 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
                 kwargs = {"accept_len": acc} if policy.needs_accept_len else {}
                 plan = policy.plan(trace.conf[rows], None, validate=False, **kwargs)
                 verified += plan.num_tokens
-                drafts += float(np.minimum(acc, np.asarray(plan.lengths) - 1).sum())
+                drafts += float((verified_prefix_tokens(acc, plan.lengths) - 1).sum())
                 expected += plan.expected_tokens
             out.append({
                 "policy": name, "batch_size": bs, "budget": int(k), "ratio": k / (bs * block),
@@ -248,13 +250,15 @@ def selection_frame(trace: Trace, batches: np.ndarray, budgets: Sequence[int],
     return pd.DataFrame(out)
 
 
-def selection_curve(trace: Trace, batch_size: int = 32, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
-                    policy_names: Sequence[str] = ("uniform", "topk"), num_batches: int = 200, seed: int = 0,
-                    steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def selection_curve_arrays(trace: Trace, batch_size: int = 32, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+                           policy_names: Sequence[str] = ("uniform", "topk"), num_batches: int = 200, seed: int = 0,
+                           steps: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Mean tokens a step-weighted batch produces when each policy verifies at each ratio.
 
     The array form of :func:`selection_frame` on :func:`sample_replay_batches` batches, with
     ``K = ceil(rho * bs * B)`` per ratio (what the preset fit compares with published figures).
+    :func:`dcut_sched.simulator.selection_curve.selection_curve` is the table form for ``dcut-sim``
+    (a DataFrame per policy and budget).
 
     Returns:
         ``{policy name: [len(ratios)] float64 mean tokens per batch}`` plus ``"num_tokens"``: the

@@ -112,8 +112,9 @@ def test_matched_trace_replays_a_real_engine_run(make_curve):
     from dcut_sched.controller import RatioController
     from dcut_sched.engine import SpecEngine
     from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
-    from dcut_sched.simulator.engine import run_open_loop
-    from dcut_sched.traces.record import accept_lengths, draft_all_positions
+    from dcut_sched.engine.trace_backends import draft_all_positions
+    from dcut_sched.simulator import run_open_loop
+    from dcut_sched.traces.record import accept_lengths
 
     torch.manual_seed(0)
     model = LlamaModel.random_init(LlamaConfig.preset("tiny"), seed=3, std=0.1)
@@ -157,3 +158,29 @@ def test_drafter_prefill_ms_hand_computed():
     out = fidelity.drafter_prefill_ms(steps, 4)
     # step 0: new 0, 1: 80 - (100-80)/2 = 70; step 1: none new; step 2 plain; step 3: request 2 new: 40 - 15
     np.testing.assert_allclose(out, [70.0, 0.0, 0.0, 25.0])
+
+
+def test_forward_timer_attributes_forwards_to_phases(make_curve):
+    """ForwardTimer (the engine's observer hooks + torch module hooks, no monkeypatching) on a tiny model."""
+    from dcut_sched.model import LlamaConfig, LlamaModel
+
+    model = LlamaModel.random_init(LlamaConfig.preset("tiny"), seed=3, std=0.1)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 4096, size=int(n)).tolist() for n in (5, 9, 3)]
+    curve = make_curve(batch_sizes=(1, 2), block_size=fidelity.BLOCK_SIZE)
+    for policy in ("full", "oracle", "ar"):
+        res, steps, summary = fidelity._engine_run(model, prompts, policy, 2, 6, curve, eos_id=None, skip_layers=(2,))
+        assert not model._forward_hooks and not model._forward_pre_hooks  # hooks removed
+        assert len(steps) == summary["steps"] == len(res.steps)
+        d = steps["drafted"].to_numpy(bool)
+        assert ((steps["draft_fwd_ms"] > 0) == d).all()
+        assert (steps["draft_first_fwd_ms"] <= steps["draft_fwd_ms"]).all()
+        assert ((steps["draft_first_len"] > 0) == d).all()
+        if policy == "oracle":
+            assert ((steps["oracle_fwd_ms"] > 0) == d).all()
+            assert (steps.loc[d, "verify_fwd_ms"] == 0).all()  # the step reuses the oracle's verification
+        else:
+            assert (steps["oracle_fwd_ms"] == 0).all() and (steps["verify_fwd_ms"] > 0).all()
+            assert (steps["verify_fwd_ms"] <= steps["verify_ms"]).all()
+            assert (steps["verify_kv_len"] > 0).all()
+        assert (steps["draft_fwd_ms"] <= steps["draft_ms"] + 1e-9).all()

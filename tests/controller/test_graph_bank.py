@@ -63,10 +63,34 @@ def test_eager_buffers_are_reset_between_calls():
     assert sums.tolist() == [1, 2, 0, 0]
 
 
+def test_rows_longer_than_the_first_cell_are_served_by_a_larger_cell():
+    """Regression: cell_for padded the batch size before the token count and returned the first cell
+    large enough in (batch_size, num_tokens), whose [bs, ceil(K / bs)] buffers may be too short for the
+    request's rows; the call was then refused ("does not fit") although a larger cell holds it."""
+    cells = CELLS + [(4, 32)]
+    bank = VerifyGraphBank(verify_fn, cells, make_inputs=make_inputs("cpu"), enabled=False, pad_values=[0, 1])
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]])  # 2 requests x 8 slots
+    weight = torch.tensor([2.0, 3.0])
+    # no bs-2 cell holds 16 tokens; (4, 16) is the first candidate but its buffers are [4, 4]
+    assert bank.cell_for(2, 16) == (4, 16)
+    assert bank.cell_for(2, 16, [(2, 8), (2,)]) == (4, 32)  # buffers [4, 8]
+    scores, sums = bank(2, 16, ids, weight)
+    assert scores.shape == (4, 8)
+    want_scores, want_sums = verify_fn(ids, weight)
+    torch.testing.assert_close(scores[:2], want_scores)
+    assert sums.tolist() == [36, 36, 0, 0]
+    # the bs-2 request of 3 slots per row: (2, 8) holds it ([2, 4]); nothing changes for fitting requests
+    assert bank.cell_for(2, 6, [(2, 3), (2,)]) == bank.cell_for(2, 6) == (2, 8)
+
+
 def test_bad_inputs():
     bank = VerifyGraphBank(verify_fn, CELLS, make_inputs=make_inputs("cpu"), enabled=False)
+    # rows of 5 tokens: no cell's buffers are that long ((4, 16) is [4, 4], (2, 8) is [2, 4])
     with pytest.raises(ValueError, match="does not fit"):
-        bank(2, 2, torch.zeros(2, 3, dtype=torch.int64), torch.ones(2))
+        bank(2, 2, torch.zeros(2, 5, dtype=torch.int64), torch.ones(2))
+    # [2, 3] inputs declared as 2 tokens: served by (2, 8), whose buffers [2, 4] hold them
+    scores, _ = bank(2, 2, torch.ones(2, 3, dtype=torch.int64), torch.ones(2))
+    assert scores.shape == (2, 4)
     with pytest.raises(ValueError, match="inputs"):
         bank(2, 2, torch.zeros(2, 1, dtype=torch.int64))
     with pytest.raises(ValueError, match="no cells"):

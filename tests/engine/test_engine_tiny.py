@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcut_sched import RatioController, policies
-from dcut_sched.engine import PromptFileError, SpecEngine, builtin_cpu_curve, load_prompts, pack_rows
+from dcut_sched.engine import PromptFileError, SpecEngine, builtin_cpu_curve, load_prompt_texts, pack_rows
 from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
 
 B = 4
@@ -153,23 +153,23 @@ def test_pack_rows_covers_every_slot_once(lengths):
 
 
 # ---------------------------------------------------------------------------- prompts, default cost
-def test_load_prompts_formats(tmp_path):
+def test_load_prompt_texts_formats(tmp_path):
     text = tmp_path / "p.txt"
     text.write_text("first prompt\n\n second \n")
-    assert load_prompts(text) == ["first prompt", "second"]
+    assert load_prompt_texts(text) == ["first prompt", "second"]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "a"}\n{"text": "b"}\n"c"\n')
-    assert load_prompts(jsonl) == ["a", "b", "c"]
+    assert load_prompt_texts(jsonl) == ["a", "b", "c"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a"}\n{"q": 1}\n')
     with pytest.raises(PromptFileError, match=r"bad.jsonl, line 2: .*'prompt'"):
-        load_prompts(bad)
+        load_prompt_texts(bad)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "a"\n')
     with pytest.raises(PromptFileError, match="line 1: not valid JSON"):
-        load_prompts(broken)
+        load_prompt_texts(broken)
     with pytest.raises(PromptFileError, match="missing.txt: no such file"):
-        load_prompts(tmp_path / "missing.txt")
+        load_prompt_texts(tmp_path / "missing.txt")
 
 
 def test_builtin_cpu_curve():

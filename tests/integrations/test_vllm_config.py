@@ -103,3 +103,16 @@ def test_dcut_profile_vllm_bad_model_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "dcut-profile: error:" in err and ("no config.json" in err or "no vLLM environment" in err)
     assert not (tmp_path / "c.json").exists()
+
+
+def test_cpu_expand_kernel_writes_each_requests_value_in_the_output_dtype():
+    """The plugin's CPU expand_kernel (no vLLM needed): [a, b, c] over cu = [2, 5, 6] -> a a b b b c."""
+    from dcut_sched.integrations.vllm.cpu_kernels import expand_kernel
+
+    out = torch.full((7,), -5.0)  # one slot past cu[-1] stays as it was
+    expand_kernel(out, torch.tensor([0.7, -1.0, 1.3]), torch.tensor([2, 5, 6], dtype=torch.int32), -1.0, 1.0)
+    assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3, -5.0])
+    ints = torch.zeros(6, dtype=torch.int32)
+    expand_kernel(ints, torch.tensor([5, 0, 7], dtype=torch.int32), torch.tensor([2, 2, 6]), 0, 9)
+    assert ints.tolist() == [5, 5, 7, 7, 7, 7]  # an empty request (cu[1] == cu[0]) writes nothing
+    expand_kernel(torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0, 0)  # empty batch

@@ -66,9 +66,10 @@ def test_dry_run_every_step(tmp_path):
     curve = CostCurve.load(out / "curves" / "cpu-tiny-b16.json", check_hardware=False)
     assert curve.batch_sizes == [1, 2, 4] and sorted(r.batch_size for r in curve.ar) == [1, 2, 4]
     assert curve.hardware["backend"] == "cpu-eager" and curve.block_size == 16
-    # bank: 7 request shapes (exact, token-padded, batch-padded) equal the eager forward; context intact; refusal
+    # bank: 8 request shapes (exact, token-padded, batch-padded, rows longer than the first cell) equal the eager
+    # forward; context intact; refusal
     replay = _status(summary, "bank", "")
-    assert replay.count("pass") == 9 and "fail" not in replay
+    assert replay.count("pass") == 10 and "fail" not in replay
     assert _status(summary, "bank", "bank captured CUDA graphs") == ["skipped"]
     # controller: 2 policies x 3 batch sizes, plans equal, syncs skipped, a time each
     assert _status(summary, "controller", "dcut bs 64: CPU-tensor plans equal") == ["pass"]

@@ -10,15 +10,8 @@ import torch
 from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
 from dcut_sched.traces import Trace
 from dcut_sched.traces.prompts import Prompt
-from dcut_sched.traces.record import (
-    NativeBackend,
-    RecordError,
-    accept_lengths,
-    draft_all_positions,
-    draft_positions_reference,
-    partial_path,
-    record_trace,
-)
+from dcut_sched.engine.trace_backends import NativeBackend, draft_all_positions, draft_positions_reference
+from dcut_sched.traces.record import RecordError, accept_lengths, partial_path, record_trace
 
 
 def test_accept_lengths_by_hand():
@@ -199,7 +192,7 @@ def brute_greedy(model, ids, steps):
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers not installed (extra [models])")
 def test_hf_backend_matches_brute_force(tmp_path):
-    from dcut_sched.traces.record import HFBackend
+    from dcut_sched.engine.trace_backends import HFBackend
 
     target, draft = hf_llama(1), hf_llama(2)
     target.save_pretrained(tmp_path / "target")
@@ -217,7 +210,7 @@ def test_hf_backend_matches_brute_force(tmp_path):
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers not installed (extra [models])")
 def test_hf_backend_with_the_target_as_draft_accepts_everything(tmp_path):
-    from dcut_sched.traces.record import HFBackend
+    from dcut_sched.engine.trace_backends import HFBackend
 
     model = hf_llama(5)
     be = HFBackend(model, model, tokenizer=FakeHFTokenizer())

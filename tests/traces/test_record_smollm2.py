@@ -22,14 +22,15 @@ pytestmark = [
 def backend():
     import torch
 
-    from dcut_sched.traces.record import NativeBackend
+    from dcut_sched.engine.trace_backends import NativeBackend
 
     torch.set_num_threads(1)
     return NativeBackend(skip_layers=(14, 15), generate_batch=2)
 
 
 def test_batched_drafting_equals_reference_on_a_short_prompt(backend):
-    from dcut_sched.traces.record import accept_lengths, draft_positions_reference
+    from dcut_sched.engine.trace_backends import draft_positions_reference
+    from dcut_sched.traces.record import accept_lengths
 
     prompt = backend.encode_prompt("Name three colours.")
     out = backend.generate([prompt], 10)[0]

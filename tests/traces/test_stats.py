@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dcut_sched.traces import Trace
-from dcut_sched.traces.stats import reliability, replay_rows, selection_curve, trace_stats
+from dcut_sched.traces.stats import reliability, replay_rows, selection_curve_arrays, trace_stats
 
 
 def hand_trace() -> Trace:
@@ -84,7 +84,7 @@ def test_selection_curve_matches_brute_force(rng):
     t = Trace(rid, pos, acc, conf, {"indexing": "position", "source": "synthetic"})
     assert replay_rows(t).tolist() == [0, 4, 6, 9]
     ratios = (0.25, 0.5, 0.75, 1.0)
-    curve = selection_curve(t, batch_size=4, ratios=ratios, num_batches=5, seed=3)
+    curve = selection_curve_arrays(t, batch_size=4, ratios=ratios, num_batches=5, seed=3)
     assert curve["num_tokens"].tolist() == [4, 8, 12, 16]
     exp_u = [sum(1 + min(a, math.ceil(rho * 4) - 1) for a in a0) for rho in ratios]
     exp_k = [brute_topk_tokens(conf0, a0, math.ceil(rho * 16)) for rho in ratios]

@@ -22,6 +22,9 @@ the ragged ``SpecDecodeMetadata`` the rejection sampler consumes) when the confi
 Drafters without logits (ngram, suffix) never call ``_greedy_sample``; their steps carry no
 confidences and the scheduler fails at the first one with a clear message. Heterogeneous-vocabulary
 and local-argmax drafters are not captured (the wrapper passes them through).
+
+:func:`install` also installs :mod:`.cpu_kernels` (a correct CPU ``expand_kernel``, without which
+speculative decoding at temperature > 0 on CPU samples with garbage temperatures).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 import torch
 
+from . import cpu_kernels
 from .config import DCutVllmConfig, require_vllm_version
 
 __all__ = ["DCutDraftTokenIds", "install"]
@@ -63,6 +67,7 @@ def install() -> None:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         require_vllm_version(vllm.__version__)
+        cpu_kernels.install()  # sampling under speculation on CPU (see cpu_kernels)
 
         @dataclass
         class _DCutDraftTokenIds(DraftTokenIds):

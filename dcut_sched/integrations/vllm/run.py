@@ -33,10 +33,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "load_prompts"]
+__all__ = ["main", "load_prompt_token_ids"]
 
 
-def load_prompts(spec: Any, target: str) -> list[list[int]]:
+def load_prompt_token_ids(spec: Any, target: str) -> list[list[int]]:
+    """Token ids per prompt of a job's ``prompts`` spec: a list of token-id lists as is, or
+    ``{"file": JSONL with "prompt", "n", "offset"=0, "chat"=True}`` tokenised with the target's
+    local tokenizer (chat template unless ``chat`` is false)."""
     if isinstance(spec, list):
         return [list(map(int, p)) for p in spec]
     from transformers import AutoTokenizer
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from ...atomic import atomic_write_text
 
     job = json.loads(Path(args.job).read_text())
-    prompts = load_prompts(job["prompts"], job["target"])
+    prompts = load_prompt_token_ids(job["prompts"], job["target"])
     results = []
     for run in job["runs"]:
         try:

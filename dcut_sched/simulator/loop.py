@@ -1,21 +1,25 @@
-"""The simulated serving engine: simpy processes with one event per engine step.
+"""The simulated serving loop: simpy processes with one event per engine step.
 
-A step (docs/design.md §1, issue 5):
+A step (docs/design.md §1, issue 5) is the online controller's own step code,
+:class:`~dcut_sched.controller.step.StepDriver`, run on numpy arrays:
 
 1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
    previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from
-   the trace, pass ``conf`` through the optional calibrator, and let the policy plan the verified
-   lengths (``policy.plan``); the step takes ``StepCosts.drafted_ms(bs, num_tokens)``
-   (``C_draft(bs) + C_verify(bs, num_tokens) + overhead_ms`` plus the curve's optional per-step rows);
-2. otherwise ``policy.plan_without_draft``: every request verifies its anchor only and the step takes
-   ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)`` where the engine truly skips the drafter), or
-   ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;
+   the trace and let the driver plan (sanitise the confidences, pass them through the optional
+   calibrator, ``policy.plan``); the step takes ``C_draft(bs) + C_verify(cell) + overhead_ms``, where
+   the cell is ``(bs, num_tokens)`` or, with ``graph_token_counts``, the captured cell the budget is
+   padded up to (``StepDriver.graph_cell``), plus the curve's optional per-step rows
+   (``StepCosts.drafted_ms``, docs/design.md §1);
+2. otherwise ``StepDriver.plan_without_draft``: every request verifies its anchor only and the step
+   takes ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)``, the plain autoregressive decode step, where the
+   engine truly skips its drafter), or ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;
+3. every request advances by ``verified_prefix_tokens(accept_len, L)`` tokens
+   (:class:`~.replay.ReplayBatch`), and the driver observes the drafts accepted (one fewer), which
+   feeds the calibrator and the policy as online.
 
 Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, and the policy is given
 that same object, so what a policy optimises and what the simulator charges are the same numbers.
-3. every request advances by ``1 + min(accept_len, L - 1)`` tokens (:class:`~.replay.ReplayBatch`).
-
-The engine holds no policy logic of its own: policies come from :mod:`dcut_sched.policies`.
+The loop holds no policy or controller logic of its own.
 
 Two workloads:
 
@@ -25,28 +29,35 @@ Two workloads:
   batching admits waiting requests at each step boundary up to ``max_batch_size``; an optional
   prefill (batched, blocking the decode of that step boundary) costs ``C_verify(k, k * prompt_len)``
   for k admitted requests, or ``prefill_ms`` per admitted request, or nothing (the default).
+
+Both take a :class:`~.config.SimConfig` (or its fields as keywords, for direct calls).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import simpy
 
+from ..controller.step import GraphCells, StepDriver, restrict_to_graph_cells
 from ..cost_curve import CostCurve
 from ..policies import Policy
+from ..scores import verified_prefix_tokens
 from ..traces import Trace
+from .config import SimConfig
 from .replay import ReplayBatch, RequestFeed
 from .step_cost import StepCosts
+
+_sum_reduce = np.add.reduce
 
 __all__ = [
     "Calibrator",
     "ClosedLoopRun",
     "OpenLoopRun",
-    "StepRecord",
+    "SimStepRecord",
     "run_closed_loop",
     "run_open_loop",
 ]
@@ -71,8 +82,9 @@ class Calibrator(Protocol):
 
 
 @dataclass
-class StepRecord:
-    """Per-step arrays of one run (all ``[steps]``).
+class SimStepRecord:
+    """Per-step arrays of one simulated run (all ``[steps]``); the engine's own per-step log is
+    :class:`dcut_sched.engine.StepRecord`.
 
     Attributes:
         step_ms: duration of each step in ms.
@@ -91,7 +103,7 @@ class StepRecord:
     expected_tokens: np.ndarray
 
     @classmethod
-    def from_lists(cls, lists: dict[str, list]) -> "StepRecord":
+    def from_lists(cls, lists: dict[str, list]) -> "SimStepRecord":
         return cls(
             step_ms=np.asarray(lists["step_ms"], dtype=np.float64),
             batch_size=np.asarray(lists["batch_size"], dtype=np.int64),
@@ -122,12 +134,14 @@ class ClosedLoopRun:
         approximate: True when the trace is step-indexed (approximate replay).
         log: per-step detail when the run was asked to ``record`` (tests): dicts with ``uid``,
             ``request``, ``cursor`` (before the step), ``lengths``, ``tokens``, ``drafted``, ``step_ms``.
+        controller_metrics: the step driver's counters at the end of the run (the keys of
+            ``RatioController.metrics``: ``bad_conf_requests``, ``accepted_drafts``, ...).
     """
 
     policy: str
     batch_size: int
     block_size: int
-    steps: StepRecord
+    steps: SimStepRecord
     warmup_steps: int
     finished_requests: int
     finished_tokens: int
@@ -135,6 +149,7 @@ class ClosedLoopRun:
     trace_cycles: int
     approximate: bool
     log: list[dict] = field(default_factory=list)
+    controller_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,13 +163,14 @@ class OpenLoopRun:
             (after queueing and prefill), end of the first decode step, end of the last one.
         output_tokens: tokens each request produced (its output length).
         prefill_ms_total: engine time spent in prefill.
+        controller_metrics: the step driver's counters at the end of the run (as :class:`ClosedLoopRun`).
     """
 
     policy: str
     max_batch_size: int
     block_size: int
     rate_rps: float
-    steps: StepRecord
+    steps: SimStepRecord
     arrival_ms: np.ndarray
     start_ms: np.ndarray
     first_token_ms: np.ndarray
@@ -164,62 +180,57 @@ class OpenLoopRun:
     prefill_ms_total: float
     trace_cycles: int
     approximate: bool
+    controller_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class _Stepper:
-    """One engine's decode loop state: the policy, the step costs and the per-step lists."""
+    """One engine's decode loop state: the controller's step driver, the step costs and the per-step lists."""
 
-    def __init__(self, batch: ReplayBatch, policy: Policy, cost: CostCurve, costs: StepCosts,
-                 calibrator: Calibrator | None, record: bool):
+    def __init__(self, batch: ReplayBatch, policy: Policy, costs: StepCosts, calibrator: Calibrator | None,
+                 graph_cells: GraphCells | None, record: bool):
         self.batch = batch
-        self.policy = policy
-        self.cost = cost
         self.costs = costs
-        self.calibrator = calibrator
-        self.block_size = batch.block_size
+        # The trace was validated on load; a calibrator's output is checked by the policy (the
+        # Calibrator protocol does not promise values in [0, 1]).
+        self.driver = StepDriver(policy, costs, batch.block_size, calibrator=calibrator, graph_cells=graph_cells,
+                                 validate_scored=calibrator is not None)
         self.drafting = bool(policy.drafts_first_step)
-        self.needs_accept_len = bool(policy.needs_accept_len)
-        # The trace was validated on load; a calibrator's output is checked by the policy.
-        self.validate = calibrator is not None
+        self.speculative = bool(policy.speculative)  # ar: the engine without speculation (plain steps)
         self.record = record
         self.log: list[dict] = []
         self.lists: dict[str, list] = {k: [] for k in
                                        ("step_ms", "batch_size", "tokens", "num_tokens", "drafted", "expected_tokens")}
+        (self._step_ms, self._batch_size, self._tokens, self._num_tokens, self._drafted,
+         self._expected) = self.lists.values()  # the same lists, bound once (appended every step)
 
     def step(self) -> tuple[float, np.ndarray, np.ndarray]:
         """Plan and apply one step; returns ``(step_ms, tokens [bs], finished [bs])``."""
         batch = self.batch
+        driver = self.driver
         bs = batch.batch_size
         cursor = batch.cursor.copy() if self.record else None
         if self.drafting:
             conf, accept = batch.gather()
-            conf_in = conf if self.calibrator is None else self.calibrator.transform(conf)
-            if self.needs_accept_len:
-                plan = self.policy.plan(conf_in, self.costs, accept_len=accept, validate=self.validate)
-            else:
-                plan = self.policy.plan(conf_in, self.costs, validate=self.validate)
+            plan = driver.plan(conf, accept)
             lengths = np.asarray(plan.lengths, dtype=np.int64)
-            tokens, finished = batch.advance(lengths)
-            num_accepted = np.minimum(accept, lengths - 1)
-            if self.calibrator is not None:
-                self.calibrator.observe(conf, num_accepted, lengths)
-            self.policy.observe(lengths, num_accepted)
-            step_ms = self.costs.drafted_ms(bs, plan.num_tokens)
+            verified = verified_prefix_tokens(accept, lengths)
+            tokens, finished = batch.advance_by(verified)
+            # drafts accepted among the L - 1 verified ones (in range by construction)
+            driver.observe(verified - 1, in_range=True)
+            step_ms = self.costs.drafted_ms(*driver.graph_cell(bs, plan.num_tokens))
         else:
-            plan = self.policy.plan_without_draft(bs, self.block_size, self.costs)
-            if self.calibrator is not None and hasattr(self.calibrator, "observe_plain"):
-                self.calibrator.observe_plain(bs)  # optional: the decay clock of unobserved ranges
+            plan = driver.plan_without_draft(bs)
+            driver.observe(None)  # nothing to learn; closes the step as online
             lengths = None
             tokens, finished = batch.advance_plain()
             # a speculative engine's anchor-only step, or a step of the engine without speculation (ar)
-            step_ms = self.costs.undrafted_ms(bs) if self.policy.speculative else self.costs.plain_ms(bs)
-        lists = self.lists
-        lists["step_ms"].append(step_ms)
-        lists["batch_size"].append(bs)
-        lists["tokens"].append(int(tokens.sum()))
-        lists["num_tokens"].append(plan.num_tokens)
-        lists["drafted"].append(self.drafting)
-        lists["expected_tokens"].append(plan.expected_tokens)
+            step_ms = self.costs.undrafted_ms(bs) if self.speculative else self.costs.plain_ms(bs)
+        self._step_ms.append(step_ms)
+        self._batch_size.append(bs)
+        self._tokens.append(int(_sum_reduce(tokens)))
+        self._num_tokens.append(plan.num_tokens)
+        self._drafted.append(self.drafting)
+        self._expected.append(plan.expected_tokens)
         if self.record:
             self.log.append({
                 "uid": batch.uid.copy(), "request": batch.request.copy(), "cursor": cursor,
@@ -228,6 +239,28 @@ class _Stepper:
             })
         self.drafting = bool(plan.draft_next)
         return step_ms, tokens, finished
+
+
+def _run_config(config: SimConfig | None, options: Mapping[str, Any], batch_size: int, mode: str,
+                direct_defaults: Mapping[str, Any]) -> SimConfig:
+    """The run's :class:`SimConfig`: ``config`` with ``options`` applied, or one built from
+    ``options`` over ``direct_defaults`` (a direct call with keywords)."""
+    if config is None:
+        return SimConfig(**{"batch_sizes": (int(batch_size),), "mode": mode, **direct_defaults, **options})
+    return config.replace(**options) if options else config
+
+
+def _prepare_run(trace: Trace, cost: CostCurve, policy: Policy, config: SimConfig,
+                 batch_sizes: range | list[int]) -> tuple[Policy, Any, StepCosts, GraphCells | None]:
+    """A run's private policy (reset; restricted to the graph cells when given), calibrator copy,
+    step costs and graph cells."""
+    policy = _fresh_policy(policy)
+    cells = None
+    if config.graph_token_counts is not None:
+        policy = restrict_to_graph_cells(policy, config.graph_token_counts)
+        cells = GraphCells.at_batch_sizes(config.graph_token_counts, batch_sizes)
+    costs = StepCosts(cost, trace.block_size, config.overhead_ms, config.draft_scale)
+    return policy, copy.deepcopy(config.calibrator), costs, cells
 
 
 def _fresh_policy(policy: Policy) -> Policy:
@@ -242,47 +275,43 @@ def run_closed_loop(
     cost: CostCurve,
     policy: Policy,
     batch_size: int,
+    config: SimConfig | None = None,
     *,
-    num_steps: int,
-    warmup_steps: int = 0,
-    seed: int = 0,
-    shuffle: bool = True,
-    overhead_ms: float = 0.0,
-    draft_scale: float = 1.0,
-    calibrator: Calibrator | None = None,
     label: str | None = None,
     record: bool = False,
+    **options: Any,
 ) -> ClosedLoopRun:
-    """Simulate ``num_steps`` engine steps with ``batch_size`` concurrent requests.
+    """Simulate ``config.num_steps`` engine steps with ``batch_size`` concurrent requests.
 
     Args:
         trace: a validated trace (``Trace.load`` validates).
         cost: the cost curve (its block size must match the trace's; the caller checks).
         policy: a policy instance; the run works on a deep copy, reset first.
         batch_size: bs, requests in the batch at every step.
-        num_steps: steps to simulate (warm-up included).
-        warmup_steps: leading steps left out of steady-state figures (kept in ``steps``).
-        seed: seed of the request order (:class:`RequestFeed`): same seed, same requests.
-        shuffle: shuffle the request order (False: the trace's order).
-        overhead_ms: fixed time added to each drafted step.
-        draft_scale: multiplier on the curve's draft step ``C_draft`` (what-if analyses; 1 = as measured).
-        calibrator: optional; the run works on a deep copy, so every run starts from the same state.
+        config: the options (:class:`~.config.SimConfig`; used here: ``num_steps``, ``warmup_steps``,
+            ``seed`` (request order), ``shuffle``, ``overhead_ms``, ``draft_scale``, ``calibrator``
+            (the run works on a deep copy, so every run starts from the same state),
+            ``graph_token_counts``).
         label: the policy's name in the results (default ``policy.name``).
         record: keep a per-step log of every slot (for tests and debugging; slow).
+        **options: SimConfig fields, applied over ``config``; without ``config`` they build one, with
+            ``warmup_steps`` defaulting to 0 here (e.g. ``run_closed_loop(t, c, p, 4, num_steps=100)``).
 
     Raises:
         CostCurveRangeError: a step time outside the curve's measured range.
-        ValueError: bad plan input (e.g. a calibrator returning values outside [0, 1]).
+        SimulationError: a bad option (from :class:`~.config.SimConfig`).
+        ValueError: bad plan input (e.g. a calibrator returning values outside [0, 1]); a budget no
+            captured graph cell holds.
     """
-    policy = _fresh_policy(policy)
-    calibrator = copy.deepcopy(calibrator)
-    feed = RequestFeed(trace.num_requests, seed=seed, shuffle=shuffle)
-    batch = ReplayBatch(trace, seed=seed)
+    config = _run_config(config, options, batch_size, "closed", {"warmup_steps": 0})
+    policy, calibrator, costs, cells = _prepare_run(trace, cost, policy, config, [int(batch_size)])
+    feed = RequestFeed(trace.num_requests, seed=config.seed, shuffle=config.shuffle)
+    batch = ReplayBatch(trace, seed=config.seed)
     batch.add(feed.take(batch_size))
-    stepper = _Stepper(batch, policy, cost, StepCosts(cost, trace.block_size, overhead_ms, draft_scale),
-                       calibrator, record)
+    stepper = _Stepper(batch, policy, costs, calibrator, cells, record)
     env = simpy.Environment()
     counters = {"finished_requests": 0, "finished_tokens": 0}
+    num_steps = config.num_steps
 
     def engine():
         for _ in range(num_steps):
@@ -300,14 +329,15 @@ def run_closed_loop(
         policy=label or policy.name,
         batch_size=int(batch_size),
         block_size=trace.block_size,
-        steps=StepRecord.from_lists(stepper.lists),
-        warmup_steps=int(warmup_steps),
+        steps=SimStepRecord.from_lists(stepper.lists),
+        warmup_steps=int(config.warmup_steps),
         finished_requests=counters["finished_requests"],
         finished_tokens=counters["finished_tokens"],
         inflight_tokens=int(batch.produced.sum()),
         trace_cycles=feed.cycles,
         approximate=not trace.exact_replay,
         log=stepper.log,
+        controller_metrics=stepper.driver.metrics,
     )
 
 
@@ -316,43 +346,45 @@ def run_open_loop(
     cost: CostCurve,
     policy: Policy,
     max_batch_size: int,
+    config: SimConfig | None = None,
     *,
-    rate_rps: float,
-    num_requests: int,
-    warmup_requests: int = 0,
-    seed: int = 0,
-    shuffle: bool = True,
-    overhead_ms: float = 0.0,
-    draft_scale: float = 1.0,
-    calibrator: Calibrator | None = None,
-    prompt_len: int | None = None,
-    prefill_ms: float | None = None,
-    label: str | None = None,
+    rate_rps: float | None = None,
     arrival_ms: np.ndarray | None = None,
+    label: str | None = None,
+    **options: Any,
 ) -> OpenLoopRun:
     """Simulate Poisson arrivals served with continuous batching until every request has finished.
 
     Args:
-        trace / cost / policy / seed / shuffle / overhead_ms / draft_scale / calibrator / label: as
-            :func:`run_closed_loop`; ``seed`` also seeds the arrival times (same seed, same arrivals).
+        trace / cost / policy / label: as :func:`run_closed_loop`.
         max_batch_size: most requests decoded together.
-        rate_rps: mean arrival rate in requests per second (exponential inter-arrival times).
-        num_requests: requests that arrive (the run ends when all have finished).
-        warmup_requests: the first arrivals, left out of the latency figures.
-        prompt_len: if given, admitting k requests costs a prefill of ``C_verify(k, k * prompt_len)``.
-        prefill_ms: if given (and no ``prompt_len``), admitting k requests costs ``k * prefill_ms``.
-            With neither, prefill is free (stated in the results).
+        config: the options (:class:`~.config.SimConfig`; used here: ``num_requests``,
+            ``warmup_requests`` (the first arrivals, left out of the latency figures), ``seed`` (also
+            the arrival times: same seed, same arrivals), ``shuffle``, ``overhead_ms``,
+            ``draft_scale``, ``calibrator``, ``graph_token_counts``, ``prompt_len`` (admitting k
+            requests costs a prefill of ``C_verify(k, k * prompt_len)``), ``prefill_ms`` (if given and
+            no ``prompt_len``, admitting k requests costs ``k * prefill_ms``; with neither, prefill is
+            free, stated in the results) and ``rate_rps`` when not given here).
+        rate_rps: mean arrival rate in requests per second (exponential inter-arrival times);
+            default ``config.rate_rps``.
         arrival_ms: explicit non-decreasing arrival times in ms (``[num_requests]``; e.g. a recorded
             arrival log) instead of Poisson arrivals; ``rate_rps`` is then only reported.
+        **options: SimConfig fields, applied over ``config``; without ``config`` they build one, with
+            ``warmup_requests`` defaulting to 0 here.
 
     Raises:
         CostCurveRangeError: a batch size, budget or prefill outside the curve's measured range.
+        SimulationError / ValueError: bad options (``rate_rps`` missing or <= 0, bad ``arrival_ms``).
     """
-    if not (rate_rps > 0):
+    config = _run_config(config, options, max_batch_size, "open", {"warmup_requests": 0})
+    if rate_rps is None:
+        rate_rps = config.rate_rps
+    if rate_rps is None or not (rate_rps > 0):
         raise ValueError(f"rate_rps={rate_rps} must be > 0")
-    policy = _fresh_policy(policy)
-    calibrator = copy.deepcopy(calibrator)
-    n = int(num_requests)
+    policy, calibrator, costs, cells = _prepare_run(trace, cost, policy, config, range(1, int(max_batch_size) + 1))
+    n = int(config.num_requests)
+    seed = config.seed
+    prompt_len, prefill_ms = config.prompt_len, config.prefill_ms
     if arrival_ms is None:
         arrival_rng = np.random.default_rng([int(seed), 1])
         arrival_ms = np.cumsum(arrival_rng.exponential(1000.0 / rate_rps, size=n))
@@ -360,11 +392,10 @@ def run_open_loop(
         arrival_ms = np.asarray(arrival_ms, dtype=np.float64)
         if arrival_ms.shape != (n,) or np.any(np.diff(arrival_ms) < 0) or (n and arrival_ms[0] < 0):
             raise ValueError(f"arrival_ms must be {n} non-decreasing times >= 0")
-    feed = RequestFeed(trace.num_requests, seed=seed, shuffle=shuffle)
+    feed = RequestFeed(trace.num_requests, seed=seed, shuffle=config.shuffle)
     requests = feed.take(n)
     batch = ReplayBatch(trace, seed=seed)
-    costs = StepCosts(cost, trace.block_size, overhead_ms, draft_scale)
-    stepper = _Stepper(batch, policy, cost, costs, calibrator, record=False)
+    stepper = _Stepper(batch, policy, costs, calibrator, cells, record=False)
     start_ms = np.full(n, np.nan)
     first_token_ms = np.full(n, np.nan)
     finish_ms = np.full(n, np.nan)
@@ -423,14 +454,15 @@ def run_open_loop(
         max_batch_size=int(max_batch_size),
         block_size=trace.block_size,
         rate_rps=float(rate_rps),
-        steps=StepRecord.from_lists(stepper.lists),
+        steps=SimStepRecord.from_lists(stepper.lists),
         arrival_ms=arrival_ms,
         start_ms=start_ms,
         first_token_ms=first_token_ms,
         finish_ms=finish_ms,
         output_tokens=output_tokens,
-        warmup_requests=int(warmup_requests),
+        warmup_requests=config.open_warmup_requests,
         prefill_ms_total=state["prefill_ms_total"],
         trace_cycles=feed.cycles,
         approximate=not trace.exact_replay,
+        controller_metrics=stepper.driver.metrics,
     )
