@@ -257,7 +257,7 @@ def one_wave(trace, curve, policy: str, bs: int) -> dict:
     at that batch size) all arriving at t = 0, decoded together until the last finishes (the batch
     shrinks as requests finish, as in vLLM), prefill not simulated. Decode tokens/s and step count."""
     from dcut_sched import policies
-    from dcut_sched.simulator.engine import run_open_loop
+    from dcut_sched.simulator import run_open_loop
 
     n = trace.num_requests
     run = run_open_loop(trace, curve, policies.get(policy), bs, rate_rps=1.0, num_requests=n, shuffle=False,
