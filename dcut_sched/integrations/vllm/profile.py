@@ -385,10 +385,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     curve.hardware["profile_command"] = "python -m dcut_sched.integrations.vllm.profile " + shlex.join(given)
     if steps:
         from .engine_steps import engine_step_rows
-        from .run import load_prompts
+        from .run import load_prompt_token_ids
 
         spec = {"file": args.prompts, "offset": args.prompt_offset, "n": max(batch_sizes), "chat": True}
-        prompts = load_prompts(spec, args.model)
+        prompts = load_prompt_token_ids(spec, args.model)
         records = []
         def spec(policy: str, **params: Any) -> dict[str, Any]:
             return {**llm_kwargs(args.model, args.draft, args.block_size, policy, dtype=args.dtype,
