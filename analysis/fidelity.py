@@ -199,35 +199,61 @@ def error_summary(errors: Any) -> dict[str, float]:
             "mean_signed": float(e.mean())}
 
 
-def step_time_ms(curve: CostCurve, batch_size: Sequence[int], num_tokens: Sequence[int], drafted: Sequence[bool],
-                 *, overhead_plain_ms: Any = 0.0, overhead_drafted_ms: Any = 0.0,
-                 verify_tokens: Sequence[int] | None = None) -> np.ndarray:
-    """Per-step time from a cost curve plus per-step overheads (the simulator's step model, docs/design.md §1).
+def with_overhead_rows(curve: CostCurve, table: pd.DataFrame) -> CostCurve:
+    """``curve`` plus ``step_overhead`` rows from a measured overhead table (docs/design.md §4).
 
-    A drafted step costs ``C_draft(bs) + C_verify(bs, K) + overhead_drafted(bs)``, a plain step
-    ``C_ar(bs) + overhead_plain(bs)``, both read from the curve's
-    :class:`~dcut_sched.step_costs.StepCosts` (the simulator's step times). ``verify_tokens`` (default
-    ``num_tokens``) is the K looked up for verification (e.g. ``bs * B`` for an engine that verifies
-    the whole block). Overheads are scalars or callables of bs (ms).
+    Args:
+        curve: the cost curve (its forward passes).
+        table: ``fidelity_overhead.csv``: ``batch_size``, ``drafted`` (bool), ``overhead_ms`` (median),
+            optional ``p20``, ``p80``, ``n``; ``drafted`` False rows become ``plain`` rows, True rows
+            ``drafted`` rows. The project's engine skips its drafter on a step without draft, so
+            no ``undrafted`` rows: such a step is priced as a plain step.
+
+    Returns:
+        A new :class:`CostCurve` (``curve`` is not changed).
+
+    Raises:
+        CostCurveError: a negative or non-finite overhead (naming the row).
+    """
+    from dcut_sched.cost_curve import StepOverheadRow
+
+    rows = []
+    for r in table.sort_values(["drafted", "batch_size"]).itertuples(index=False):
+        get = r._asdict()
+        rows.append(StepOverheadRow("drafted" if bool(get["drafted"]) else "plain", int(get["batch_size"]),
+                                    float(get["overhead_ms"]),
+                                    float(get["p20"]) if pd.notna(get.get("p20", np.nan)) else None,
+                                    float(get["p80"]) if pd.notna(get.get("p80", np.nan)) else None,
+                                    int(get["n"]) if pd.notna(get.get("n", np.nan)) else None, "measured"))
+    return CostCurve(hardware=curve.hardware, model=curve.model, block_size=curve.block_size,
+                     context_len=curve.context_len, verify=curve.verify, draft=curve.draft, ar=curve.ar,
+                     draft_first=curve.draft_first, step_overhead=rows, graph_mode=curve.graph_mode,
+                     created=curve.created, profile_seconds=curve.profile_seconds,
+                     source=curve.source + "; step_overhead rows: the project engine's held-out overhead run",
+                     path=curve.path, loaded_schema=curve.loaded_schema)
+
+
+def step_time_ms(curve: CostCurve, batch_size: Sequence[int], num_tokens: Sequence[int], drafted: Sequence[bool],
+                 *, verify_tokens: Sequence[int] | None = None, speculative: bool = True) -> np.ndarray:
+    """Per-step time, the simulator's step model (docs/design.md §1), from ``curve``'s
+    :class:`~dcut_sched.step_costs.StepCosts`: ``drafted_ms(bs, K)`` for a drafted step,
+    ``undrafted_ms(bs)`` for a step without draft (``plain_ms(bs)`` when not ``speculative``), with
+    whatever per-step rows the curve holds (:func:`with_overhead_rows`). ``verify_tokens`` (default
+    ``num_tokens``) is the K looked up (e.g. ``bs * B`` for an engine that verifies the whole block).
 
     Returns:
         ``[steps]`` float64 ms.
     """
+    from dcut_sched.step_costs import StepCosts
+
     bs = np.asarray(batch_size, dtype=np.int64)
     k = np.asarray(num_tokens if verify_tokens is None else verify_tokens, dtype=np.int64)
     d = np.asarray(drafted, dtype=bool)
-    fp = overhead_plain_ms if callable(overhead_plain_ms) else (lambda b, v=float(overhead_plain_ms): v)
-    fd = overhead_drafted_ms if callable(overhead_drafted_ms) else (lambda b, v=float(overhead_drafted_ms): v)
-    from dcut_sched.step_costs import step_costs
-
-    costs = step_costs(curve, curve.block_size)
+    costs = StepCosts(curve, curve.block_size)
+    skip = costs.undrafted_ms if speculative else costs.plain_ms
     out = np.empty(len(bs), dtype=np.float64)
     for i, (b, kk, dd) in enumerate(zip(bs, k, d)):
-        b = int(b)
-        if dd:
-            out[i] = costs.draft_ms(b) + costs.verify_ms(b, int(kk)) + float(fd(b))
-        else:
-            out[i] = costs.plain_ms(b) + float(fp(b))
+        out[i] = costs.drafted_ms(int(b), int(kk)) if dd else skip(int(b))
     return out
 
 
@@ -453,14 +479,6 @@ def _load_engine(out_dir: Path):
     return steps, runs, doc
 
 
-def _overhead_fn(table: pd.DataFrame, drafted: bool):
-    sub = table[table["drafted"] == drafted].sort_values("batch_size")
-    if sub.empty:
-        return lambda b: 0.0
-    xs, ys = sub["batch_size"].to_numpy(float), sub["overhead_ms"].to_numpy(float)
-    return lambda b: float(np.interp(b, xs, ys))
-
-
 def drafter_prefill_ms(steps: pd.DataFrame, block_size: int) -> np.ndarray:
     """Per engine step: the time the drafter spent on prompts, i.e. its own prefill, in ms.
 
@@ -510,7 +528,8 @@ def stage_predict(args) -> None:
     timing = CostCurve.load(args.timing_curve) if Path(args.timing_curve).exists() else curve
     ov_path = args.measurements / "fidelity_overhead.csv"
     ov = pd.read_csv(ov_path) if ov_path.exists() else pd.DataFrame(columns=["batch_size", "drafted", "overhead_ms"])
-    ov_plain, ov_drafted = _overhead_fn(ov, False), _overhead_fn(ov, True)
+    # the measured per-step overhead as the curves' step_overhead rows: StepCosts sums it
+    curve_ov, timing_ov = with_overhead_rows(curve, ov), with_overhead_rows(timing, ov)
     nreq = len(out_len)
     checks = []
     for bs in sorted(runs["batch_size"].unique()):
@@ -528,16 +547,17 @@ def stage_predict(args) -> None:
         # the engine's oracle verifies the whole block to learn the acceptance (its step costs full's)
         verify_k = np.where(st.drafted, st.batch_size * BLOCK_SIZE, st.num_tokens) if policy == "oracle" else st.num_tokens
         sim_ms = float(st.step_ms.sum())
-        model1_ms = float(step_time_ms(curve, st.batch_size, st.num_tokens, st.drafted, verify_tokens=verify_k,
-                                       overhead_plain_ms=ov_plain, overhead_drafted_ms=ov_drafted).sum())
-        model_ms = float(step_time_ms(timing, st.batch_size, st.num_tokens, st.drafted, verify_tokens=verify_k,
-                                      overhead_plain_ms=ov_plain, overhead_drafted_ms=ov_drafted).sum())
+        spec = policies.get(policy).speculative
+        model1_ms = float(step_time_ms(curve_ov, st.batch_size, st.num_tokens, st.drafted, verify_tokens=verify_k,
+                                       speculative=spec).sum())
+        model_ms = float(step_time_ms(timing_ov, st.batch_size, st.num_tokens, st.drafted, verify_tokens=verify_k,
+                                      speculative=spec).sum())
         e_drafted = es["drafted"].to_numpy(bool)
         e_bs = es["batch_size"].to_numpy(np.int64)
         e_verify_k = np.where(e_drafted, e_bs * BLOCK_SIZE, es["num_tokens"]) if policy == "oracle" else es["num_tokens"].to_numpy()
-        own_curve_ms = step_time_ms(curve, e_bs, es["num_tokens"], e_drafted, verify_tokens=e_verify_k)
-        own_model_ms = step_time_ms(timing, e_bs, es["num_tokens"], e_drafted, verify_tokens=e_verify_k,
-                                    overhead_plain_ms=ov_plain, overhead_drafted_ms=ov_drafted)
+        own_curve_ms = step_time_ms(curve, e_bs, es["num_tokens"], e_drafted, verify_tokens=e_verify_k, speculative=spec)
+        own_model_ms = step_time_ms(timing_ov, e_bs, es["num_tokens"], e_drafted, verify_tokens=e_verify_k,
+                                    speculative=spec)
         dpre = drafter_prefill_ms(es, BLOCK_SIZE)
         # the first drafter forward's excess over an ordinary draft forward on every drafted step:
         # prompt prefill (counted above) or catching up on tokens committed since the last draft

@@ -56,8 +56,10 @@ def _pct(x: float) -> str:
 VLLM_INTRO = (
     "`analysis/bench_vllm.py` runs vLLM 0.32.0 (CPU, fp32, eager) without speculation and with the D-Cut plugin "
     "(`full`, `dcut`, `fine`; SmolLM2-135M target, its skip-14-15 draft, B = 8) at bs 1..16, profiles the cost "
-    "curve in vLLM's own forward (`dcut-profile --vllm`), records a step-indexed trace in vLLM (the `full` runs), "
-    "and replays it with `dcut_sched.simulate` at the same batch sizes (docs/vllm.md). Files: "
+    "curve in vLLM (`dcut-profile --vllm`: its own forward on dummy batches, and real engine steps on held-out "
+    "prompts for the draft pass and the per-step engine overhead of plain, drafted and undrafted steps), records a "
+    "step-indexed trace in vLLM (the `full` runs), and replays each wave with the simulator at the same batch "
+    "sizes; the error is on decode tokens/s, the prefill step being outside the model (docs/vllm.md). Files: "
     "`analysis/results/vllm/`.\n")
 
 

@@ -10,7 +10,17 @@ A cost curve holds measured (or published, fitted, analytic) times of
   (piecewise graphs, variable-length attention, hidden states exported for the drafter); in the
   public D-Cut data the AR engine steps in 17.8 ms at bs 64 on H20 where verifying 256 slots costs
   55.2 ms. Schema ``dcut.cost-curve/2`` keeps it as its own ``ar`` rows;
-- ``C_draft(batch_size)`` ms: one draft step for the batch.
+- ``C_draft(batch_size)`` ms: one draft step for the batch;
+- optionally ``C_draft_first(batch_size, num_tokens)`` ms (``draft_first`` rows): the drafter's
+  first forward of a step, over the step's ``num_tokens`` verified tokens (how a draft that keeps
+  its own KV cache, e.g. vLLM's ``draft_model``, catches up and proposes its first token). Its cost
+  grows with the verified tokens, so a drafted step's draft is not one number per batch size;
+- optionally ``O_kind(batch_size)`` ms (``step_overhead`` rows, kind ``plain``, ``drafted`` or
+  ``undrafted``): what an engine spends per step beside the curve's forward passes (scheduling,
+  input preparation, sampling, output processing), measured on real engine steps.
+
+How :class:`~dcut_sched.step_costs.StepCosts` sums them is in docs/design.md §1; absent rows add
+nothing, so a curve without them prices steps exactly as before.
 
 Schema versions
 ---------------
@@ -29,7 +39,9 @@ Lookups
 - Between measured batch sizes it interpolates linearly in batch size at a fixed number of tokens per
   request (``num_tokens / batch_size``, i.e. at a fixed ratio rho), which keeps the valid range
   ``[1, B]`` tokens per request at every batch size (D-Cut's ``C_graph(bs, rho)``).
-- ``ar_ms`` and ``draft_ms`` are linear in batch size between measured batch sizes (``numpy.interp``).
+- ``draft_first_ms`` interpolates like ``verify_ms`` (same code, its own cells).
+- ``ar_ms``, ``draft_ms`` and ``overhead_ms`` are linear in batch size between measured batch sizes
+  (``numpy.interp``).
 - Anything outside the measured range raises :class:`CostCurveRangeError` naming the range: a cost
   curve is never extrapolated silently.
 
@@ -70,7 +82,10 @@ __all__ = [
     "CostCurve",
     "CostCurveError",
     "CostCurveRangeError",
+    "DraftFirstRow",
     "DraftRow",
+    "STEP_KINDS",
+    "StepOverheadRow",
     "FINGERPRINT_FIELDS",
     "cpu_model_name",
     "VerifyRow",
@@ -82,6 +97,10 @@ SCHEMAS = (SCHEMA_V1, SCHEMA)
 BACKENDS = ("cuda-graph", "cuda-eager", "cpu-eager", "analytic")
 PROVENANCES = ("measured", "published", "fitted", "analytic")
 GRAPH_MODES = ("full", "piecewise")
+#: Step kinds of ``step_overhead`` rows: ``plain`` (an engine without speculation), ``drafted`` (a
+#: step that verifies drafts and drafts the next block), ``undrafted`` (a step of a speculative
+#: engine that verifies anchors only, e.g. ``fine`` skipping its draft).
+STEP_KINDS = ("plain", "drafted", "undrafted")
 #: :attr:`CostCurve.ar_provenance` of a curve whose plain step is assumed, not measured.
 AR_ASSUMED_V1 = "assumed: C_verify(bs, bs) (v1 curve)"
 AR_ASSUMED_NO_ROWS = "assumed: C_verify(bs, bs) (no ar rows)"
@@ -136,8 +155,38 @@ class DraftRow:
     provenance: str = "measured"
 
 
+@dataclass(frozen=True)
+class DraftFirstRow:
+    """One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's
+    ``num_tokens`` verified tokens (attention over the context), times in ms."""
+
+    batch_size: int
+    num_tokens: int
+    median_ms: float
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    repeats: int | None = None
+    provenance: str = "measured"
+
+
+@dataclass(frozen=True)
+class StepOverheadRow:
+    """What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's
+    forward passes, at ``batch_size`` requests; ms, ``median_ms >= 0``. ``p20_ms`` / ``p80_ms`` are
+    quantiles of the per-step residuals and may be negative (a step faster than the curve's forwards)."""
+
+    kind: str
+    batch_size: int
+    median_ms: float
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    repeats: int | None = None
+    provenance: str = "measured"
+
+
 _ROW_REQUIRED = {VerifyRow: ("batch_size", "num_tokens", "median_ms"), ArRow: ("batch_size", "median_ms"),
-                 DraftRow: ("batch_size", "median_ms")}
+                 DraftRow: ("batch_size", "median_ms"), DraftFirstRow: ("batch_size", "num_tokens", "median_ms"),
+                 StepOverheadRow: ("kind", "batch_size", "median_ms")}
 
 
 #: The fields of :attr:`CostCurve.fingerprint` that :meth:`CostCurve.check_hardware` compares.
@@ -196,6 +245,81 @@ def _exact_float(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+class _CellTable:
+    """``(batch_size, num_tokens)`` cells and their lookup (module docstring, "Lookups"): isotonic
+    PCHIP in num_tokens at a measured batch size, linear in bs at fixed tokens per request between."""
+
+    def __init__(self, rows: list[Any], where, label: str) -> None:
+        # scipy loads with the first curve, not with the package (a controller import stays light)
+        from scipy.interpolate import PchipInterpolator
+        from scipy.optimize import isotonic_regression
+
+        self._where, self._label = where, label
+        by_bs: dict[int, list[Any]] = {}
+        for row in rows:
+            by_bs.setdefault(row.batch_size, []).append(row)
+        self.interp: dict[int, tuple[np.ndarray, np.ndarray, Any]] = {}
+        for bs, cells in sorted(by_bs.items()):
+            cells.sort(key=lambda r: r.num_tokens)
+            tokens = np.array([r.num_tokens for r in cells], dtype=np.float64)
+            ms = np.array([r.median_ms for r in cells], dtype=np.float64)
+            ms = isotonic_regression(ms, increasing=True).x if len(ms) > 1 else ms
+            interp = PchipInterpolator(tokens, ms, extrapolate=False) if len(ms) > 1 else None
+            self.interp[bs] = (tokens, ms, interp)
+        self.sizes = np.array(sorted(by_bs), dtype=np.int64)
+
+    def token_range(self, batch_size: int) -> tuple[int, int]:
+        lo_bs, hi_bs, _ = self.bracket(batch_size)
+        if lo_bs == hi_bs:
+            tokens = self.interp[lo_bs][0]
+            return int(tokens[0]), int(tokens[-1])
+        t_lo, t_hi = self.interp[lo_bs][0], self.interp[hi_bs][0]
+        per_lo = max(t_lo[0] / lo_bs, t_hi[0] / hi_bs)
+        per_hi = min(t_lo[-1] / lo_bs, t_hi[-1] / hi_bs)
+        return int(math.ceil(per_lo * batch_size - 1e-9)), int(math.floor(per_hi * batch_size + 1e-9))
+
+    def bracket(self, batch_size: int) -> tuple[int, int, float]:
+        sizes = self.sizes
+        bs = int(batch_size) if np.isfinite(batch_size) else -1
+        if bs != batch_size or bs < sizes[0] or bs > sizes[-1]:
+            raise CostCurveRangeError(
+                f"{self._where()}: {self._label}batch_size={batch_size} is outside the measured {self._label}batch sizes "
+                f"{sizes[0]}..{sizes[-1]} ({', '.join(map(str, sizes))}); profile it or choose "
+                f"a batch size in range"
+            )
+        if bs in self.interp:
+            return bs, bs, 0.0
+        j = int(np.searchsorted(sizes, bs))
+        lo, hi = int(sizes[j - 1]), int(sizes[j])
+        return lo, hi, (bs - lo) / (hi - lo)
+
+    def at(self, bs: int, num_tokens: np.ndarray) -> np.ndarray:
+        tokens, ms, interp = self.interp[bs]
+        if interp is None:
+            return np.full(num_tokens.shape, ms[0])
+        return interp(num_tokens)
+
+    def lookup(self, batch_size: int, num_tokens: Any) -> Any:
+        scalar = np.isscalar(num_tokens)
+        tokens = np.asarray(num_tokens, dtype=np.float64)
+        if not np.isfinite(tokens).all():
+            raise CostCurveRangeError(f"{self._where()}: num_tokens must be finite; got {num_tokens!r}")
+        lo_tok, hi_tok = self.token_range(batch_size)
+        if tokens.size and (tokens.min() < lo_tok or tokens.max() > hi_tok):
+            bad = tokens[(tokens < lo_tok) | (tokens > hi_tok)].ravel()[0]
+            raise CostCurveRangeError(
+                f"{self._where()}: {self._label}num_tokens={bad:g} at batch_size={batch_size} is outside the "
+                f"measured range {lo_tok}..{hi_tok}; profile more token counts or pick a budget in range"
+            )
+        lo, hi, w = self.bracket(batch_size)
+        if lo == hi:
+            out = self.at(lo, tokens)
+        else:
+            per_request = tokens / batch_size
+            out = (1 - w) * self.at(lo, per_request * lo) + w * self.at(hi, per_request * hi)
+        return float(out) if scalar else out
+
+
 @dataclass
 class CostCurve:
     """A verification / plain-decode / draft cost curve (schema ``dcut.cost-curve/2``, docs/design.md §4).
@@ -214,6 +338,9 @@ class CostCurve:
         draft: draft-step cells (may be empty; then :meth:`draft_ms` raises).
         ar: plain-decode cells (may be empty; then :meth:`ar_ms` assumes ``C_verify(bs, bs)`` and
             warns once).
+        draft_first: the drafter's first forward over a step's verified tokens (may be empty: then
+            :meth:`draft_first_ms` is 0 and a drafted step's draft is ``C_draft(bs)`` at any budget).
+        step_overhead: per-step engine time beside the forwards, by step kind (may be empty: 0).
         graph_mode: ``"full"``, ``"piecewise"`` or ``None`` where it does not apply.
         created: ISO-8601 time stamp.
         profile_seconds: wall time the profile took to measure.
@@ -232,6 +359,8 @@ class CostCurve:
     verify: list[VerifyRow]
     draft: list[DraftRow] = field(default_factory=list)
     ar: list[ArRow] = field(default_factory=list)
+    draft_first: list[DraftFirstRow] = field(default_factory=list)
+    step_overhead: list[StepOverheadRow] = field(default_factory=list)
     graph_mode: str | None = None
     created: str = field(default_factory=_now_iso)
     profile_seconds: float | None = None
@@ -267,6 +396,13 @@ class CostCurve:
             raise self._fail(where, f"must be a positive finite number of ms, got {value!r}")
         return got
 
+    def _overhead_ms(self, value: Any, where: str) -> float:
+        got = _exact_float(value)
+        if got is None or got < 0:
+            raise self._fail(where, f"must be a finite number of ms >= 0, got {value!r}",
+                             "a step's overhead beside the forwards cannot be negative; write 0 for none")
+        return got
+
     def _row(self, cls_row: type, item: Any, where: str) -> Any:
         """Validate one row (a dataclass or a mapping) and return it with plain Python values."""
         if isinstance(item, cls_row):
@@ -281,13 +417,28 @@ class CostCurve:
         for req in _ROW_REQUIRED[cls_row]:
             if item.get(req) is None:
                 raise self._fail(f"{where}.{req}", "missing")
-        out: dict[str, Any] = {"batch_size": self._int(item["batch_size"], f"{where}.batch_size", 1)}
-        if cls_row is VerifyRow:
+        out: dict[str, Any] = {}
+        if cls_row is StepOverheadRow:
+            kind = item["kind"]
+            if not isinstance(kind, str) or kind not in STEP_KINDS:
+                raise self._fail(f"{where}.kind", f"unknown step kind {kind!r}", f"use one of {', '.join(STEP_KINDS)}")
+            out["kind"] = kind
+        out["batch_size"] = self._int(item["batch_size"], f"{where}.batch_size", 1)
+        if "num_tokens" in _ROW_REQUIRED[cls_row]:
             out["num_tokens"] = self._int(item["num_tokens"], f"{where}.num_tokens", 1)
-        out["median_ms"] = self._ms(item["median_ms"], f"{where}.median_ms")
-        for name in ("p20_ms", "p80_ms"):
-            if item.get(name) is not None:
-                out[name] = self._ms(item[name], f"{where}.{name}")
+        if cls_row is StepOverheadRow:  # an overhead may be 0; its residual quantiles any finite number
+            out["median_ms"] = self._overhead_ms(item["median_ms"], f"{where}.median_ms")
+            for name in ("p20_ms", "p80_ms"):
+                if item.get(name) is not None:
+                    got = _exact_float(item[name])
+                    if got is None:
+                        raise self._fail(f"{where}.{name}", f"must be a finite number of ms, got {item[name]!r}")
+                    out[name] = got
+        else:
+            out["median_ms"] = self._ms(item["median_ms"], f"{where}.median_ms")
+            for name in ("p20_ms", "p80_ms"):
+                if item.get(name) is not None:
+                    out[name] = self._ms(item[name], f"{where}.{name}")
         if "p20_ms" in out and out["p20_ms"] > out["median_ms"] * (1 + 1e-9):
             raise self._fail(f"{where}.p20_ms", f"{out['p20_ms']} > median_ms {out['median_ms']}")
         if "p80_ms" in out and out["p80_ms"] < out["median_ms"] * (1 - 1e-9):
@@ -354,11 +505,30 @@ class CostCurve:
         self.verify = self._rows("verify", VerifyRow, self.verify)
         self.draft = self._rows("draft", DraftRow, self.draft)
         self.ar = self._rows("ar", ArRow, self.ar)
+        self.draft_first = self._rows("draft_first", DraftFirstRow, self.draft_first)
+        self.step_overhead = self._rows("step_overhead", StepOverheadRow, self.step_overhead)
         if not self.verify:
             raise self._fail("verify", "no rows", "a curve needs at least one verification cell")
+        self._check_cells("verify", self.verify)
+        self._check_cells("draft_first", self.draft_first)
+        for name, rows in (("draft", self.draft), ("ar", self.ar)):
+            seen_bs: set[int] = set()
+            for n, row in enumerate(rows):
+                if row.batch_size in seen_bs:
+                    raise self._fail(f"{name}[{n}]", f"duplicate {name} cell batch_size={row.batch_size}")
+                seen_bs.add(row.batch_size)
+        seen_kind: set[tuple[str, int]] = set()
+        for n, row in enumerate(self.step_overhead):
+            key = (row.kind, row.batch_size)
+            if key in seen_kind:
+                raise self._fail(f"step_overhead[{n}]", f"duplicate cell kind={row.kind}, batch_size={row.batch_size}")
+            seen_kind.add(key)
+
+    def _check_cells(self, name: str, rows: list[Any]) -> None:
+        """``(batch_size, num_tokens)`` cells: ``bs <= num_tokens <= bs * B``, no duplicates."""
         seen: set[tuple[int, int]] = set()
-        for n, row in enumerate(self.verify):
-            where = f"verify[{n}]"
+        for n, row in enumerate(rows):
+            where = f"{name}[{n}]"
             if row.num_tokens < row.batch_size:
                 raise self._fail(
                     f"{where}.num_tokens",
@@ -375,37 +545,25 @@ class CostCurve:
             if key in seen:
                 raise self._fail(where, f"duplicate cell batch_size={key[0]}, num_tokens={key[1]}")
             seen.add(key)
-        for name, rows in (("draft", self.draft), ("ar", self.ar)):
-            seen_bs: set[int] = set()
-            for n, row in enumerate(rows):
-                if row.batch_size in seen_bs:
-                    raise self._fail(f"{name}[{n}]", f"duplicate {name} cell batch_size={row.batch_size}")
-                seen_bs.add(row.batch_size)
 
     # ------------------------------------------------------------------ lookup tables
     def _build_tables(self) -> None:
-        # scipy loads with the first curve, not with the package (a controller import stays light)
-        from scipy.interpolate import PchipInterpolator
-        from scipy.optimize import isotonic_regression
-
-        by_bs: dict[int, list[VerifyRow]] = {}
-        for row in self.verify:
-            by_bs.setdefault(row.batch_size, []).append(row)
-        self._verify_interp: dict[int, tuple[np.ndarray, np.ndarray, Any]] = {}
-        for bs, rows in sorted(by_bs.items()):
-            rows.sort(key=lambda r: r.num_tokens)
-            tokens = np.array([r.num_tokens for r in rows], dtype=np.float64)
-            ms = np.array([r.median_ms for r in rows], dtype=np.float64)
-            ms = isotonic_regression(ms, increasing=True).x if len(ms) > 1 else ms
-            interp = PchipInterpolator(tokens, ms, extrapolate=False) if len(ms) > 1 else None
-            self._verify_interp[bs] = (tokens, ms, interp)
-        self._batch_sizes = np.array(sorted(by_bs), dtype=np.int64)
+        self._verify_cells = _CellTable(self.verify, self._where, "")
+        self._verify_interp = self._verify_cells.interp
+        self._batch_sizes = self._verify_cells.sizes
+        self._draft_first_cells = _CellTable(self.draft_first, self._where, "draft_first ") if self.draft_first else None
         draft_rows = sorted(self.draft, key=lambda r: r.batch_size)
         self._draft_bs = np.array([r.batch_size for r in draft_rows], dtype=np.float64)
         self._draft_ms = np.array([r.median_ms for r in draft_rows], dtype=np.float64)
         ar_rows = sorted(self.ar, key=lambda r: r.batch_size)
         self._ar_bs = np.array([r.batch_size for r in ar_rows], dtype=np.float64)
         self._ar_ms = np.array([r.median_ms for r in ar_rows], dtype=np.float64)
+        self._overhead: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for kind in STEP_KINDS:
+            rows = sorted((r for r in self.step_overhead if r.kind == kind), key=lambda r: r.batch_size)
+            if rows:
+                self._overhead[kind] = (np.array([r.batch_size for r in rows], dtype=np.float64),
+                                        np.array([r.median_ms for r in rows], dtype=np.float64))
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -428,35 +586,10 @@ class CostCurve:
         Raises:
             CostCurveRangeError: ``batch_size`` outside the measured batch sizes.
         """
-        lo_bs, hi_bs, _ = self._bracket(batch_size)
-        if lo_bs == hi_bs:
-            tokens = self._verify_interp[lo_bs][0]
-            return int(tokens[0]), int(tokens[-1])
-        t_lo, t_hi = self._verify_interp[lo_bs][0], self._verify_interp[hi_bs][0]
-        per_lo = max(t_lo[0] / lo_bs, t_hi[0] / hi_bs)
-        per_hi = min(t_lo[-1] / lo_bs, t_hi[-1] / hi_bs)
-        return int(math.ceil(per_lo * batch_size - 1e-9)), int(math.floor(per_hi * batch_size + 1e-9))
+        return self._verify_cells.token_range(batch_size)
 
     def _bracket(self, batch_size: int) -> tuple[int, int, float]:
-        sizes = self._batch_sizes
-        bs = int(batch_size) if np.isfinite(batch_size) else -1
-        if bs != batch_size or bs < sizes[0] or bs > sizes[-1]:
-            raise CostCurveRangeError(
-                f"{self._where()}: batch_size={batch_size} is outside the measured batch sizes "
-                f"{sizes[0]}..{sizes[-1]} ({', '.join(map(str, sizes))}); profile it or choose "
-                f"a batch size in range"
-            )
-        if bs in self._verify_interp:
-            return bs, bs, 0.0
-        j = int(np.searchsorted(sizes, bs))
-        lo, hi = int(sizes[j - 1]), int(sizes[j])
-        return lo, hi, (bs - lo) / (hi - lo)
-
-    def _verify_at(self, bs: int, num_tokens: np.ndarray) -> np.ndarray:
-        tokens, ms, interp = self._verify_interp[bs]
-        if interp is None:
-            return np.full(num_tokens.shape, ms[0])
-        return interp(num_tokens)
+        return self._verify_cells.bracket(batch_size)
 
     def verify_ms(self, batch_size: int, num_tokens: Any) -> Any:
         """``C_verify(batch_size, num_tokens)`` in ms.
@@ -471,24 +604,52 @@ class CostCurve:
         Raises:
             CostCurveRangeError: ``batch_size`` or any ``num_tokens`` outside the measured range.
         """
-        scalar = np.isscalar(num_tokens)
-        tokens = np.asarray(num_tokens, dtype=np.float64)
-        if not np.isfinite(tokens).all():
-            raise CostCurveRangeError(f"{self._where()}: num_tokens must be finite; got {num_tokens!r}")
-        lo_tok, hi_tok = self.token_range(batch_size)
-        if tokens.size and (tokens.min() < lo_tok or tokens.max() > hi_tok):
-            bad = tokens[(tokens < lo_tok) | (tokens > hi_tok)].ravel()[0]
+        return self._verify_cells.lookup(batch_size, num_tokens)
+
+    def has_draft_first(self) -> bool:
+        """Whether the curve prices the drafter's first forward by verified tokens (``draft_first`` rows)."""
+        return self._draft_first_cells is not None
+
+    def draft_first_ms(self, batch_size: int, num_tokens: Any) -> Any:
+        """``C_draft_first(batch_size, num_tokens)`` in ms: the drafter's first forward of a step over
+        its ``num_tokens`` verified tokens; interpolated exactly as :meth:`verify_ms` (isotonic PCHIP
+        in num_tokens, linear in bs at fixed tokens per request), from the ``draft_first`` cells.
+
+        Returns:
+            A float for a scalar ``num_tokens``, else a float64 array; 0 (or zeros) without
+            ``draft_first`` rows.
+
+        Raises:
+            CostCurveRangeError: ``batch_size`` or ``num_tokens`` outside the ``draft_first`` cells.
+        """
+        if self._draft_first_cells is None:
+            return 0.0 if np.isscalar(num_tokens) else np.zeros(np.shape(num_tokens))
+        return self._draft_first_cells.lookup(batch_size, num_tokens)
+
+    def has_overhead(self, kind: str) -> bool:
+        """Whether the curve has ``step_overhead`` rows of ``kind`` (one of :data:`STEP_KINDS`)."""
+        if kind not in STEP_KINDS:
+            raise ValueError(f"unknown step kind {kind!r}; use one of {', '.join(STEP_KINDS)}")
+        return kind in self._overhead
+
+    def overhead_ms(self, kind: str, batch_size: int) -> float:
+        """``O_kind(batch_size)`` in ms: the engine's time per step of ``kind`` beside the curve's
+        forward passes, linear in batch size between its ``step_overhead`` rows (``numpy.interp``);
+        0 when the curve has no rows of that kind.
+
+        Raises:
+            ValueError: unknown ``kind``.
+            CostCurveRangeError: ``batch_size`` outside the measured batch sizes of that kind.
+        """
+        if not self.has_overhead(kind):
+            return 0.0
+        xs, ys = self._overhead[kind]
+        if not (np.isfinite(batch_size) and xs[0] <= batch_size <= xs[-1]):
             raise CostCurveRangeError(
-                f"{self._where()}: num_tokens={bad:g} at batch_size={batch_size} is outside the "
-                f"measured range {lo_tok}..{hi_tok}; profile more token counts or pick a budget in range"
+                f"{self._where()}: {kind} step overhead batch_size={batch_size} is outside the measured "
+                f"'step_overhead' batch sizes {xs[0]:g}..{xs[-1]:g}; profile it or choose a batch size in range"
             )
-        lo, hi, w = self._bracket(batch_size)
-        if lo == hi:
-            out = self._verify_at(lo, tokens)
-        else:
-            per_request = tokens / batch_size
-            out = (1 - w) * self._verify_at(lo, per_request * lo) + w * self._verify_at(hi, per_request * hi)
-        return float(out) if scalar else out
+        return float(np.interp(batch_size, xs, ys))
 
     def has_draft(self) -> bool:
         """Whether the curve has draft-step cells."""
@@ -657,6 +818,11 @@ class CostCurve:
             "verify": [row_dict(r) for r in sorted(self.verify, key=lambda r: (r.batch_size, r.num_tokens))],
             "ar": [row_dict(r) for r in sorted(self.ar, key=lambda r: r.batch_size)],
             "draft": [row_dict(r) for r in sorted(self.draft, key=lambda r: r.batch_size)],
+            **({"draft_first": [row_dict(r) for r in sorted(self.draft_first, key=lambda r: (r.batch_size, r.num_tokens))]}
+               if self.draft_first else {}),
+            **({"step_overhead": [row_dict(r) for r in sorted(self.step_overhead,
+                                                              key=lambda r: (STEP_KINDS.index(r.kind), r.batch_size))]}
+               if self.step_overhead else {}),
             "created": self.created,
             "profile_seconds": self.profile_seconds,
             "source": self.source,
@@ -703,10 +869,12 @@ class CostCurve:
         for key in required:
             if key not in doc:
                 raise CostCurveError(f"{where}: field '{key}': missing")
-        if schema == SCHEMA_V1 and "ar" in doc:
-            raise CostCurveError(f"{where}: field 'ar': not part of {SCHEMA_V1}; set 'schema' to {SCHEMA!r}")
+        if schema == SCHEMA_V1:
+            for key in ("ar", "draft_first", "step_overhead"):
+                if key in doc:
+                    raise CostCurveError(f"{where}: field '{key}': not part of {SCHEMA_V1}; set 'schema' to {SCHEMA!r}")
         known = {"schema", "hardware", "model", "block_size", "context_len", "graph_mode", "verify", "draft", "ar",
-                 "created", "profile_seconds", "source"}
+                 "draft_first", "step_overhead", "created", "profile_seconds", "source"}
         unknown = sorted(str(k) for k in doc if k not in known)
         if unknown:
             raise CostCurveError(f"{where}: unknown top-level fields {unknown} (allowed: {', '.join(sorted(known))})")
@@ -718,6 +886,8 @@ class CostCurve:
             verify=doc["verify"],
             draft=doc.get("draft"),
             ar=doc.get("ar"),
+            draft_first=doc.get("draft_first"),
+            step_overhead=doc.get("step_overhead"),
             graph_mode=doc.get("graph_mode"),
             created=doc.get("created") or _now_iso(),
             profile_seconds=doc.get("profile_seconds"),

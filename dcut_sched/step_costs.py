@@ -1,13 +1,25 @@
 """Engine step times from a cost curve: the one owner of "what does this step cost".
 
-Two kinds of step (docs/design.md §1):
+Three kinds of step (docs/design.md §1), with ``K`` the step's verified tokens:
 
-- a **drafted** step costs ``draft_scale * C_draft(bs) + C_verify(bs, num_tokens) + overhead_ms``
+- a **drafted** step (:meth:`StepCosts.drafted_ms`) costs
+  ``draft_scale * (C_draft(bs) + C_draft_first(bs, K) - C_draft_first(bs, bs)) + C_verify(bs, K)
+  + O_drafted(bs) + overhead_ms``
   (``overhead_ms``: optional per-step controller overhead, default 0; ``draft_scale``: a what-if
-  multiplier on the draft step, default 1, used by the sensitivity analysis);
-- a **plain** step (no draft, every request verifies its anchor only) costs ``C_ar(bs)``, the plain
-  autoregressive decode step the serving engine runs without speculation
-  (:meth:`CostCurve.ar_ms`). It is *not* ``C_verify(bs, bs)``: plain decode runs another engine path.
+  multiplier on the draft step, default 1, used by the sensitivity analysis; ``C_draft_first`` the
+  drafter's first forward over the K verified tokens, so the draft step ``C_draft(bs)`` is priced
+  at the anchor-only budget and the excess grows with K; 0 without ``draft_first`` rows);
+- a **plain** step (:meth:`StepCosts.plain_ms`: the engine without speculation, the ``ar``
+  baseline) costs ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the plain autoregressive decode step
+  (:meth:`CostCurve.ar_ms`). It is *not* ``C_verify(bs, bs)``: plain decode runs another engine path;
+- an **undrafted** step (:meth:`StepCosts.undrafted_ms`: a speculative engine's step that verifies
+  anchors only, when a policy skips drafting) costs ``C_ar(bs) + C_draft_first(bs, bs) +
+  O_undrafted(bs)`` where the curve has ``undrafted`` overhead rows (an engine whose drafter still
+  runs its first forward to keep its KV cache in sync, as vLLM 0.32 does), else exactly the plain
+  step (an engine that truly skips the drafter, as the project's own).
+
+``O_kind`` are the curve's ``step_overhead`` rows (0 where absent), so a curve without the optional
+rows prices every step as ``C_draft + C_verify + overhead_ms`` and ``C_ar``.
 
 The simulator charges these times, and the policies (``ar``, ``dcut``, ``fine``, ...) read them from
 the same object, so a policy's objective and the time the simulator charges cannot drift apart.
@@ -57,6 +69,8 @@ class StepCosts:
         self._at: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
         self._draft: dict[int, float] = {}
         self._plain: dict[int, float] = {}
+        self._undrafted: dict[int, float] = {}
+        self._drafted_at: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
     # ------------------------------------------------------------------ verification
     def verify_table(self, batch_size: int) -> tuple[int, np.ndarray]:
@@ -113,30 +127,105 @@ class StepCosts:
 
     # ------------------------------------------------------------------ whole steps
     def draft_ms(self, batch_size: int) -> float:
-        """``draft_scale * C_draft(batch_size)`` in ms."""
+        """``draft_scale * C_draft(batch_size)`` in ms (the draft step at the anchor-only budget)."""
         hit = self._draft.get(batch_size)
         if hit is None:
             hit = self._draft[batch_size] = self.draft_scale * self.cost.draft_ms(batch_size)
         return hit
 
+    def draft_first_excess_ms(self, batch_size: int, num_tokens: int) -> float:
+        """``draft_scale * (C_draft_first(bs, K) - C_draft_first(bs, bs))``: what the drafter's first
+        forward over K verified tokens costs beyond the anchor-only one (0 without ``draft_first`` rows)."""
+        if not self.cost.has_draft_first():
+            return 0.0
+        c = self.cost.draft_first_ms
+        return self.draft_scale * (c(batch_size, num_tokens) - c(batch_size, batch_size))
+
     def drafted_ms(self, batch_size: int, num_tokens: int) -> float:
-        """A drafted step: ``draft_ms(bs) + C_verify(bs, num_tokens) + overhead_ms``."""
-        return self.draft_ms(batch_size) + self.verify_ms(batch_size, num_tokens) + self.overhead_ms
+        """A drafted step (module docstring): ``draft_ms(bs) + draft_first_excess_ms(bs, K) +
+        C_verify(bs, K) + O_drafted(bs) + overhead_ms``."""
+        out = self.draft_ms(batch_size) + self.verify_ms(batch_size, num_tokens) + self.overhead_ms
+        if self.cost.has_overhead("drafted"):
+            out += self.cost.overhead_ms("drafted", batch_size)
+        if self.cost.has_draft_first():
+            out += self.draft_first_excess_ms(batch_size, num_tokens)
+        return out
+
+    def drafted_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``[len(budgets)]`` float64 :meth:`drafted_ms` at each budget (cached per (bs, budgets)); the
+        whole drafted step a budget-choosing policy compares (``fine``, smartspec, dspark, ...).
+
+        Raises:
+            CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
+        """
+        return self.drafted_fixed_ms(batch_size) + self.budget_ms_at(batch_size, budgets)
+
+    def budget_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``[len(budgets)]`` float64: the part of a drafted step that depends on the budget K,
+        ``C_verify(bs, K) + draft_first_excess_ms(bs, K)`` (just :meth:`verify_ms_at` on a curve
+        without ``draft_first`` rows); cached per (bs, budgets), read-only.
+
+        Raises:
+            CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
+        """
+        verify = self.verify_ms_at(batch_size, budgets)
+        if not self.cost.has_draft_first():
+            return verify
+        key = (int(batch_size), tuple(np.asarray(budgets, dtype=np.int64).tolist()))
+        hit = self._drafted_at.get(key)
+        if hit is None:
+            ks = np.asarray(key[1], dtype=np.int64)
+            c = self.cost.draft_first_ms
+            hit = verify + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
+            hit = self._drafted_at[key] = np.asarray(hit, dtype=np.float64)
+            hit.setflags(write=False)
+        return hit
 
     def drafted_fixed_ms(self, batch_size: int) -> float:
-        """The part of a drafted step that does not depend on the budget: ``draft_ms(bs) + overhead_ms``."""
-        return self.draft_ms(batch_size) + self.overhead_ms
+        """The part of a drafted step that does not depend on the budget:
+        ``draft_ms(bs) + O_drafted(bs) + overhead_ms``."""
+        out = self.draft_ms(batch_size) + self.overhead_ms
+        if self.cost.has_overhead("drafted"):
+            out += self.cost.overhead_ms("drafted", batch_size)
+        return out
 
     def plain_ms(self, batch_size: int) -> float:
-        """A step without draft: ``C_ar(bs)``, the plain autoregressive decode step."""
+        """A step of the engine without speculation: ``C_ar(bs) + O_plain(bs)``."""
         hit = self._plain.get(batch_size)
         if hit is None:
-            hit = self._plain[batch_size] = float(self.cost.ar_ms(batch_size))
+            hit = float(self.cost.ar_ms(batch_size))
+            if self.cost.has_overhead("plain"):
+                hit += self.cost.overhead_ms("plain", batch_size)
+            self._plain[batch_size] = hit
         return hit
 
     def plain_tokens_per_ms(self, batch_size: int) -> float:
-        """Output tokens per ms of plain decoding: ``bs / C_ar(bs)``."""
+        """Output tokens per ms of plain decoding (the engine without speculation): ``bs / plain_ms(bs)``."""
         return batch_size / self.plain_ms(batch_size)
+
+    @property
+    def truly_skips(self) -> bool:
+        """Whether an undrafted step is a plain step (no ``undrafted`` overhead rows in the curve)."""
+        return not self.cost.has_overhead("undrafted")
+
+    def undrafted_ms(self, batch_size: int) -> float:
+        """A speculative engine's step that verifies anchors only (module docstring):
+        ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) + O_undrafted(bs)`` on a curve with
+        ``undrafted`` rows, else :meth:`plain_ms`."""
+        if self.truly_skips:
+            return self.plain_ms(batch_size)
+        hit = self._undrafted.get(batch_size)
+        if hit is None:
+            first = self.draft_scale * float(self.cost.draft_first_ms(batch_size, batch_size))
+            hit = self._undrafted[batch_size] = (float(self.cost.ar_ms(batch_size)) + first
+                                                 + self.cost.overhead_ms("undrafted", batch_size))
+        return hit
+
+    def undrafted_tokens_per_ms(self, batch_size: int) -> float:
+        """Output tokens per ms of a speculative engine that skips drafting: ``bs / undrafted_ms(bs)``
+        (what a policy that stops drafting gets; equals :meth:`plain_tokens_per_ms` on an engine
+        that truly skips)."""
+        return batch_size / self.undrafted_ms(batch_size)
 
     def _where(self) -> str:
         return f"cost curve {self.cost.path}" if self.cost.path else "cost curve"

@@ -99,6 +99,10 @@ def build_parser() -> CliParser:
                       help="time vLLM's own forward on dummy batches for the Hugging Face model folder MODEL, in "
                            "the vLLM environment (.venv-vllm; docs/vllm.md); with --vllm-draft also the draft step")
     ap.add_argument("--vllm-draft", metavar="DIR", help="vllm: the draft model folder (vLLM method draft_model)")
+    ap.add_argument("--vllm-engine-steps", type=int, default=40, metavar="TOKENS",
+                    help="vllm with --vllm-draft: also time real engine steps on held-out prompts (traces/prompts.jsonl "
+                         "rows 32..), TOKENS new tokens per request, for the step_overhead, draft_first and real draft "
+                         "rows (docs/vllm.md); 0 = dummy batches only (default: %(default)s)")
     ap.add_argument("--out", required=True, help="output cost-curve JSON (written atomically)")
     ap.add_argument("--model", help="preset (tiny, smollm2-135m, qwen3-8b, llama-3.1-8b, qwen3.5-27b, "
                                     "qwen3.5-35b-a3b, qwen3-30b-a3b), a config.json or a checkpoint directory "
@@ -468,11 +472,12 @@ def _main_vllm(args: argparse.Namespace) -> int:
         curve = profile_vllm(args.vllm, args.out, draft=args.vllm_draft, block_size=args.block_size or 8,
                              batch_sizes=args.batch_sizes or [1, 2, 4, 8, 16], context_len=args.context_len or 128,
                              warmups=1 if args.warmups is None else args.warmups, repeats=args.repeats or 5,
-                             dtype=args.dtype or "float32")
+                             dtype=args.dtype or "float32", engine_steps=args.vllm_engine_steps)
     except (VllmProfileError, CostCurveError, OSError) as exc:
         print(f"dcut-profile: error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.ar)} ar + {len(curve.draft)} draft rows, "
+    print(f"wrote {args.out}: {len(curve.verify)} verify + {len(curve.ar)} ar + {len(curve.draft)} draft + "
+          f"{len(curve.draft_first)} draft_first + {len(curve.step_overhead)} step_overhead rows, "
           f"vLLM {curve.hardware.get('engine_version')} on {curve.hardware.get('device_name')}")
     return 0
 

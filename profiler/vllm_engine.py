@@ -22,8 +22,11 @@ class VllmProfileError(RuntimeError):
 
 
 def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, batch_sizes: list[int],
-                 context_len: int, warmups: int, repeats: int, dtype: str) -> CostCurve:
+                 context_len: int, warmups: int, repeats: int, dtype: str, engine_steps: int = 40) -> CostCurve:
     """Run the in-engine profile and return the curve it wrote to ``out``.
+
+    ``engine_steps``: with a draft, also time real engine steps on held-out prompts with that many
+    new tokens per request (``draft``, ``draft_first`` and ``step_overhead`` rows); 0 = dummy batches only.
 
     Raises:
         VllmProfileError: no vLLM environment, or the profile process failed (its last output lines).
@@ -39,12 +42,12 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
     cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(model),
            "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
            "--context-len", str(context_len), "--warmups", str(warmups), "--repeats", str(repeats),
-           "--dtype", dtype, "--out", str(out)]
+           "--dtype", dtype, "--engine-steps", str(int(engine_steps)), "--out", str(out)]
     if draft:
         cmd += ["--draft", str(draft)]
     proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True)
     for line in proc.stdout.splitlines():
-        if line.startswith(("bs ", "wrote ")):
+        if line.startswith(("bs ", "wrote ", "engine steps")):
             print(line, flush=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])

@@ -256,3 +256,77 @@ def test_nan_lookups_raise():
         curve.verify_ms(16, float("nan"))
     with pytest.raises(CostCurveRangeError, match="outside the measured batch sizes"):
         curve.verify_ms(float("nan"), 64)
+
+
+def _engine_rows_doc(**over):
+    """``_doc()`` plus the optional per-step rows (docs/design.md §4)."""
+    doc = _doc(**over)
+    doc["draft_first"] = [{"batch_size": 16, "num_tokens": 16, "median_ms": 2.0},
+                          {"batch_size": 16, "num_tokens": 256, "median_ms": 6.0, "p20_ms": 5.5, "p80_ms": 6.5,
+                           "repeats": 7},
+                          {"batch_size": 64, "num_tokens": 64, "median_ms": 3.0},
+                          {"batch_size": 64, "num_tokens": 1024, "median_ms": 9.0}]
+    doc["step_overhead"] = [{"kind": "plain", "batch_size": 16, "median_ms": 1.0},
+                            {"kind": "plain", "batch_size": 64, "median_ms": 2.0, "p20_ms": -0.5, "p80_ms": 2.5},
+                            {"kind": "drafted", "batch_size": 16, "median_ms": 0.0},
+                            {"kind": "drafted", "batch_size": 64, "median_ms": 4.0},
+                            {"kind": "undrafted", "batch_size": 16, "median_ms": 5.0},
+                            {"kind": "undrafted", "batch_size": 64, "median_ms": 7.0}]
+    return doc
+
+
+def test_draft_first_and_step_overhead_rows_by_hand(tmp_path):
+    curve = CostCurve.from_dict(_engine_rows_doc())
+    assert curve.has_draft_first() and all(curve.has_overhead(k) for k in ("plain", "drafted", "undrafted"))
+    # two cells per bs: the PCHIP is the straight line; halfway in tokens at bs 16 -> halfway in ms
+    assert curve.draft_first_ms(16, 16) == 2.0 and curve.draft_first_ms(16, 136) == pytest.approx(4.0)
+    # between batch sizes: linear in bs at fixed tokens per request (as verify): bs 40 at 1 token/request
+    assert curve.draft_first_ms(40, 40) == pytest.approx((2.0 + 3.0) / 2)
+    assert curve.overhead_ms("plain", 40) == pytest.approx(1.5) and curve.overhead_ms("undrafted", 16) == 5.0
+    with pytest.raises(CostCurveRangeError, match="draft_first num_tokens=8 at batch_size=16"):
+        curve.draft_first_ms(16, 8)
+    with pytest.raises(CostCurveRangeError, match="plain step overhead batch_size=8 is outside"):
+        curve.overhead_ms("plain", 8)
+    with pytest.raises(ValueError, match="unknown step kind 'prefill'"):
+        curve.overhead_ms("prefill", 16)
+    path = tmp_path / "rows.json"
+    curve.save(path)
+    back = CostCurve.load(path)
+    assert back.draft_first == curve.draft_first and back.step_overhead == curve.step_overhead
+    assert json.loads(path.read_text())["step_overhead"][1] == {"kind": "plain", "batch_size": 64, "median_ms": 2.0,
+                                                                "p20_ms": -0.5, "p80_ms": 2.5, "provenance": "measured"}
+    # without the rows: no such keys written, lookups are 0, nothing else changes
+    bare = CostCurve.from_dict(_doc())
+    assert not bare.has_draft_first() and not bare.has_overhead("plain")
+    assert bare.draft_first_ms(16, 128) == 0.0 and bare.overhead_ms("undrafted", 16) == 0.0
+    assert "draft_first" not in bare.to_dict() and "step_overhead" not in bare.to_dict()
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d["step_overhead"][0].update(kind="prefill"), r"'step_overhead\[0\]\.kind': unknown step kind 'prefill'"),
+        (lambda d: d["step_overhead"][0].pop("kind"), r"'step_overhead\[0\]\.kind': missing"),
+        (lambda d: d["step_overhead"][1].update(median_ms=-0.1), r"'step_overhead\[1\]\.median_ms': must be a finite number of ms >= 0"),
+        (lambda d: d["step_overhead"][1].update(median_ms=float("inf")), r"'step_overhead\[1\]\.median_ms'"),
+        (lambda d: d["step_overhead"][1].update(p20_ms="x"), r"'step_overhead\[1\]\.p20_ms': must be a finite number"),
+        (lambda d: d["step_overhead"][1].update(p80_ms=1.0), r"'step_overhead\[1\]\.p80_ms': 1.0 < median_ms"),
+        (lambda d: d["step_overhead"][3].update(batch_size=16), r"'step_overhead\[3\]': duplicate cell kind=drafted, batch_size=16"),
+        (lambda d: d["step_overhead"][2].update(num_tokens=16), r"'step_overhead\[2\]': unknown keys \['num_tokens'\]"),
+        (lambda d: d.update(step_overhead={"kind": "plain"}), r"field 'step_overhead': must be a list of rows"),
+        (lambda d: d["draft_first"][0].update(num_tokens=8), r"'draft_first\[0\]\.num_tokens': 8 < batch_size 16"),
+        (lambda d: d["draft_first"][1].update(num_tokens=257), r"'draft_first\[1\]\.num_tokens': 257 > batch_size \* block_size"),
+        (lambda d: d["draft_first"][1].update(num_tokens=16), r"'draft_first\[1\]': duplicate cell batch_size=16, num_tokens=16"),
+        (lambda d: d["draft_first"][2].update(median_ms=0), r"'draft_first\[2\]\.median_ms': must be a positive finite"),
+        (lambda d: d["draft_first"][2].pop("num_tokens"), r"'draft_first\[2\]\.num_tokens': missing"),
+        (lambda d: (d.update(schema="dcut.cost-curve/1"), d.pop("ar")), r"field 'draft_first': not part of dcut.cost-curve/1"),
+    ],
+)
+def test_malformed_engine_step_rows_name_file_row_field(tmp_path, mutate, match):
+    doc = _engine_rows_doc()
+    mutate(doc)
+    path = tmp_path / "bad-rows.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostCurveError, match=match) as info:
+        CostCurve.load(path)
+    assert str(info.value).startswith(f"cost curve {path}: ")

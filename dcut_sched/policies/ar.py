@@ -15,6 +15,7 @@ class Autoregressive(Policy):
 
     name = "ar"
     drafts_first_step = False
+    speculative = False  # the engine without speculation: StepCosts.plain_ms
 
     def plan(self, conf: Array, cost=None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)

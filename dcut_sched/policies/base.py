@@ -98,12 +98,16 @@ class Policy(ABC):
         needs_cost: :meth:`plan` needs a :class:`CostCurve`.
         needs_accept_len: :meth:`plan` needs the true acceptance lengths (only the oracle).
         drafts_first_step: whether the first step of a run drafts.
+        speculative: whether the policy runs on a speculative engine (its steps without a draft
+            cost ``StepCosts.undrafted_ms``); False only for ``ar``, the engine without speculation
+            (``StepCosts.plain_ms``).
     """
 
     name: ClassVar[str] = ""
     needs_cost: ClassVar[bool] = False
     needs_accept_len: ClassVar[bool] = False
     drafts_first_step: ClassVar[bool] = True
+    speculative: ClassVar[bool] = True
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters (for result tables and logs)."""

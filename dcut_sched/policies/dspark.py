@@ -109,7 +109,7 @@ class DSpark(Policy):
         ks = np.union1d(sizes[(sizes >= batch_size) & (sizes <= hi)], [batch_size, hi]).astype(np.int64)
         lo_curve, hi_curve = costs.token_range(batch_size)
         graph = np.clip(padded_num_tokens(ks, sizes), lo_curve, hi_curve)
-        return ks, costs.drafted_fixed_ms(batch_size) + costs.verify_ms_at(batch_size, graph)
+        return ks, costs.drafted_fixed_ms(batch_size) + costs.budget_ms_at(batch_size, graph)
 
     def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)

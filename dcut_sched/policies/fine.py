@@ -20,12 +20,14 @@ Beyond D-Cut in two ways:
 2. **Whether to draft at all.** When the confidences are known, the draft's cost is already spent,
    so the choice is taken one step ahead: the plan's ``draft_next`` compares an exponential moving
    average of the best expected tokens per ms of recent drafted steps with plain autoregressive
-   decoding (``bs`` tokens in ``C_ar(bs)``, the plain decode step; :class:`~dcut_sched.step_costs.StepCosts`).
+   decoding (``bs`` tokens in ``StepCosts.undrafted_ms(bs)``, the step the engine runs without a
+   draft: ``C_ar(bs)`` where it truly skips the drafter, ``C_ar + C_draft_first(bs, bs) + O_undrafted``
+   on vLLM 0.32, whose drafter keeps its KV cache in sync; docs/design.md §1).
    While not drafting, no confidences arrive, so the policy drafts now and then (a **probe**) to
    re-measure; the first drafted step after a plain stretch restarts the average.
 
    **Probe budget.** A drafted step that makes ``E`` expected tokens in ``T`` ms loses
-   ``T - E / (bs / C_ar)`` ms against plain decoding (its time minus the time plain steps need for the
+   ``T - E / (bs / undrafted_ms)`` ms against plain decoding (its time minus the time plain steps need for the
    same tokens; negative when drafting pays). The policy keeps the run's account of that loss over all
    its drafted steps (``debt_ms``; a gain is credited, but never more than ``probe_budget`` of the
    elapsed time, so a long good stretch cannot pay for unbounded probing later) and the run's elapsed
@@ -215,8 +217,8 @@ class Fine(Policy):
         bs, block = check_conf_shape(conf, validate)
         costs = self._step_costs(cost, conf)
         ks = self._candidates(bs, block, *costs.token_range(bs))
-        verify_ms = costs.verify_ms_at(bs, ks)
-        plain_rate = costs.plain_tokens_per_ms(bs)
+        verify_ms = costs.budget_ms_at(bs, ks)  # C_verify(K) (+ the drafter's first pass beyond anchors)
+        plain_rate = costs.undrafted_tokens_per_ms(bs)  # the step it would run instead of drafting
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
@@ -232,7 +234,7 @@ class Fine(Policy):
         )
 
     def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
-        """A plain step (``C_ar(bs)``); asks for a probe when the probe budget allows (module docstring).
+        """A step without draft (``StepCosts.undrafted_ms``: ``C_ar(bs)`` where the engine truly skips); asks for a probe when the probe budget allows (module docstring).
 
         Raises:
             ValueError: no cost given (the probe budget is kept in time).
@@ -240,7 +242,7 @@ class Fine(Policy):
         if cost is None:
             raise ValueError("policy 'fine' needs a cost curve for its plain steps (the probe budget is in ms)")
         costs: StepCosts = step_costs(cost, block_size)
-        probe = self.state.plain(costs.plain_ms(batch_size), self.probe_interval, self.probe_budget)
+        probe = self.state.plain(costs.undrafted_ms(batch_size), self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 

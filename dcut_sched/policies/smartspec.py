@@ -11,10 +11,11 @@ independent token acceptance (the speculative-decoding expectation of Leviathan 
     E[tokens per request | k] = (1 - a^(k+1)) / (1 - a)        (= k + 1 when a = 1)
     goodput(k) = bs * E[tokens | k] / T(k)
 
-Step times come from the project's cost curve: ``T(0) = C_ar(bs)`` (a plain decode step, the drafter
-does not run), ``T(k) = C_draft(bs) + C_verify(bs, bs * (k + 1))`` for ``k >= 1`` (a block drafter
-costs the same for any ``k``; only the verified width changes). Every request verifies ``k + 1``
-slots. Both are read from ``StepCosts`` (``plain_ms``, ``drafted_ms``): the times the simulator charges.
+Step times come from the project's cost curve: ``T(0) = StepCosts.undrafted_ms(bs)`` (the step the
+speculative engine runs without a draft: ``C_ar(bs)`` where the drafter truly does not run),
+``T(k) = StepCosts.drafted_ms(bs, bs * (k + 1))`` for ``k >= 1`` (``C_draft(bs) + C_verify(bs, bs * (k + 1))``
+on a curve without the optional rows: a block drafter costs the same for any ``k``; only the
+verified width changes). Every request verifies ``k + 1`` slots: the times the simulator charges.
 
 Acceptance-rate estimate (the state, :class:`SmartSpecState`): after each drafted step the policy
 sees, per request, the accepted drafts ``m`` out of the ``L - 1`` verified. Under independent
@@ -125,12 +126,13 @@ class SmartSpec(Policy):
         self.state = SmartSpecState()
 
     def step_ms(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
-        """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.plain_ms`` for ``k = 0``, ``drafted_ms(bs, bs (k+1))``
-        after (the times the simulator charges, draft scale and overhead included)."""
+        """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.undrafted_ms`` for ``k = 0`` (the step a
+        speculative engine runs without a draft), ``drafted_ms(bs, bs (k+1))`` after (the times the
+        simulator charges, draft scale and overheads included)."""
         costs = step_costs(cost, block_size)
         n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
-        verify = costs.verify_ms_at(batch_size, batch_size * np.arange(2, n + 2))
-        return np.concatenate([[costs.plain_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
+        verify = costs.budget_ms_at(batch_size, batch_size * np.arange(2, n + 2))
+        return np.concatenate([[costs.undrafted_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
 
     def _choose(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[int, bool]:
         """(draft length for a drafted step, whether drafting beats plain decoding) from the state."""

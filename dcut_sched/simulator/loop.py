@@ -8,9 +8,11 @@ A step (docs/design.md §1, issue 5) is the online controller's own step code,
    the trace and let the driver plan (sanitise the confidences, pass them through the optional
    calibrator, ``policy.plan``); the step takes ``C_draft(bs) + C_verify(cell) + overhead_ms``, where
    the cell is ``(bs, num_tokens)`` or, with ``graph_token_counts``, the captured cell the budget is
-   padded up to (``StepDriver.graph_cell``);
+   padded up to (``StepDriver.graph_cell``), plus the curve's optional per-step rows
+   (``StepCosts.drafted_ms``, docs/design.md §1);
 2. otherwise ``StepDriver.plan_without_draft``: every request verifies its anchor only and the step
-   takes ``C_ar(bs)``, the plain autoregressive decode step;
+   takes ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)``, the plain autoregressive decode step, where the
+   engine truly skips its drafter), or ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;
 3. every request advances by ``verified_prefix_tokens(accept_len, L)`` tokens
    (:class:`~.replay.ReplayBatch`), and the driver observes the drafts accepted (one fewer), which
    feeds the calibrator and the policy as online.
@@ -193,6 +195,7 @@ class _Stepper:
         self.driver = StepDriver(policy, costs, batch.block_size, calibrator=calibrator, graph_cells=graph_cells,
                                  validate_scored=calibrator is not None)
         self.drafting = bool(policy.drafts_first_step)
+        self.speculative = bool(policy.speculative)  # ar: the engine without speculation (plain steps)
         self.record = record
         self.log: list[dict] = []
         self.lists: dict[str, list] = {k: [] for k in
@@ -220,7 +223,8 @@ class _Stepper:
             driver.observe(None)  # nothing to learn; closes the step as online
             lengths = None
             tokens, finished = batch.advance_plain()
-            step_ms = self.costs.plain_ms(bs)
+            # a speculative engine's anchor-only step, or a step of the engine without speculation (ar)
+            step_ms = self.costs.undrafted_ms(bs) if self.speculative else self.costs.plain_ms(bs)
         self._step_ms.append(step_ms)
         self._batch_size.append(bs)
         self._tokens.append(int(_sum_reduce(tokens)))

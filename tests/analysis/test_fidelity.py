@@ -79,9 +79,19 @@ def test_step_time_ms_hand_computed(make_curve):
     curve = make_curve(batch_sizes=(1, 2, 4), block_size=4)
     ms = fidelity.step_time_ms(curve, [2, 2, 4], [5, 2, 10], [True, False, True])
     np.testing.assert_allclose(ms, [2.5 + 12.5, 11.0, 3.0 + 15.0])
-    ms = fidelity.step_time_ms(curve, [2, 2], [5, 2], [True, False], overhead_plain_ms=lambda b: b,
-                               overhead_drafted_ms=3.0, verify_tokens=[8, 2])
+    # the measured overhead table as step_overhead rows: plain 1 ms at bs 1, 4 ms at bs 4 (2 ms at bs 2,
+    # linear), drafted 3 ms flat; StepCosts sums them
+    table = pd.DataFrame({"batch_size": [1, 4, 1, 4], "drafted": [False, False, True, True],
+                          "overhead_ms": [1.0, 4.0, 3.0, 3.0], "p20": [0.5, 3.0, 2.0, 2.0], "p80": [1.5, 5.0, 4.0, 4.0],
+                          "n": [9, 9, 9, 9]})
+    ov = fidelity.with_overhead_rows(curve, table)
+    assert [(r.kind, r.batch_size, r.median_ms) for r in ov.step_overhead] == [
+        ("plain", 1, 1.0), ("plain", 4, 4.0), ("drafted", 1, 3.0), ("drafted", 4, 3.0)]
+    assert not curve.step_overhead  # the input curve is untouched
+    ms = fidelity.step_time_ms(ov, [2, 2], [5, 2], [True, False], verify_tokens=[8, 2])
     np.testing.assert_allclose(ms, [2.5 + 14.0 + 3.0, 11.0 + 2.0])
+    # the project's engine truly skips its drafter: a step without draft is the plain step either way
+    np.testing.assert_allclose(fidelity.step_time_ms(ov, [2], [2], [False], speculative=False), [13.0])
 
 
 def test_engine_positions_and_check_on_hand_steps():

@@ -63,7 +63,8 @@ def vllm_runs(tmp_path_factory):
     ]
     job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE,
            "prompts": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "chat": True},
-           "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs}
+           "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs,
+           "step_timing": True}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
     proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(tmp / "job.json"),
@@ -132,6 +133,31 @@ def test_vllm_verifies_exactly_the_plan(vllm_runs, policy):
             round(s["num_tokens"] / (len(s["planned"]) * BLOCK_SIZE), 6) for s in drafted}
 
 
+def test_engine_steps_are_timed(vllm_runs):
+    """StepTimer (the engine-step rows of dcut-profile --vllm): every engine step recorded with its kind."""
+    for name in ("nospec", "full", "ar"):
+        run = _ok(vllm_runs["runs"][name])
+        steps = run["steps"]
+        assert steps[0]["kind"] == "prefill" and steps[0]["num_requests"] == NUM_PROMPTS
+        assert sum(s["step_ms"] for s in steps) <= run["generate_s"] * 1e3
+        assert run["prefill_s"] * 1e3 == sum(s["step_ms"] for s in steps if s["kind"] == "prefill")
+        decode = [s for s in steps if s["kind"] != "prefill"]
+        assert decode and all(1 <= s["num_requests"] <= NUM_PROMPTS for s in decode)
+        if name == "nospec":
+            assert {s["kind"] for s in decode} == {"plain"}
+            assert all(s["num_tokens"] == s["num_requests"] and s["propose_ms"] == 0 for s in decode)
+        if name == "full":  # drafts every step and verifies whole blocks (fewer only near max_tokens)
+            assert {s["kind"] for s in decode} == {"drafted"}
+            assert all(s["proposed"] == BLOCK_SIZE - 1 and s["propose_ms"] > s["draft_first_ms"] > 0 for s in decode)
+            assert decode[0]["num_tokens"] == NUM_PROMPTS * BLOCK_SIZE
+            assert all(s["num_requests"] <= s["num_tokens"] <= s["num_requests"] * BLOCK_SIZE for s in decode)
+        if name == "ar":  # the drafter runs only its KV-keeping first pass once nothing is scheduled to draft
+            tail = decode[2:]
+            assert tail and {s["kind"] for s in tail} == {"undrafted"}
+            assert all(s["proposed"] == 0 and s["num_tokens"] == s["num_requests"] and s["draft_first_ms"] > 0
+                       for s in tail)
+
+
 def test_startup_profile_is_measured_and_cached(vllm_runs):
     """No cost curve: the plugin times vLLM's own forward at start-up and caches a v2 curve."""
     from dcut_sched.cost_curve import CostCurve
@@ -168,3 +194,32 @@ def test_bad_configuration_fails_at_startup(vllm_runs, name, match):
     err = vllm_runs["runs"][name].get("error")
     assert err is not None, f"{name}: the engine started"
     assert err["type"] == "DCutConfigError" and re.search(match, err["message"]), err["message"]
+
+
+def test_dcut_profile_times_real_engine_steps(tmp_path):
+    """dcut-profile --vllm with a draft: dummy-batch rows plus the engine-step rows from four engines
+    on held-out prompts (docs/vllm.md), with their provenance in the curve."""
+    _require_vllm()
+    from dcut_sched.cost_curve import CostCurve
+    from dcut_sched.integrations.vllm.checkpoint import write_pair
+
+    target, draft = write_pair()
+    out = tmp_path / "curve.json"
+    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(target), "--draft",
+           str(draft), "--batch-sizes", "1,2", "--warmups", "0", "--repeats", "1", "--context-len", "32",
+           "--engine-steps", "12", "--out", str(out)]
+    proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    curve = CostCurve.load(out, check_hardware=False)
+    assert [r.batch_size for r in curve.draft] == [1, 2] and all(r.repeats >= 2 for r in curve.draft)
+    assert {(r.batch_size, r.num_tokens) for r in curve.draft_first} == {(1, 1), (1, 8), (2, 2), (2, 16)}
+    assert {(r.kind, r.batch_size) for r in curve.step_overhead} == {
+        (k, b) for k in ("plain", "drafted", "undrafted") for b in (1, 2)}
+    hw = curve.hardware
+    assert hw["engine"] == "vllm" and hw["engine_version"] == "0.32.0" and hw["dtype"] == "float32"
+    steps = hw["engine_steps"]
+    assert steps["prompts"] == "prompts.jsonl rows 32..33 (held out)" and steps["max_tokens"] == 12
+    assert set(steps["residuals"]) == {f"{k}/bs{b}" for k in ("plain", "drafted", "undrafted") for b in (1, 2)}
+    assert set(steps["dummy_pass_draft_ms"]) == {"1", "2"}
+    records = [json.loads(line) for line in out.with_suffix(".steps.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} == {"prefill", "plain", "drafted", "undrafted"}

@@ -113,3 +113,62 @@ def test_simulate_stays_a_function_whichever_module_loads_it_first():
             "assert callable(d.simulate) and callable(s.simulate) and callable(s.sweep) and callable(d.sweep)\n"
             "assert callable(s.selection_curve)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _with_engine_rows(curve, draft_first=None, overhead=None):
+    from dcut_sched import CostCurve
+
+    return CostCurve(hardware=curve.hardware, model=curve.model, block_size=curve.block_size,
+                     context_len=curve.context_len, verify=curve.verify, draft=curve.draft, ar=curve.ar,
+                     draft_first=draft_first or [], step_overhead=overhead or [])
+
+
+def test_step_costs_with_engine_rows_by_hand(make_curve):
+    # C_verify = 2 + K, C_draft = 1 + 0.5 bs = 2, C_ar = 3 at bs 2, B = 4;
+    # draft_first 1 ms at K = 2, 4 ms at K = 8 (0.5 ms per token between); O_plain 0.5, O_drafted 1, O_undrafted 2
+    base = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0,
+                      draft_per_request_ms=0.5, ar_ms={2: 3.0})
+    curve = _with_engine_rows(
+        base, [{"batch_size": 2, "num_tokens": 2, "median_ms": 1.0}, {"batch_size": 2, "num_tokens": 8, "median_ms": 4.0}],
+        [{"kind": "plain", "batch_size": 2, "median_ms": 0.5}, {"kind": "drafted", "batch_size": 2, "median_ms": 1.0},
+         {"kind": "undrafted", "batch_size": 2, "median_ms": 2.0}])
+    costs = StepCosts(curve, 4, overhead_ms=0.25)
+    assert costs.plain_ms(2) == 3.5  # C_ar + O_plain: the engine without speculation
+    assert costs.undrafted_ms(2) == 3.0 + 1.0 + 2.0  # C_ar + C_draft_first(2, 2) + O_undrafted
+    assert not costs.truly_skips and costs.undrafted_tokens_per_ms(2) == pytest.approx(2 / 6.0)
+    # drafted at K = 6: C_draft + (C_draft_first(2, 6) - C_draft_first(2, 2)) + C_verify(2, 6) + O_drafted + overhead
+    assert costs.drafted_ms(2, 6) == pytest.approx(2.0 + (3.0 - 1.0) + 8.0 + 1.0 + 0.25)
+    assert costs.drafted_fixed_ms(2) == pytest.approx(2.0 + 1.0 + 0.25)
+    np.testing.assert_allclose(costs.budget_ms_at(2, [2, 6, 8]), [4.0, 10.0, 13.0])
+    np.testing.assert_allclose(costs.drafted_ms_at(2, [2, 6, 8]), [7.25, 13.25, 16.25])
+    assert costs.drafted_ms_at(2, [6])[0] == pytest.approx(costs.drafted_ms(2, 6))
+    # draft_scale scales the whole draft pass, its first forward included
+    scaled = StepCosts(curve, 4, draft_scale=2.0)
+    assert scaled.drafted_ms(2, 8) == pytest.approx(4.0 + 2 * 3.0 + 10.0 + 1.0)
+    assert scaled.undrafted_ms(2) == pytest.approx(3.0 + 2.0 + 2.0)
+    # without undrafted rows the engine truly skips: undrafted = plain (C_ar + O_plain)
+    skips = StepCosts(_with_engine_rows(base, None, [{"kind": "plain", "batch_size": 2, "median_ms": 0.5}]), 4)
+    assert skips.truly_skips and skips.undrafted_ms(2) == skips.plain_ms(2) == 3.5
+    # no optional rows at all: the former prices exactly
+    bare = StepCosts(base, 4, overhead_ms=0.25)
+    assert bare.undrafted_ms(2) == bare.plain_ms(2) == 3.0
+    assert bare.drafted_ms(2, 6) == 2.0 + 8.0 + 0.25 and bare.budget_ms_at(2, [6]) is bare.verify_ms_at(2, [6])
+
+
+def test_simulator_and_fine_price_undrafted_steps(make_curve):
+    # fine would stop drafting against C_ar = 2.5 ms (.8 tokens/ms, test above); on an engine whose
+    # undrafted step also runs the drafter's first pass (C_ar + 1 + O_undrafted 6 = 9.5 ms: .21 tokens/ms)
+    # drafting (.55 tokens/ms) wins, and the simulator charges ar the plain step, fine the undrafted one
+    trace = _trace(conf=0.9)
+    base = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=2.0, draft_per_request_ms=0.25,
+                      ar_ms={2: 2.5})
+    rows = [{"batch_size": 2, "num_tokens": 2, "median_ms": 1.0}, {"batch_size": 2, "num_tokens": 8, "median_ms": 1.0}]
+    engine = _with_engine_rows(base, rows, [{"kind": "undrafted", "batch_size": 2, "median_ms": 6.0}])
+    run = run_closed_loop(trace, engine, policies.get("fine"), 2, num_steps=5, shuffle=False)
+    assert run.steps.drafted.all()
+    run = run_closed_loop(trace, engine, policies.get("ar"), 2, num_steps=3, shuffle=False)
+    assert run.steps.step_ms.tolist() == [2.5] * 3
+    # an undrafted step of a speculative policy costs 9.5 ms: a fine that is told to skip pays it
+    skip = policies.get("fine", speculate_margin=10.0)
+    run = run_closed_loop(trace, engine, skip, 2, num_steps=3, shuffle=False)
+    assert run.steps.drafted.tolist()[:2] == [True, False] and run.steps.step_ms.tolist()[1] == 9.5

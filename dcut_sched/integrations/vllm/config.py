@@ -18,7 +18,8 @@ Keys (all optional):
 ``profile_cache_dir``  folder of start-up profiles [``$DCUT_SCHED_CACHE/vllm-profiles``]
 ``calibrate``        learn a confidence-to-acceptance map online [false]
 ``record_path``      write one JSON line per engine step (plan, verified lengths, accepted
-                     tokens, plan time) to this file, and the worker's verified lengths to
+                     tokens, plan time, each planned request's confidences, draft token ids
+                     and output tokens so far) to this file, and the worker's verified lengths to
                      ``<record_path>.worker.jsonl``
 ``log_interval_s``   seconds between D-Cut metric log lines [10]
 ===================  ==========================================================================

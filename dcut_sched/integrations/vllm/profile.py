@@ -1,7 +1,8 @@
 """Cost curves measured inside vLLM 0.32.0: its own forward on dummy batches (imported only inside vLLM).
 
-What is timed (each cell ``warmups`` untimed then ``repeats`` timed calls; median, p20, p80 ms;
-``torch.cuda.synchronize()`` around each call on a GPU):
+What is timed (each cell ``warmups`` untimed then ``repeats`` timed calls, the cells of a batch
+size in turn so that a burst of other work on a shared machine spreads over all of them; median,
+p20, p80 ms; ``torch.cuda.synchronize()`` around each call on a GPU):
 
 - **verify** ``(bs, num_tokens)``, num_tokens = ``bs * L`` for L = 1..B: the target's
   ``GPUModelRunner._dummy_run(num_tokens)`` with ``bs`` requests (``max_num_seqs`` set to ``bs``
@@ -83,18 +84,21 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn, warmups: int, repeats: int, device) -> tuple[float, float, float]:
-    for _ in range(warmups):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    p20, med, p80 = np.percentile(samples, [20, 50, 80])
-    return float(med), float(p20), float(p80)
+def _time_round_robin(runner, batch_size: int, cells, warmups: int, repeats: int, device) -> list[list[float]]:
+    """ms samples per cell, the cells timed in turn (``warmups`` untimed rounds, then ``repeats``
+    timed ones): on a shared machine a burst of other work then spreads over every cell of the
+    batch size instead of taking one cell's whole sample, so each median stays a median."""
+    out: list[list[float]] = [[] for _ in cells]
+    for r in range(warmups + repeats):
+        for j, (_, _, call, drafter_off) in enumerate(cells):
+            with _batch_of(runner, batch_size, drafter_off=drafter_off):
+                _sync(device)
+                t0 = time.perf_counter()
+                call()
+                _sync(device)
+                if r >= warmups:
+                    out[j].append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 @contextlib.contextmanager
@@ -157,43 +161,46 @@ def profile_runner(runner, block_size: int, batch_sizes: Sequence[int], context_
     for bs in sorted(set(int(b) for b in batch_sizes)):
         if bs > max_seqs:
             raise ValueError(f"batch size {bs} > the engine's max_num_seqs {max_seqs}")
+        cells: list[tuple[str, int, Any, bool]] = []  # (kind, num_tokens, call, drafter off)
+        for length in range(1, block_size + 1):
+            n = bs * length
+            if n > runner.max_num_tokens:
+                raise ValueError(f"cell ({bs}, {n}) exceeds max_num_batched_tokens {runner.max_num_tokens}")
+
+            def verify_call(n=n):
+                hidden, _ = runner._dummy_run(n, force_attention=True, profile_seq_lens=context_len)
+                runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
+
+            cells.append(("verify", n, verify_call, True))
+
+        def ar_call(bs=bs):
+            hidden, _ = runner._dummy_run(bs, force_attention=True, uniform_decode=not has_spec,
+                                          profile_seq_lens=context_len)
+            runner.model.compute_logits(hidden[:bs]).argmax(dim=-1)
+
+        cells.append(("ar", bs, ar_call, True))
+        if draft and has_spec:
+            drafter = runner.drafter
+
+            def draft_call(bs=bs):
+                drafter.dummy_run(bs, use_cudagraphs=False)
+                h = drafter.hidden_states[:bs] if getattr(drafter, "hidden_states", None) is not None \
+                    else torch.zeros(bs, drafter.hidden_size, device=device)
+                for _ in range(block_size - 1):
+                    lf = drafter.model.compute_logits(h.to(runner.dtype)).float()
+                    lf.argmax(dim=-1)
+                    torch.logsumexp(lf, dim=-1)
+
+            cells.append(("draft", bs, draft_call, False))
         with torch.inference_mode():
-            for length in range(1, block_size + 1):
-                n = bs * length
-                if n > runner.max_num_tokens:
-                    raise ValueError(f"cell ({bs}, {n}) exceeds max_num_batched_tokens {runner.max_num_tokens}")
-
-                def verify_call(n=n):
-                    hidden, _ = runner._dummy_run(n, force_attention=True, profile_seq_lens=context_len)
-                    runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
-
-                with _batch_of(runner, bs, drafter_off=True):
-                    med, p20, p80 = _time(verify_call, warmups, repeats, device)
+            samples = _time_round_robin(runner, bs, cells, warmups, repeats, device)
+        for (kind, n, _, _), times in zip(cells, samples):
+            p20, med, p80 = (float(x) for x in np.percentile(times, [20, 50, 80]))
+            if kind == "verify":
                 verify.append(VerifyRow(bs, n, med, p20, p80, repeats, "measured"))
-
-            def ar_call():
-                hidden, _ = runner._dummy_run(bs, force_attention=True, uniform_decode=not has_spec,
-                                              profile_seq_lens=context_len)
-                runner.model.compute_logits(hidden[:bs]).argmax(dim=-1)
-
-            with _batch_of(runner, bs, drafter_off=True):
-                med, p20, p80 = _time(ar_call, warmups, repeats, device)
-            ar.append(ArRow(bs, med, p20, p80, repeats, "measured"))
-
-            if draft and has_spec:
-                drafter = runner.drafter
-
-                def draft_call():
-                    drafter.dummy_run(bs, use_cudagraphs=False)
-                    h = drafter.hidden_states[:bs] if getattr(drafter, "hidden_states", None) is not None \
-                        else torch.zeros(bs, drafter.hidden_size, device=device)
-                    for _ in range(block_size - 1):
-                        lf = drafter.model.compute_logits(h.to(runner.dtype)).float()
-                        lf.argmax(dim=-1)
-                        torch.logsumexp(lf, dim=-1)
-
-                with _batch_of(runner, bs, drafter_off=False):
-                    med, p20, p80 = _time(draft_call, warmups, repeats, device)
+            elif kind == "ar":
+                ar.append(ArRow(bs, med, p20, p80, repeats, "measured"))
+            else:
                 drafts.append(DraftRow(bs, med, p20, p80, repeats, "measured"))
         if progress is not None:
             progress(f"bs {bs}: verify {verify[-block_size].median_ms:.1f}..{verify[-1].median_ms:.1f} ms, "
@@ -274,9 +281,63 @@ def startup_curve(cfg, vllm_config, block_size: int) -> CostCurve:
     return CostCurve.load(path, check_hardware=False)
 
 
+#: Held-out prompts for the engine-step measurement: ``traces/prompts.jsonl`` rows 32..47, distinct
+#: from the benchmark's (rows 0..15, analysis/bench_vllm.py) and the project-engine fidelity check's
+#: held-out rows 16..31 (analysis/fidelity.py).
+HELDOUT_OFFSET = 32
+
+
+def measure_engine_steps(llm_args: dict[str, Any], prompts: list[list[int]], batch_sizes: Sequence[int],
+                         max_tokens: int, llm=None, progress=print) -> list[dict[str, Any]]:
+    """Time the decode steps of one engine on waves of held-out prompts (:mod:`.engine_steps`).
+
+    For each bs: one wave of the first ``bs`` prompts, greedy, ``max_tokens`` each (EOS ignored),
+    after one untimed warm-up wave. ``llm``: reuse a built engine (else ``vllm.LLM(**llm_args)``,
+    shut down afterwards).
+
+    Returns:
+        the :class:`~.engine_steps.StepRecord` dicts of every step.
+    """
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from .engine_steps import StepTimer
+
+    own = llm is None
+    if own:
+        llm = LLM(**llm_args)
+    timer = StepTimer(llm)
+    try:
+        warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], warm, use_tqdm=False)
+        for bs in sorted(set(int(b) for b in batch_sizes)):
+            timer.wave = bs
+            sp = SamplingParams(temperature=0.0, max_tokens=int(max_tokens), ignore_eos=True)
+            llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:bs]], sp, use_tqdm=False)
+            kinds = {}
+            for r in timer.records:
+                if r.wave == bs and r.num_requests == bs:
+                    kinds.setdefault(r.kind, []).append(r.step_ms)
+            progress("engine steps bs %d: %s" % (bs, ", ".join(f"{k} {len(v)} x {np.median(v):.1f} ms"
+                                                                  for k, v in sorted(kinds.items()))))
+    finally:
+        timer.restore()
+        if own:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort between engines
+                pass
+            del llm
+            import gc
+
+            gc.collect()
+    return [r.to_dict() for r in timer.records]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dcut_sched.integrations.vllm.profile",
-                                 description="Time vLLM's own forward on dummy batches; write a v2 cost curve.")
+    ap = argparse.ArgumentParser(
+        prog="python -m dcut_sched.integrations.vllm.profile",
+        description="Time vLLM's own forward on dummy batches and, with --draft, real engine steps on held-out "
+                    "prompts (per-step overheads, the real draft pass); write a v2 cost curve.")
     ap.add_argument("--model", required=True, help="target model folder")
     ap.add_argument("--draft", help="draft model folder (vLLM method draft_model): also time the draft step")
     ap.add_argument("--block-size", type=int, default=8)
@@ -285,17 +346,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmups", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--engine-steps", type=int, default=40, metavar="TOKENS",
+                    help="with --draft: time real engine steps (no speculation, drafted with full verification, "
+                         "undrafted) on waves of held-out prompts, TOKENS new tokens per request; 0 = dummy "
+                         "batches only (the draft step is then vLLM's dummy pass, without attention)")
+    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[3] / "traces" / "prompts.jsonl"),
+                    help="engine steps: prompt file (JSON lines with 'prompt'); rows from --prompt-offset")
+    ap.add_argument("--prompt-offset", type=int, default=HELDOUT_OFFSET,
+                    help="engine steps: first held-out prompt row (default %(default)s: not the benchmark's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     from vllm import LLM
 
+    from . import llm_kwargs
+
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
-    kw: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "enforce_eager": True,
-                          "max_num_seqs": max(batch_sizes), "max_model_len": max(1024, args.context_len + 2 * args.block_size),
-                          "max_num_batched_tokens": max(2048, max(batch_sizes) * args.block_size)}
+    sizes = {"max_num_seqs": max(batch_sizes), "max_model_len": max(1024, args.context_len + 2 * args.block_size),
+             "max_num_batched_tokens": max(2048, max(batch_sizes) * args.block_size)}
+    base = {"model": args.model, "dtype": args.dtype, "enforce_eager": True, **sizes}
+    steps = bool(args.draft) and args.engine_steps > 0
     if args.draft:
-        kw["speculative_config"] = {"method": "draft_model", "model": args.draft,
-                                    "num_speculative_tokens": args.block_size - 1}
+        kw = {**llm_kwargs(args.model, args.draft, args.block_size, "full", dtype=args.dtype, log_interval_s=3600.0),
+              **sizes}
+    else:
+        kw = base
+    t0, c0 = time.perf_counter(), time.process_time()
     llm = LLM(**kw)
     runner = find_model_runner(llm)
     if runner is None:
@@ -308,9 +383,52 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     given = list(sys.argv[1:] if argv is None else argv)
     curve.hardware["profile_command"] = "python -m dcut_sched.integrations.vllm.profile " + shlex.join(given)
+    if steps:
+        from .engine_steps import engine_step_rows
+        from .run import load_prompt_token_ids
+
+        spec = {"file": args.prompts, "offset": args.prompt_offset, "n": max(batch_sizes), "chat": True}
+        prompts = load_prompt_token_ids(spec, args.model)
+        records = []
+        def spec(policy: str, **params: Any) -> dict[str, Any]:
+            return {**llm_kwargs(args.model, args.draft, args.block_size, policy, dtype=args.dtype,
+                                 log_interval_s=3600.0, policy_params=params), **sizes}
+
+        for run, llm_args in (("drafted, full verification", None),
+                              ("drafted, anchors verified only", spec("uniform", rho=1.0 / args.block_size)),
+                              ("undrafted", spec("ar")),
+                              ("plain", base)):
+            print(f"engine steps: {run} run ({'the profiled engine' if llm_args is None else 'a new engine'})", flush=True)
+            records += measure_engine_steps(llm_args, prompts, batch_sizes, args.engine_steps,
+                                            llm=llm if llm_args is None else None)
+            if llm_args is None:
+                llm.llm_engine.engine_core.shutdown()
+                del llm, runner
+                import gc
+
+                gc.collect()
+        from ...atomic import atomic_write_text
+
+        atomic_write_text(Path(args.out).with_suffix(".steps.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
+        draft, first, overhead, notes = engine_step_rows(curve, records, args.block_size, batch_sizes)
+        dummy_draft = {r.batch_size: round(r.median_ms, 3) for r in curve.draft}
+        curve = CostCurve(hardware={**curve.hardware, "engine_steps": {
+                              "prompts": f"{Path(args.prompts).name} rows {args.prompt_offset}..{args.prompt_offset + max(batch_sizes) - 1} (held out)",
+                              "max_tokens": args.engine_steps,
+                              "runs": "drafted: policy full (K = bs*B) and policy uniform at rho = 1/B (K = bs), "
+                                      "drafting every step; undrafted: policy ar on the same speculative engine "
+                                      "(num_spec_tokens_to_schedule = 0); plain: no speculative config",
+                              "residuals": notes, "dummy_pass_draft_ms": dummy_draft,
+                              # CPU time of this process over wall time: below 1 when other jobs take the core
+                              "cpu_share": round((time.process_time() - c0) / (time.perf_counter() - t0), 3)},
+                              "load_average": {**curve.hardware["load_average"], "end_1min": round(os.getloadavg()[0], 2)}},
+                          model=curve.model, block_size=curve.block_size, context_len=curve.context_len,
+                          verify=curve.verify, ar=curve.ar, draft=draft, draft_first=first, step_overhead=overhead,
+                          graph_mode=curve.graph_mode, profile_seconds=time.perf_counter() - t0,
+                          source=curve.source + "; draft, draft_first and step_overhead rows from real engine steps on "
+                                                "held-out prompts (dcut_sched.integrations.vllm.engine_steps)")
     curve.save(args.out)
     print(f"wrote {args.out} in {curve.profile_seconds:.1f} s")
-    del llm
     return 0
 
 

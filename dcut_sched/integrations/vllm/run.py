@@ -10,6 +10,8 @@ The job (JSON object):
 - ``prompts``: ``{"file": "traces/prompts.jsonl", "n": 16, "chat": true}`` (SmolLM2 chat template
   from the target's tokenizer) or a list of token-id lists;
 - ``max_tokens`` per request, ``ignore_eos`` [true], ``max_num_seqs`` (the batch size), ``max_model_len``;
+- ``step_timing`` [false]: time every engine step (:class:`.engine_steps.StepTimer`) and return the
+  records under ``steps`` (with ``prefill_s``, the wall time of the prefill steps);
 - ``runs``: list of ``{"name": str, "dcut": {...} | null}``; ``dcut: null`` runs vLLM without
   speculation, otherwise the D-Cut config of :mod:`.config` (``record_path`` per run is allowed).
   For start-up failure tests a run may also give ``raw_additional_config`` (passed to vLLM as is,
@@ -94,14 +96,29 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     t1 = time.perf_counter()
     sp = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), ignore_eos=bool(job.get("ignore_eos", True)))
     prompts = prompts[: int(run.get("num_prompts", len(prompts)))]
+    timer = None
+    if job.get("step_timing"):
+        from .engine_steps import StepTimer
+
+        timer = StepTimer(llm)
+        timer.wave = len(prompts)
+    t1 = time.perf_counter()
+    c1 = time.process_time()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     t2 = time.perf_counter()
+    cpu_s = time.process_time() - c1
+    if timer is not None:
+        timer.restore()
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     sched = _scheduler(llm)
     metrics = dict(sched.dcut_metrics) if hasattr(sched, "dcut_metrics") else None
     n_out = sum(len(t) for t in tokens)
     result = {"name": run["name"], "token_ids": tokens, "startup_s": t1 - t0, "generate_s": t2 - t1,
-              "output_tokens": n_out, "tok_per_s": n_out / (t2 - t1), "dcut_metrics": metrics}
+              "output_tokens": n_out, "tok_per_s": n_out / (t2 - t1), "dcut_metrics": metrics,
+              "generate_cpu_s": cpu_s}
+    if timer is not None:
+        result["steps"] = [r.to_dict() for r in timer.records]
+        result["prefill_s"] = sum(r.step_ms for r in timer.records if r.kind == "prefill") / 1e3
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:  # noqa: BLE001 - best effort between runs

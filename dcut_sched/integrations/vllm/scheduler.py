@@ -127,8 +127,10 @@ class DCutScheduler(Scheduler):
             "num_tokens": int(lengths.sum()) if req_ids else 0, "plan_ms": plan_ms,
             "expected_tokens": float(plan.expected_tokens) if req_ids else None,
         }
-        if self._dcut_record is not None:  # the step-indexed trace a benchmark replays
+        if self._dcut_record is not None:  # the traces a benchmark replays (step- or position-indexed)
             self._dcut_pending["conf"] = [[round(float(x), 6) for x in c] for c in conf_rows]
+            self._dcut_pending["drafts"] = [[int(t) for t in d] for d in drafts]
+            self._dcut_pending["num_output"] = [len(self.requests[r].output_token_ids) for r in req_ids]
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, *args: Any, **kwargs: Any):
@@ -177,6 +179,8 @@ class DCutScheduler(Scheduler):
             })
             if "conf" in plan:
                 record["conf"] = dict(zip(plan["req_ids"], plan["conf"]))
+                record["drafts"] = dict(zip(plan["req_ids"], plan["drafts"]))
+                record["num_output"] = dict(zip(plan["req_ids"], plan["num_output"]))
             w = self._dcut_window
             w["plan_ms"] += plan["plan_ms"]
             if plan["drafted"]:
