@@ -255,7 +255,7 @@ def _plain_step_ms(fam: PeerFamily, bs: int) -> tuple[float, float]:
     """(``C_ar(bs)`` the policies price a plain step at, the plain-step ms the simulator charges)."""
     import warnings
 
-    from dcut_sched.simulator.step_cost import StepCosts
+    from dcut_sched.step_costs import StepCosts
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -238,16 +238,18 @@ class StepCosts:
         return f"StepCosts({self.cost!r}, block_size={self.block_size}{extra})"
 
 
-def step_costs(cost: CostCurve | StepCosts, block_size: int) -> StepCosts:
-    """The :class:`StepCosts` for ``cost`` at ``block_size``.
+def step_costs(cost: CostCurve | StepCosts, block_size: int, *, overhead_ms: float = 0.0,
+               draft_scale: float = 1.0) -> StepCosts:
+    """The :class:`StepCosts` for ``cost`` at ``block_size`` (and the what-if ``overhead_ms``, ``draft_scale``).
 
-    A :class:`StepCosts` is returned as is (its block size must match); for a :class:`CostCurve` the
-    default one (no overhead, draft scale 1) is built once per block size and kept with the curve, so
-    a serving loop pays the curve lookups once per batch shape.
+    A :class:`StepCosts` is returned as is (its block size must match; the what-ifs are its own); for
+    a :class:`CostCurve` one is built per (block size, overhead_ms, draft_scale) and kept with the
+    curve, so a serving loop pays the curve lookups once per batch shape and a simulation's checks and
+    runs share one set of tables.
 
     Raises:
         CostCurveError: the curve (or the StepCosts' curve) was measured for another block size.
-        ValueError: a StepCosts built for another block size.
+        ValueError: a StepCosts built for another block size; a bad ``overhead_ms`` or ``draft_scale``.
     """
     if isinstance(cost, StepCosts):
         if cost.block_size != int(block_size):
@@ -255,7 +257,8 @@ def step_costs(cost: CostCurve | StepCosts, block_size: int) -> StepCosts:
         return cost
     cost.require_block_size(block_size)
     cache = cost.__dict__.setdefault("_step_costs_cache", {})
-    hit = cache.get(int(block_size))
+    key = (int(block_size), float(overhead_ms), float(draft_scale))
+    hit = cache.get(key)
     if hit is None:
-        hit = cache[int(block_size)] = StepCosts(cost, block_size)
+        hit = cache[key] = StepCosts(cost, block_size, overhead_ms, draft_scale)
     return hit

@@ -4,11 +4,13 @@
 >>> df = d.simulate("traces/x.parquet", "profiler/profiles/y.json", batch_sizes=[4, 16, 64])  # doctest: +SKIP
 
 Modules: ``config`` (``SimConfig``, every option, validated once), ``replay`` (vectorised trace
-cursor), ``step_cost`` (step times from the cost curve), ``loop`` (simpy processes, closed and open
+cursor), ``loop`` (simpy processes, closed and open
 loop, each step run by the controller's ``StepDriver``), ``results`` (figures and the DataFrame),
 ``simulate`` (the public entry point), ``protocol`` (several benchmarks, mean speedup over them:
 the published protocol), ``selection_curve``, ``sweep`` (parallel sweeps), ``plot``,
-``output`` (result files), ``defaults`` (default inputs). See docs/simulator.md.
+``output`` (result files), ``defaults`` (default inputs). Step times come from
+:mod:`dcut_sched.step_costs` (``StepCosts``, re-exported here), the one owner shared with the policies
+and the controller. See docs/simulator.md.
 
 Names are imported on first use (PEP 562): ``from dcut_sched.simulator import defaults`` (what the
 CLIs need to build their ``--help``) loads neither simpy, pandas nor matplotlib.
@@ -51,8 +53,8 @@ _EXPORTS: dict[str, str] = {
     "check_simulation": ".simulate",
     "resolve_policies": ".simulate",
     "simulate": ".simulate",
-    "StepCosts": ".step_cost",
-    "step_costs": ".step_cost",
+    "StepCosts": "..step_costs",
+    "step_costs": "..step_costs",
     "dask_executor": ".sweep",
     "sweep": ".sweep",
     "sweep_job": ".sweep",

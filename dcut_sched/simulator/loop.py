@@ -49,7 +49,7 @@ from ..scores import verified_prefix_tokens
 from ..traces import Trace
 from .config import SimConfig
 from .replay import ReplayBatch, RequestFeed
-from .step_cost import StepCosts
+from ..step_costs import StepCosts, step_costs
 
 _sum_reduce = np.add.reduce
 
@@ -259,7 +259,7 @@ def _prepare_run(trace: Trace, cost: CostCurve, policy: Policy, config: SimConfi
     if config.graph_token_counts is not None:
         policy = restrict_to_graph_cells(policy, config.graph_token_counts)
         cells = GraphCells.at_batch_sizes(config.graph_token_counts, batch_sizes)
-    costs = StepCosts(cost, trace.block_size, config.overhead_ms, config.draft_scale)
+    costs = step_costs(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)
     return policy, copy.deepcopy(config.calibrator), costs, cells
 
 

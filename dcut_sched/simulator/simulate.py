@@ -15,7 +15,7 @@ from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, Simul
 from .loop import run_closed_loop, run_open_loop
 from .replay import output_lengths
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row, open_loop_row
-from .step_cost import StepCosts, step_costs
+from ..step_costs import StepCosts, step_costs
 
 __all__ = [
     "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
@@ -154,7 +154,8 @@ def _prepare(trace, cost, config: SimConfig) -> tuple[Trace, CostCurve, list[tup
     cost.require_block_size(trace.block_size)
     runs = resolve_policies(config.policies, config.policy_params)
     drafting = any(p.name != "ar" for _, p in runs)
-    _check_batch_sizes(StepCosts(cost, trace.block_size, config.overhead_ms, config.draft_scale), config.batch_sizes,
+    _check_batch_sizes(step_costs(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale),
+                       config.batch_sizes,
                        drafting, config.mode)
     if config.mode == "open" and config.prompt_len is not None:
         prompt_len = config.prompt_len
