@@ -322,11 +322,17 @@ def stage_predict(args, out: Path) -> None:
     # the engine runs with two threads (vLLM's CPU worker binds both cores): a run during which another
     # job held a core ran slower than the curve, which was measured with the machine to itself
     alone = merged["cpu_share"] >= UNCONTENDED_CPU_SHARE
-    if alone.any():
+    if alone.all():
+        extra += (f" Every run's engine had both cores (cpu_share >= {UNCONTENDED_CPU_SHARE}).")
+    elif alone.any():
         med_alone = float(np.median(np.abs(merged.loc[alone, "rel_error"])))
+        med_shared = float(np.median(np.abs(merged.loc[~alone, "rel_error"])))
         extra += (f" Over the {int(alone.sum())} runs whose engine had both cores (cpu_share >= "
                   f"{UNCONTENDED_CPU_SHARE}): {med_alone:.1%}; over the {int((~alone).sum())} others, during which "
-                  f"another job held a core: {float(np.median(np.abs(merged.loc[~alone, 'rel_error']))) if (~alone).any() else float('nan'):.1%}.")
+                  f"another job held a core: {med_shared:.1%}.")
+    else:
+        extra += (f" No run's engine had both cores (cpu_share < {UNCONTENDED_CPU_SHARE} throughout): another "
+                  f"job shared the machine, so the step times are not the profiled ones.")
     md = ["# vLLM 0.32.0 on CPU: measured vs simulated", "",
           f"SmolLM2-135M fp32 target, skip-14-15 draft, B = {BLOCK_SIZE}, {args.max_tokens} tokens per request, "
           f"one wave of bs requests. Median |error| of the simulator's decode tokens/s: **{med:.1%}** (goal <= 10%)."
@@ -341,7 +347,7 @@ def stage_predict(args, out: Path) -> None:
           "measured and simulated (tokens/s is their ratio: the first shows the cost model, the second the replay).",
           "",
           merged[cols].to_markdown(index=False, floatfmt=".3g"), "",
-          f"Machine load (1/5/15 min, {os.cpu_count()} cores, shared with other jobs): "
+          f"Machine load (1/5/15 min, {os.cpu_count()} cores; cpu_share above says whether another job took a core): "
           + "; ".join(f"{k} {v.get('start', {}).get('loadavg_1_5_15')} -> {v.get('end', {}).get('loadavg_1_5_15')}"
                       for k, v in load.items())]
     (out / "bench_vllm.md").write_text("\n".join(md) + "\n")
