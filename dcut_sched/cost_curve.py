@@ -62,9 +62,9 @@ import numbers
 import os
 import platform
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -118,70 +118,39 @@ class AssumedArWarning(UserWarning):
     """A curve has no plain-decode (``ar``) rows: ``C_ar(bs)`` is assumed to be ``C_verify(bs, bs)``."""
 
 
-@dataclass(frozen=True)
-class VerifyRow:
-    """One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms."""
-
-    batch_size: int
-    num_tokens: int
-    median_ms: float
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    repeats: int | None = None
-    provenance: str = "measured"
+#: The timing fields every row kind ends with, after its key fields (positional order: keys, then these).
+_TIMING_FIELDS = (
+    ("median_ms", float),
+    ("p20_ms", Optional[float], field(default=None)),
+    ("p80_ms", Optional[float], field(default=None)),
+    ("repeats", Optional[int], field(default=None)),
+    ("provenance", str, field(default="measured")),
+)
 
 
-@dataclass(frozen=True)
-class ArRow:
-    """One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms."""
-
-    batch_size: int
-    median_ms: float
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    repeats: int | None = None
-    provenance: str = "measured"
+def _row_class(name: str, doc: str, keys: list[tuple[str, type]]) -> type:
+    """A frozen row dataclass: ``keys`` (e.g. ``batch_size``, ``num_tokens``) then :data:`_TIMING_FIELDS`
+    (ms; ``p20_ms``/``p80_ms`` quantiles, ``repeats`` samples, ``provenance`` measured/fitted/...)."""
+    cls = make_dataclass(name, [*keys, *_TIMING_FIELDS], frozen=True)
+    cls.__module__, cls.__doc__ = __name__, doc  # importable and picklable as dcut_sched.cost_curve.<name>
+    return cls
 
 
-@dataclass(frozen=True)
-class DraftRow:
-    """One draft-step cell: ``batch_size`` requests drafting a block, times in ms."""
-
-    batch_size: int
-    median_ms: float
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    repeats: int | None = None
-    provenance: str = "measured"
-
-
-@dataclass(frozen=True)
-class DraftFirstRow:
-    """One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's
-    ``num_tokens`` verified tokens (attention over the context), times in ms."""
-
-    batch_size: int
-    num_tokens: int
-    median_ms: float
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    repeats: int | None = None
-    provenance: str = "measured"
-
-
-@dataclass(frozen=True)
-class StepOverheadRow:
-    """What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's
-    forward passes, at ``batch_size`` requests; ms, ``median_ms >= 0``. ``p20_ms`` / ``p80_ms`` are
-    quantiles of the per-step residuals and may be negative (a step faster than the curve's forwards)."""
-
-    kind: str
-    batch_size: int
-    median_ms: float
-    p20_ms: float | None = None
-    p80_ms: float | None = None
-    repeats: int | None = None
-    provenance: str = "measured"
+VerifyRow = _row_class("VerifyRow", "One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms.",
+                       [("batch_size", int), ("num_tokens", int)])
+ArRow = _row_class("ArRow", "One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms.",
+                   [("batch_size", int)])
+DraftRow = _row_class("DraftRow", "One draft-step cell: ``batch_size`` requests drafting a block, times in ms.",
+                      [("batch_size", int)])
+DraftFirstRow = _row_class(
+    "DraftFirstRow", "One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's "
+    "``num_tokens`` verified tokens (attention over the context), times in ms.",
+    [("batch_size", int), ("num_tokens", int)])
+StepOverheadRow = _row_class(
+    "StepOverheadRow", "What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's "
+    "forward passes, at ``batch_size`` requests; ms, ``median_ms >= 0``. ``p20_ms`` / ``p80_ms`` are quantiles of "
+    "the per-step residuals and may be negative (a step faster than the curve's forwards).",
+    [("kind", str), ("batch_size", int)])
 
 
 _ROW_REQUIRED = {VerifyRow: ("batch_size", "num_tokens", "median_ms"), ArRow: ("batch_size", "median_ms"),

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from dcut_sched import RatioController
 from dcut_sched.engine import PHASES, EngineObserver, SpecEngine
-from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
+from dcut_sched.model import greedy_generate
 
 B = 4
 MAX_NEW = 8
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    return LlamaModel.random_init(LlamaConfig.preset("tiny"), seed=3, std=0.1)
 
 
 @pytest.fixture(scope="module")

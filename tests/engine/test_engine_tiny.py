@@ -6,22 +6,15 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcut_sched import RatioController, policies
 from dcut_sched.engine import PromptFileError, SpecEngine, builtin_cpu_curve, load_prompt_texts, pack_rows
-from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
+from dcut_sched.model import greedy_generate
 
 B = 4
 MAX_NEW = 10
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    torch.manual_seed(0)
-    return LlamaModel.random_init(LlamaConfig.preset("tiny"), seed=3, std=0.1)
 
 
 @pytest.fixture(scope="module")
