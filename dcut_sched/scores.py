@@ -272,6 +272,13 @@ class ScoreRanking:
         self._part, self._part_ks = part, frozenset(ks)
         return part
 
+    def _partitioned_expected(self, budgets: Sequence[int], kth: np.ndarray) -> np.ndarray:
+        """E(K) for ascending distinct ``budgets`` (``kth = budgets - 1``): the running float64 sum of
+        the partitioned scores read at each K - 1 (the entries before K - 1 are exactly the K - 1
+        larger scores, in some order)."""
+        part = self._partition(budgets, kth)
+        return -np.add.accumulate(part[: budgets[-1]], dtype=np.float64)[kth]
+
     @property
     def max_tokens(self) -> int:
         """``bs * B``: the largest budget."""
@@ -302,8 +309,7 @@ class ScoreRanking:
             values = ks.values
             if values[0] < self.batch_size or values[-1] > self.max_tokens:
                 self.check_budget(values[0] if values[0] < self.batch_size else values[-1])
-            part = self._partition(values, ks.kth)
-            return -np.add.accumulate(part[: values[-1]], dtype=np.float64)[ks.kth]
+            return self._partitioned_expected(values, ks.kth)
         if type(ks) is Budgets:
             ks = ks.array
         ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
@@ -320,10 +326,7 @@ class ScoreRanking:
             budgets = sorted(set(ks_list))
             # The usual query is ascending distinct budgets (the D-Cut buckets): reuse its array.
             kth = ks_arr - 1 if budgets == ks_list else np.array(budgets, dtype=np.int64) - 1
-            part = self._partition(budgets, kth)
-            # E(K): the running float64 sum of the partitioned scores read at each K - 1 (entries
-            # before K - 1 are exactly the K - 1 larger scores, in some order).
-            expected = -np.add.accumulate(part[: budgets[-1]], dtype=np.float64)[kth]
+            expected = self._partitioned_expected(budgets, kth)
             if budgets == ks_list:
                 return expected
             at = dict(zip(budgets, expected.tolist()))
