@@ -70,6 +70,7 @@ class StepCosts:
         self._draft: dict[int, float] = {}
         self._plain: dict[int, float] = {}
         self._undrafted: dict[int, float] = {}
+        self._drafted_overhead: dict[int, float] = {}
         self._drafted_at: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
     # ------------------------------------------------------------------ verification
@@ -144,12 +145,17 @@ class StepCosts:
     def drafted_ms(self, batch_size: int, num_tokens: int) -> float:
         """A drafted step (module docstring): ``draft_ms(bs) + draft_first_excess_ms(bs, K) +
         C_verify(bs, K) + O_drafted(bs) + overhead_ms``."""
-        out = self.draft_ms(batch_size) + self.verify_ms(batch_size, num_tokens) + self.overhead_ms
-        if self.cost.has_overhead("drafted"):
-            out += self.cost.overhead_ms("drafted", batch_size)
+        out = self.draft_ms(batch_size) + self.verify_ms(batch_size, num_tokens) + self._drafted_overhead_ms(batch_size)
         if self.cost.has_draft_first():
             out += self.draft_first_excess_ms(batch_size, num_tokens)
         return out
+
+    def _drafted_overhead_ms(self, batch_size: int) -> float:
+        """``overhead_ms + O_drafted(bs)``, looked up once per batch size (a drafted step asks every time)."""
+        hit = self._drafted_overhead.get(batch_size)
+        if hit is None:
+            hit = self._drafted_overhead[batch_size] = self.overhead_ms + self.cost.overhead_ms("drafted", batch_size)
+        return hit
 
     def drafted_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
         """``[len(budgets)]`` float64 :meth:`drafted_ms` at each budget (cached per (bs, budgets)); the
@@ -184,10 +190,7 @@ class StepCosts:
     def drafted_fixed_ms(self, batch_size: int) -> float:
         """The part of a drafted step that does not depend on the budget:
         ``draft_ms(bs) + O_drafted(bs) + overhead_ms``."""
-        out = self.draft_ms(batch_size) + self.overhead_ms
-        if self.cost.has_overhead("drafted"):
-            out += self.cost.overhead_ms("drafted", batch_size)
-        return out
+        return self.draft_ms(batch_size) + self._drafted_overhead_ms(batch_size)
 
     def plain_ms(self, batch_size: int) -> float:
         """A step of the engine without speculation: ``C_ar(bs) + O_plain(bs)``."""
