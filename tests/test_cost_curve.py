@@ -1,4 +1,5 @@
 import json
+import re
 import warnings
 
 import numpy as np
@@ -100,6 +101,16 @@ def test_draft_errors():
         CostCurve.from_dict(_doc()).draft_ms(128)
 
 
+def _load_error(tmp_path, doc: dict, mutate, name: str) -> tuple[str, str]:
+    """``mutate(doc)``, write it to ``tmp_path/name`` and load it: (the path, the CostCurveError's message)."""
+    mutate(doc)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostCurveError) as info:
+        CostCurve.load(path)
+    return str(path), str(info.value)
+
+
 @pytest.mark.parametrize(
     "mutate, match",
     [
@@ -118,13 +129,8 @@ def test_draft_errors():
     ],
 )
 def test_validation_names_file_and_field(tmp_path, mutate, match):
-    doc = _doc()
-    mutate(doc)
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(doc))
-    with pytest.raises(CostCurveError, match=match) as info:
-        CostCurve.load(path)
-    assert str(path) in str(info.value)
+    path, message = _load_error(tmp_path, _doc(), mutate, "bad.json")
+    assert re.search(match, message) and path in message, message
 
 
 def test_unreadable_files(tmp_path):
@@ -230,13 +236,8 @@ def test_v1_file_loads_with_one_warning(tmp_path):
     ],
 )
 def test_malformed_ar_rows_name_file_row_field(tmp_path, mutate, match):
-    doc = _doc()
-    mutate(doc)
-    path = tmp_path / "bad-ar.json"
-    path.write_text(json.dumps(doc))
-    with pytest.raises(CostCurveError, match=match) as info:
-        CostCurve.load(path)
-    assert str(info.value).startswith(f"cost curve {path}: ")
+    path, message = _load_error(tmp_path, _doc(), mutate, "bad-ar.json")
+    assert re.search(match, message) and message.startswith(f"cost curve {path}: "), message
 
 
 def test_saved_file_has_ordinary_permissions(tmp_path):
@@ -323,10 +324,5 @@ def test_draft_first_and_step_overhead_rows_by_hand(tmp_path):
     ],
 )
 def test_malformed_engine_step_rows_name_file_row_field(tmp_path, mutate, match):
-    doc = _engine_rows_doc()
-    mutate(doc)
-    path = tmp_path / "bad-rows.json"
-    path.write_text(json.dumps(doc))
-    with pytest.raises(CostCurveError, match=match) as info:
-        CostCurve.load(path)
-    assert str(info.value).startswith(f"cost curve {path}: ")
+    path, message = _load_error(tmp_path, _engine_rows_doc(), mutate, "bad-rows.json")
+    assert re.search(match, message) and message.startswith(f"cost curve {path}: "), message
