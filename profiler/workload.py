@@ -32,6 +32,12 @@ Draft cell (bs):
     ``dflash:N`` / ``dflash:CONFIG``: one forward of a random-weight drafter (N layers of the target's
     width sharing its embedding and LM head, or the given config) on B tokens per request with its
     own KV cache filled to ``c``, logits at every slot (a DFlash-style block drafter).
+    ``dflash:FOLDER`` (a trained DFlash drafter, ``dcut-drafter train``): the engine's own
+    :class:`~dcut_sched.drafters.runtime.DFlashDrafter` with the folder's weights and a context of
+    ``c`` tokens per request: one context-feature update of one verified token per request
+    (``extend``), then the block forward of the anchor and B-1 mask slots (``draft``), confidences
+    included. Further verified tokens of a step cost a few more rows of that update (small next to
+    the block forward; docs/drafters.md).
 """
 
 from __future__ import annotations
@@ -65,6 +71,20 @@ def padded_layout(batch_size: int, num_tokens: int) -> tuple[int, list[int]]:
     t = math.ceil(num_tokens / batch_size)
     full = num_tokens - batch_size * (t - 1)
     return t, [t] * full + [t - 1] * (batch_size - full)
+
+
+def _is_dflash_folder(config: Any) -> bool:
+    """A ``dflash:CONFIG`` argument naming a trained DFlash drafter folder (``architectures`` is
+    ``DFlashDraftModel`` in its config.json), not a layer count or a target preset."""
+    import json
+    from pathlib import Path
+
+    if not isinstance(config, str) or not (Path(config) / "config.json").is_file():
+        return False
+    try:
+        return json.loads((Path(config) / "config.json").read_text()).get("architectures") == ["DFlashDraftModel"]
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _fill_context(k: torch.Tensor, v: torch.Tensor, context_len: int, gen: torch.Generator) -> None:
@@ -115,6 +135,18 @@ class ForwardWorkload:
             self.drafter = SelfSpecDrafter(self.model, draft.skip_layers, max_batch_size=self.max_batch_size,
                                            max_seq_len=self.context_len + self.block_size)
             _fill_context(self.drafter.cache.k, self.drafter.cache.v, self.context_len, self._gen)
+        elif draft.kind == "dflash" and _is_dflash_folder(draft.config):
+            from dcut_sched.drafters.dflash import load_checkpoint
+            from dcut_sched.drafters.runtime import DFlashDrafter
+
+            self.drafter = DFlashDrafter(load_checkpoint(draft.config), self.model, max_batch_size=self.max_batch_size,
+                                         max_seq_len=self.max_seq_len)
+            fs = self.drafter.model.config.feature_size
+            rows = list(range(self.max_batch_size))
+            if self.context_len > 1:
+                feats = torch.randn(self.context_len - 1, fs, generator=self._gen, device=self.device).to(dtype)
+                self.drafter.extend(rows, [feats] * len(rows), [0] * len(rows))
+            self._feature_row = torch.randn(1, fs, generator=self._gen, device=self.device).to(dtype)
         elif draft.kind == "dflash":
             self.draft_config = self._dflash_config(draft)
             self.drafter = LlamaModel.random_init(self.draft_config, seed=seed + 1, dtype=dtype, device=self.device)
@@ -208,6 +240,19 @@ class ForwardWorkload:
                 return drafter.propose(ids, pos, B - 1, kv_len=c + B)
 
             return run_skip
+        if self.draft.kind == "dflash" and _is_dflash_folder(self.draft.config):
+            drafter, feat = self.drafter, self._feature_row
+            rows = list(range(batch_size))
+            seqs = [[1] * (c + 1)] * batch_size
+            start = max(c - 1, 0)
+
+            def run_dflash() -> Any:
+                for r in rows:
+                    drafter.context_len[r] = start
+                drafter.extend(rows, [feat] * batch_size, [start] * batch_size)
+                return drafter.draft(seqs, B - 1, rows=rows)
+
+            return run_dflash
         if self.draft.kind == "dflash":
             drafter, cache = self.drafter, self.draft_cache
             ids = self._ids(batch_size, B)

@@ -1,9 +1,26 @@
-"""Shared fixtures: small synthetic cost curves built in code (values chosen by hand)."""
+"""Shared fixtures: small synthetic cost curves built in code (values chosen by hand); the
+project-wide hypothesis profiles.
+
+Hypothesis profiles: no test has a per-example deadline (a loaded machine must not turn a slow
+example into a failure; speed goals live in analysis/ benchmarks). Under CI (``CI`` set) examples
+are derandomized, so a CI run is reproducible; ``HYPOTHESIS_PROFILE`` picks a profile by name.
+"""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+
+
+def pytest_configure(config):
+    # a hook, so it runs once even where a test imports this module by name for its helpers
+    settings.register_profile("dev", deadline=None)
+    settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 from dcut_sched import CostCurve
 

@@ -227,3 +227,19 @@ def test_fine_choose_budget_is_the_brute_force_argmax():
     assert choose_budget(expected, verify_ms, 2.0, "marginal", rate=0.1)[0] == 2  # 3.0, 4.6, 5.0
     assert choose_budget(expected, verify_ms, 2.0, "marginal", rate=0.5)[0] == 0  # -1.0, -1.0, -3.0: tie -> smaller
     assert choose_budget(expected, verify_ms, 2.0, "marginal", rate=None)[0] == 1  # no rate yet: ratio
+
+
+def test_param_values_of_the_wrong_kind_name_the_parameter():
+    import pytest
+
+    from dcut_sched.policies.base import check_params
+
+    for name, params, expected in [("tetris", {"draft_capacity": True}, "an integer"),
+                                   ("fine", {"granularity": "x"}, "an integer"),
+                                   ("topk", {"rho": False}, "a number"),
+                                   ("fine", {"objective": 3}, "a string"),
+                                   ("fine", {"granularity": 2.5}, "an integer")]:
+        with pytest.raises(ValueError, match=f"parameter {list(params)[0]} expects {expected}"):
+            check_params(name, params)
+    check_params("fine", {"granularity": 4, "ema_decay": 1})
+    check_params("topk", {"rho": 1})

@@ -108,9 +108,11 @@ def build_parser() -> CliParser:
     g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default 1 = off)")
     g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (default 0 = off)")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed; request i uses key (S, i) (default 0)")
-    g.add_argument("--draft", choices=("greedy", "sampled"), default="greedy",
-                   help="draft tokens: greedy (default); sampled drafts are refused at T > 0 (they make length "
-                        "rules biased, docs/sampling.md)")
+    g.add_argument("--draft", default="greedy", metavar="greedy|sampled|dflash:PATH",
+                   help="the drafter: greedy (default) or sampled drafts of the self-speculative drafter (sampled "
+                        "drafts are refused at T > 0: they make length rules biased, docs/sampling.md), or "
+                        "dflash:PATH, the DFlash block drafter in that folder (greedy drafts, one forward per step; "
+                        "the shipped one: dflash:drafters/smollm2-135m-dflash, docs/drafters.md)")
     g = p.add_argument_group("inputs")
     g.add_argument("--prompts", metavar="FILE",
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
@@ -147,11 +149,27 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
     from ..sampling import SamplingParams
 
+    from ..drafters import load_dflash, parse_draft_spec
+    from ..drafters.dflash import DraftCheckpointError
+
     if args.batch_size < 1 or args.block_size < 2 or args.max_new_tokens < 1:
         raise UsageError("--batch-size and --max-new-tokens must be >= 1 and --block-size >= 2")
     try:
+        draft_spec = parse_draft_spec(args.draft)
+    except ValueError as exc:
+        raise UsageError(f"--draft {exc}") from None
+    dflash = None
+    if draft_spec.kind == "dflash":
+        try:
+            dflash = load_dflash(draft_spec)
+        except DraftCheckpointError as exc:
+            raise UsageError(f"--draft: {exc}") from None
+        if args.block_size > dflash.config.block_size:
+            raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {draft_spec.path} drafts blocks "
+                             f"of at most {dflash.config.block_size}")
+    try:
         sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                                  draft=args.draft)
+                                  draft="sampled" if draft_spec.sampled else "greedy")
     except ValueError as exc:
         raise UsageError(f"--temperature/--top-p/--top-k/--seed/--draft: {exc}") from None
     if args.trace and not sampling.is_greedy and args.policy != "full":
@@ -202,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_ids = [chat_prompt_ids(tokenizer, t) for t in texts]
     try:
         engine = SpecEngine(model, ctrl, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                            eos_id=tokenizer.eos_id, skip_layers=args.skip_layers, sampling=sampling)
+                            eos_id=tokenizer.eos_id, skip_layers=args.skip_layers, sampling=sampling, dflash=dflash)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine.cost_source = cost_source or "none (policy needs no cost curve)"
@@ -239,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         result = engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
                                  on_step=on_step)
     summary = result.summary()
+    summary["drafter"] = draft_spec.describe()
 
     mismatched: list[int] = []
     if args.check:
@@ -294,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             trace = result.trace({
                 "target_model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised fp32)",
-                "draft_model": f"self-speculative, skip layers {','.join(map(str, args.skip_layers))}",
+                "draft_model": (f"DFlash block drafter {draft_spec.path}" if dflash is not None else
+                                f"self-speculative, skip layers {','.join(map(str, args.skip_layers))}"),
                 "dataset": Path(args.prompts).stem if args.prompts else "dcut-engine built-in prompts",
             })
         except ValueError as exc:

@@ -343,17 +343,17 @@ def _run_seeds(args, console) -> None:
     """``--seeds N``: one trace and curve, N seeds; the table shows mean, std and range of the speedup."""
     from rich.table import Table
 
-    from ..simulator import check_output_path, seed_spread, simulate, write_frame
+    from ..simulator import seed_spread, simulate, write_frame
 
     if args.seeds < 1:
         raise UsageError(f"--seeds {args.seeds} must be >= 1")
     if args.sweep or args.plot or (args.trace and len(args.trace) > 1) or (args.cost and len(args.cost) > 1):
         raise UsageError("--seeds runs one --trace and one --cost (no --sweep, no --plot)")
-    if args.out:
-        check_output_path(args.out)
     d = _defaults()
     trace = _input_paths(args.trace, d.DEFAULT_TRACE, "--trace", "trace", False)[0]
     cost = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", False)[0]
+    # the one output-path check: --out must be neither input (it was checked alone here before)
+    check_paths({"--trace": trace, "--cost": cost}, {"--out": (args.out, TABLE_SUFFIXES)})
     steps = args.steps if args.steps is not None else d.DEFAULT_NUM_STEPS
     warmup = args.warmup if args.warmup is not None else min(d.DEFAULT_WARMUP_STEPS, max(steps - 1, 0))
     config = _sim_config(args, num_steps=steps, warmup_steps=warmup,
@@ -477,16 +477,21 @@ def _run(args, console) -> None:
             _render_benchmarks(df, console, args, costs[0])
             if args.mode == "open":
                 _render_open_benchmarks(df, console, len(traces))
+        from ..atomic import all_or_none
+
+        with all_or_none():  # --out and --plot appear together or not at all
+            if args.out:
+                write_frame(df, args.out)
+            if args.plot:
+                from ..simulator import benchmark_table
+
+                mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
+                mean.attrs = dict(df.attrs)
+                plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks "
+                                                     f"vs ar\ncost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
         if args.out:
-            write_frame(df, args.out)
             _wrote(args.out, f"{len(df)} rows, one per (trace, policy, batch size)")
         if args.plot:
-            from ..simulator import benchmark_table
-
-            mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
-            mean.attrs = dict(df.attrs)
-            plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks vs ar\n"
-                                                 f"cost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
             _wrote(args.plot, "speedup plot")
         return
     if not args.quiet:

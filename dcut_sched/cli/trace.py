@@ -63,7 +63,9 @@ def build_parser() -> CliParser:
     rec.add_argument("--skip-layers", type=_ints, default=(14, 15),
                      help="native: decoder layers the self-speculative drafter skips, e.g. 14,15 (default)")
     rec.add_argument("--target", help="hf: local checkpoint directory of the target model")
-    rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model")
+    rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model; native: dflash:PATH records "
+                                     "the DFlash block drafter in that folder instead of the self-speculative one "
+                                     "(e.g. dflash:drafters/smollm2-135m-dflash)")
     rec.add_argument("--dtype", default="float32", help="hf: torch dtype (float32, bfloat16, float16)")
     rec.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
     rec.add_argument("--threads", type=int_at_least(1), help="torch CPU threads (use 1 on a busy shared machine)")
@@ -143,9 +145,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
     try:
         sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     except ValueError as exc:
-        raise CliError(f"--temperature/--top-p/--top-k/--seed: {exc}") from None
+        raise UsageError(f"--temperature/--top-p/--top-k/--seed: {exc}") from None
     if not sampling.is_greedy and args.backend == "hf":
-        raise CliError("--temperature > 0 needs --backend native (the hf backend records greedy traces only)")
+        raise UsageError("--temperature > 0 needs --backend native (the hf backend records greedy traces only)")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -167,6 +169,20 @@ def _cmd_record(args: argparse.Namespace) -> int:
                 if not Path(p).exists():
                     raise UsageError(f"{p}: no such checkpoint directory")
             backend = HFBackend(args.target, args.draft, device=args.device, dtype=args.dtype)
+            extra = {}
+        elif args.draft:
+            from dcut_sched.drafters import load_dflash, parse_draft_spec
+            from dcut_sched.engine.trace_backends import DFlashBackend
+
+            spec = parse_draft_spec(args.draft)
+            if spec.kind != "dflash":
+                raise UsageError(f"--draft {args.draft}: the native backend takes dflash:PATH (or no --draft for the "
+                                 "self-speculative drafter)")
+            model = load_dflash(spec)
+            if args.block_size > model.config.block_size:
+                raise UsageError(f"--block-size {args.block_size}: the DFlash drafter drafts blocks of at most "
+                                 f"{model.config.block_size}")
+            backend = DFlashBackend(model, str(spec.path), device=args.device, generate_batch=args.generate_batch)
             extra = {}
         else:
             backend = NativeBackend(skip_layers=args.skip_layers, device=args.device,
@@ -214,7 +230,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         try:
             params = params.replace(calibration_gap=args.calibration_gap)
         except synth.SynthParamsError as exc:
-            raise CliError(f"--calibration-gap: {exc}") from None
+            raise UsageError(f"--calibration-gap: {exc}") from None
     trace = synth.generate(params, num_requests=args.num_requests, seed=args.seed, dataset=name)
     trace.save(args.out)
     print(f"wrote {args.out}: {trace.num_requests} requests, {trace.num_rows} positions, B={trace.block_size}")

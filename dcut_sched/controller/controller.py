@@ -206,6 +206,10 @@ class RatioController:
                 f"RatioController: conf must be a numpy array or torch tensor of shape [batch_size, "
                 f"{self.block_size - 1}]; got {type(conf).__name__} (wrap it with np.asarray / torch.as_tensor)"
             )
+        floating = conf.is_floating_point() if isinstance(conf, torch.Tensor) else np.issubdtype(conf.dtype, np.floating)
+        if not floating:
+            raise TypeError(f"RatioController.plan: conf must be a floating array (draft confidences in [0, 1]); "
+                            f"got dtype {conf.dtype}")
         shape = tuple(conf.shape)
         if len(shape) != 2 or shape[0] < 1 or shape[1] != self.block_size - 1:
             raise ValueError(
@@ -230,6 +234,7 @@ class RatioController:
             The :class:`ControllerPlan` (tensors on ``conf``'s device).
 
         Raises:
+            TypeError: ``conf`` is not a floating array (strings, integers, booleans, objects).
             ValueError: ``conf`` of the wrong shape (not ``[bs, B-1]``).
             CostCurveRangeError: the batch size is outside the cost curve.
         """
@@ -279,6 +284,7 @@ class RatioController:
         After a plan without draft nothing is learnt (there were no drafts).
 
         Raises:
+            TypeError: ``accept_len`` is not an integer array (floats, booleans, strings).
             ValueError: no plan awaits an observation (before any plan, or a second ``observe`` for
                 one plan), or ``accept_len`` is not ``[bs]`` for the last plan's batch size.
         """
@@ -294,6 +300,11 @@ class RatioController:
                 f"RatioController.observe: accept_len must be an integer array of shape [{bs}] (the last "
                 f"plan's batch size); got {shape}"
             )
+        integer = (not accept_len.is_floating_point() and not accept_len.is_complex() and accept_len.dtype != torch.bool
+                   if isinstance(accept_len, torch.Tensor) else np.issubdtype(accept_len.dtype, np.integer))
+        if not integer:
+            raise TypeError(f"RatioController.observe: accept_len must be an integer array (drafts accepted per "
+                            f"request); got dtype {accept_len.dtype}")
         self.driver.observe(accept_len)
 
     def __repr__(self) -> str:

@@ -214,6 +214,9 @@ class SpecEngine:
         max_new_tokens: generated tokens per request (the first comes from the prefill).
         eos_id: stop a request after this token (included in its output); ``None``: never.
         skip_layers: the drafter's skipped layers (``SelfSpecDrafter``; default 14, 15 of SmolLM2).
+        dflash: a :class:`~dcut_sched.drafters.dflash.DFlashDraftModel`: draft with it instead (one
+            block forward per step over context features the target's forwards hand it;
+            :mod:`dcut_sched.drafters.runtime`); ``skip_layers`` is then unused.
         sampling: the target's sampling (default greedy, T = 0); drafts are always greedy.
         cuda_graphs: replay the verification forward from CUDA graphs
             (:class:`~dcut_sched.engine.verify_runtime.VerifyRuntime`); ``None`` = when CUDA is
@@ -234,6 +237,7 @@ class SpecEngine:
         skip_layers: Iterable[int] | str = (14, 15),
         sampling: SamplingParams | None = None,
         cuda_graphs: bool | None = None,
+        dflash: Any = None,
     ):
         if batch_size < 1:
             raise ValueError(f"SpecEngine: batch_size={batch_size} must be >= 1")
@@ -248,6 +252,10 @@ class SpecEngine:
         self.max_new_tokens = int(max_new_tokens)
         self.eos_id = eos_id
         self.skip_layers = skip_layers
+        self.dflash = dflash
+        if dflash is not None and self.block_size > dflash.config.block_size:
+            raise ValueError(f"SpecEngine: block size {self.block_size} exceeds the DFlash drafter's "
+                             f"{dflash.config.block_size}")
         self.cost_source = ""
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.cuda_graphs = cuda_graphs
@@ -306,10 +314,17 @@ class SpecEngine:
         rows_total = min(self.batch_size, len(prompts))
         max_len = max(len(p) for p in prompts) + self.max_new_tokens + B
         cache = model.new_cache(rows_total, max_len + 1)
-        drafter = SelfSpecDrafter(model, self.skip_layers, max_batch_size=rows_total, max_seq_len=max_len)
+        if self.dflash is not None:
+            from ..drafters.runtime import DFlashDrafter
+
+            drafter = DFlashDrafter(self.dflash, model, max_batch_size=rows_total, max_seq_len=max_len + 1)
+            capture = drafter.target_feature_layers
+        else:
+            drafter = SelfSpecDrafter(model, self.skip_layers, max_batch_size=rows_total, max_seq_len=max_len)
+            capture = None
         ctrl.reset()
         runtime = VerifyRuntime(model, cache, max_rows=rows_total * B, block_size=B, scratch_slot=max_len,
-                                cuda_graphs=self.cuda_graphs)
+                                cuda_graphs=self.cuda_graphs, capture_layers=capture)
         ctx = DecodeContext(model=model, cache=cache, verify_runtime=runtime, controller=ctrl, drafter=drafter, block_size=B,
                             scratch_slot=max_len, sampling=sp, keys=keys, record_draft_probs=sampled_trace,
                             observer=obs)

@@ -174,11 +174,14 @@ class Verification:
         packing: the :class:`RowPacking` of the forward.
         draft_probs: per request, the target's probability of each verified draft token, when the
             context records them (sampled traces), else ``None``.
+        features: per request, the target's hidden states ``[L_i, n * hidden]`` at the drafter's
+            ``target_feature_layers`` for each verified slot (a block drafter's context), else ``None``.
     """
 
     targets: list[list[int]]
     packing: RowPacking
     draft_probs: list[list[float]] | None = None
+    features: list[torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,12 @@ def accepted_drafts(drafts: Sequence[int], targets: Sequence[int], length: int) 
     return a
 
 
+def drafter_feature_layers(drafter: Any) -> tuple[int, ...] | None:
+    """The target layers a block drafter reads its context from (``None``: the drafter keeps its own
+    cache, as the self-speculative one)."""
+    return getattr(drafter, "target_feature_layers", None)
+
+
 def prefill_free_rows(ctx: DecodeContext, batch: DecodeBatch) -> float:
     """Admit waiting requests into free rows and prefill them, until no row is free or none waits.
 
@@ -229,10 +238,14 @@ def prefill_free_rows(ctx: DecodeContext, batch: DecodeBatch) -> float:
         ids = torch.zeros(len(new), max(lengths), dtype=torch.long)
         for j, q in enumerate(new):
             ids[j, : lengths[j]] = torch.tensor(batch.prompts[q], dtype=torch.long)
-        logits = model.prefill(
+        layers = drafter_feature_layers(ctx.drafter)
+        out = model.prefill(
             ids.to(dev), ctx.cache, lengths=torch.tensor(lengths, device=dev),
-            batch_index=torch.tensor(free, dtype=torch.long, device=dev),
+            batch_index=torch.tensor(free, dtype=torch.long, device=dev), capture_layers=layers,
         )
+        logits = out if layers is None else out[0]
+        if layers is not None:  # a block drafter's context: the prompt's tokens
+            ctx.drafter.extend(free, [out[1][j, : lengths[j]] for j in range(len(new))], [0] * len(new))
         for j, (r, q) in enumerate(zip(free, new)):
             batch.commit(r, sample_at(logits[j : j + 1], sp, ctx.keys[q], [lengths[j]]))
         total_ms += (time.perf_counter() - t0) * 1e3
@@ -275,19 +288,25 @@ def verify_block(ctx: DecodeContext, seqs: Sequence[list[int]], rows: Sequence[i
         batch_index[r] = rows[j]
     dev = ctx.model.device
     # attention window: slots [0, kv_len) = [0, max position + 1) (the runtime derives it)
-    logits = ctx.verify_runtime(
+    out = ctx.verify_runtime(
         torch.from_numpy(ids).to(dev),
         torch.from_numpy(pos).to(dev),
         torch.from_numpy(slots).to(dev),
         torch.from_numpy(batch_index).to(dev),
     )
+    logits, features = (out, None) if isinstance(out, torch.Tensor) else out
+    if features is not None:
+        chunks: list[list[torch.Tensor]] = [[] for _ in seqs]
+        for r, (j, length) in enumerate(zip(packing.request, packing.length)):
+            chunks[j].append(features[r, :length])
+        features = [torch.cat(c, 0) for c in chunks]
     sp = ctx.sampling
     if sp.is_greedy:
         argmax = logits.argmax(-1).cpu().numpy()
         targets: list[list[int]] = [[] for _ in seqs]
         for r, (j, length) in enumerate(zip(packing.request, packing.length)):
             targets[j].extend(argmax[r, :length].tolist())
-        return Verification(targets, packing)
+        return Verification(targets, packing, features=features)
     per_request: list[list[torch.Tensor]] = [[] for _ in seqs]
     for r, (j, length) in enumerate(zip(packing.request, packing.length)):
         per_request[j].append(logits[r, :length])
@@ -302,7 +321,7 @@ def verify_block(ctx: DecodeContext, seqs: Sequence[list[int]], rows: Sequence[i
             draft_probs.append(probs[torch.arange(len(d)), torch.tensor(d)].float().cpu().tolist())
         else:
             draft_probs.append([])
-    return Verification(targets, packing, draft_probs)
+    return Verification(targets, packing, draft_probs, features)
 
 
 def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: bool) -> StepOutcome:
@@ -356,6 +375,9 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
         packed_tokens = verification.packing.padded_tokens
     targets = verification.targets
     accepted = [accepted_drafts(d, t, n) for d, t, n in zip(drafts, targets, lengths)]
+    if verification.features is not None:  # the current token and the accepted drafts become context
+        ctx.drafter.extend(rows, [f[: a + 1] for f, a in zip(verification.features, accepted)],
+                           [len(s) - 1 for s in seqs])
     committed = 0
     for row, d, t, a in zip(rows, drafts, targets, accepted):
         committed += batch.commit(row, d[:a] + [t[a]])

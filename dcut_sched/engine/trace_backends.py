@@ -292,6 +292,60 @@ class NativeBackend:
                 "dtype": str(self.model.dtype).removeprefix("torch."), "generate_batch": self.generate_batch}
 
 
+class DFlashBackend(NativeBackend):
+    """SmolLM2-135M-Instruct as target, a DFlash block drafter as draft (docs/drafters.md).
+
+    Every position's block comes from one drafter forward over the request: the target's features
+    of prompt + output (one target forward), then the blocks anchored at every position, each seeing
+    the context before its anchor (:meth:`DFlashDraftModel.training_logits`), in chunks of
+    ``blocks_per_forward``: exactly what the engine's drafter proposes at that position.
+
+    Args:
+        drafter: the :class:`~dcut_sched.drafters.dflash.DFlashDraftModel`; label: its folder (metadata).
+        Other arguments as :class:`NativeBackend`.
+    """
+
+    def __init__(self, drafter: Any, label: str, model: Any = None, tokenizer: Any = None, device: str = "cpu",
+                 generate_batch: int = 8, target_name: str | None = None, blocks_per_forward: int = 64):
+        super().__init__(model=model, tokenizer=tokenizer, skip_layers=(), device=device,
+                         generate_batch=generate_batch, target_name=target_name)
+        tc, dc = self.model.config, drafter.config
+        if (dc.hidden_size, dc.vocab_size, dc.target_num_layers) != (tc.hidden_size, tc.vocab_size, tc.num_layers):
+            raise ValueError(f"DFlash drafter {label} was made for another target (width {dc.hidden_size}, "
+                             f"{dc.target_num_layers} layers)")
+        self.drafter = drafter.to(device=self.model.device, dtype=self.model.dtype).eval()
+        self.label = label
+        self.blocks_per_forward = int(blocks_per_forward)
+        self.draft_name = f"DFlash block drafter {label} ({dc.num_layers} layers, target layers {list(dc.target_layer_ids)})"
+
+    @torch.inference_mode()
+    def draft_positions(self, prompt_ids, output_ids, num_draft):
+        from dcut_sched.drafters.data import DraftSequence, sequence_features
+        from dcut_sched.model.drafter import confidence
+
+        if num_draft + 1 > self.drafter.config.block_size:
+            raise ValueError(f"DFlash drafter drafts at most {self.drafter.config.block_size - 1} tokens")
+        full = list(prompt_ids) + list(output_ids)
+        seq = DraftSequence("", "", "", torch.tensor(full, dtype=torch.long), len(prompt_ids))
+        sequence_features(self.model, [seq], self.drafter.config.target_layer_ids, dtype=self.model.dtype)
+        embed = self.model.embed_tokens.weight
+        head = embed if self.model.lm_head is None else self.model.lm_head.weight
+        anchors = list(range(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(output_ids)))
+        toks, confs = [], []
+        dev = self.model.device
+        for i in range(0, len(anchors), self.blocks_per_forward):
+            a = torch.tensor([anchors[i:i + self.blocks_per_forward]], device=dev)
+            logits = self.drafter.training_logits(seq.features[None].to(dev), seq.tokens[None].to(dev), a,
+                                                  num_draft + 1, embed, head)[0]
+            toks.append(self.drafter.to_target_ids(logits.argmax(-1)).cpu().numpy())
+            confs.append(confidence(logits).cpu().numpy())
+        return np.concatenate(toks).astype(np.int64), np.concatenate(confs).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "native-dflash", "drafter": self.label, "device": str(self.model.device),
+                "dtype": str(self.model.dtype).removeprefix("torch."), "generate_batch": self.generate_batch}
+
+
 class HFBackend:
     """Any local Hugging Face causal-LM pair that shares a tokenizer (needs ``transformers``).
 

@@ -59,14 +59,18 @@ class VerifyRuntime:
         row_counts: row counts of the cells (default: :func:`graph_row_counts` with CUDA graphs,
             every count ``1..max_rows`` eagerly); an eager runtime with the graph row counts pads
             exactly as the CUDA-graph one does (how the padding is tested on CPU).
+        capture_layers: target layers whose output hidden states the forward also returns (a
+            block drafter's context features; ``LlamaModel.forward``); ``None``: logits only.
 
     Raises:
         ValueError: ``cuda_graphs=True`` without CUDA (from the bank).
     """
 
     def __init__(self, model: Any, cache: Any, *, max_rows: int, block_size: int, scratch_slot: int,
-                 cuda_graphs: bool | None = None, row_counts: Sequence[int] | None = None):
+                 cuda_graphs: bool | None = None, row_counts: Sequence[int] | None = None,
+                 capture_layers: Sequence[int] | None = None):
         dev = model.device
+        self.capture_layers = None if capture_layers is None else tuple(int(i) for i in capture_layers)
         if cuda_graphs is None:
             cuda_graphs = torch.cuda.is_available() and dev.type == "cuda"
         self.model, self.cache = model, cache
@@ -91,16 +95,19 @@ class VerifyRuntime:
         # eager: attend over [0, max position + 1), the live window; a graph: the whole cache
         kv_len = None if self.cuda_graphs else int(position_ids.max()) + 1
         return self.model(input_ids, position_ids, self.cache, cache_slots=cache_slots, batch_index=batch_index,
-                          kv_len=kv_len)
+                          kv_len=kv_len, capture_layers=self.capture_layers)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_slots: torch.Tensor,
-                 batch_index: torch.Tensor) -> torch.Tensor:
+                 batch_index: torch.Tensor):
         """Logits ``[rows, T, vocab]`` float32 of the packed inputs (``[rows, T]`` int64 each,
-        ``batch_index [rows]``). A view into the bank's static output in CUDA-graph mode: read it
-        before the next call."""
+        ``batch_index [rows]``); with ``capture_layers`` the pair (logits, features
+        ``[rows, T, n * hidden]``). Views into the bank's static outputs in CUDA-graph mode: read
+        them before the next call."""
         rows, t = input_ids.shape
-        logits = self.bank(rows, rows * t, input_ids, position_ids, cache_slots, batch_index)
-        return logits[:rows, :t]
+        out = self.bank(rows, rows * t, input_ids, position_ids, cache_slots, batch_index)
+        if self.capture_layers is None:
+            return out[:rows, :t]
+        return out[0][:rows, :t], out[1][:rows, :t]
 
     def __repr__(self) -> str:
         return f"VerifyRuntime({self.bank!r})"

@@ -15,7 +15,7 @@ Forward contract (see `LlamaModel.forward` and docs/model.md):
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -219,7 +219,7 @@ class LlamaModel(nn.Module):
                 cache_slots: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
                 layers: Iterable[int] | None = None, batch_index: torch.Tensor | None = None,
                 logits_at: torch.Tensor | None = None, last_only: bool = False,
-                kv_len: int | None = None) -> torch.Tensor:
+                kv_len: int | None = None, capture_layers: Sequence[int] | None = None):
         """Run the decoder on T new tokens per request, writing their K/V into `cache`.
 
         Args:
@@ -241,9 +241,15 @@ class LlamaModel(nn.Module):
                 (ignored when logits_at is given).
             kv_len: attend over slots [0, kv_len) only (a static Python int; a speed knob for
                 caches much longer than the live context; default cache.max_seq_len).
+            capture_layers: absolute layer indices whose output hidden states (the residual stream
+                after that layer, before the final norm) are also returned, concatenated in this
+                order over the last axis, for every input token (a block drafter's context
+                features; docs/drafters.md). Each must be in `layers`.
 
         Returns:
-            logits float32 [bs, T, vocab] (or [bs, K, vocab] / [bs, 1, vocab], see above).
+            logits float32 [bs, T, vocab] (or [bs, K, vocab] / [bs, 1, vocab], see above); with
+            `capture_layers`, the pair (logits, features [bs, T, len(capture_layers) * hidden]) in
+            the model's dtype.
         """
         bs, T = input_ids.shape
         S = cache.max_seq_len if kv_len is None else int(kv_len)
@@ -259,14 +265,23 @@ class LlamaModel(nn.Module):
             rows = batch_index[:, None].expand(bs, T)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, self.dtype)
         h = self.embed_tokens(input_ids)
+        captured: dict[int, torch.Tensor] = {}
+        wanted = () if capture_layers is None else tuple(capture_layers)
         for i in (range(self.config.num_layers) if layers is None else layers):
             k_cache, v_cache = cache.layer(i)
             h = self.layers[i](h, cos, sin, k_cache, v_cache, rows, cache_slots, mask, batch_index, S)
+            if i in wanted:
+                captured[i] = h
         if logits_at is not None:
             h = h.gather(1, logits_at[:, :, None].expand(-1, -1, h.shape[-1]))
         elif last_only:
             h = h[:, -1:]
-        return self.logits(h)
+        if capture_layers is None:
+            return self.logits(h)
+        missing = [i for i in wanted if i not in captured]
+        if missing:
+            raise ValueError(f"LlamaModel.forward: capture_layers {missing} are not among the layers run")
+        return self.logits(h), torch.cat([captured[i] for i in wanted], -1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: h [..., hidden] (model dtype) -> float32 [..., vocab]."""
@@ -277,7 +292,7 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, cache: KVCache, lengths: torch.Tensor | None = None,
                 batch_index: torch.Tensor | None = None, layers: Iterable[int] | None = None,
-                start_pos: torch.Tensor | None = None) -> torch.Tensor:
+                start_pos: torch.Tensor | None = None, capture_layers: Sequence[int] | None = None):
         """Process prompts and return the logits of each one's last real token.
 
         Args:
@@ -285,8 +300,11 @@ class LlamaModel(nn.Module):
             lengths: [bs] int64 real lengths (default T). Padding K/V lands in slots
                 start_pos+length.. and is overwritten by later decoding.
             start_pos: [bs] int64 position of input_ids[:, 0] (default 0: a fresh prompt).
+            capture_layers: also return the hidden states of these layers for every prompt token
+                (see `forward`).
         Returns:
-            float32 [bs, vocab] logits at each request's last real token.
+            float32 [bs, vocab] logits at each request's last real token; with `capture_layers`,
+            the pair (logits, features [bs, T, len(capture_layers) * hidden]).
         """
         bs, T = input_ids.shape
         dev = input_ids.device
@@ -294,5 +312,8 @@ class LlamaModel(nn.Module):
         if start_pos is not None:
             pos = pos + start_pos[:, None]
         last = (torch.full((bs,), T, device=dev) if lengths is None else lengths.to(dev)) - 1
-        return self.forward(input_ids, pos, cache, batch_index=batch_index, layers=layers,
-                            logits_at=last[:, None])[:, 0]
+        out = self.forward(input_ids, pos, cache, batch_index=batch_index, layers=layers,
+                           logits_at=last[:, None], capture_layers=capture_layers)
+        if capture_layers is None:
+            return out[:, 0]
+        return out[0][:, 0], out[1]

@@ -290,17 +290,48 @@ def _non_finite(value: Any) -> bool:
     return False
 
 
+def _param_kind(default: Any) -> str | None:
+    """The kind of value a parameter takes, read from its default (``None``: not checked)."""
+    if isinstance(default, bool):
+        return "a boolean"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a number"
+    if isinstance(default, str):
+        return "a string"
+    return None
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    """Booleans are not numbers and numbers are not booleans; an integral float is an integer."""
+    if kind == "a boolean":
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if kind == "an integer":
+        return isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
+    if kind == "a number":
+        return isinstance(value, (int, float, np.integer, np.floating))
+    return isinstance(value, str)
+
+
 def check_params(name: str, params: dict[str, Any]) -> None:
-    """Refuse parameters policy ``name`` does not take, and non-finite numbers.
+    """Refuse parameters policy ``name`` does not take, values of another kind than the parameter's
+    default (a boolean for a number, a string for an integer, ...), and non-finite numbers.
 
     Raises:
         KeyError: unknown policy.
-        ValueError: naming the policy, the key and the valid keys.
+        ValueError: naming the policy, the key and the valid keys or the expected kind.
     """
     keys = param_defaults(name)
     for key, value in params.items():
         if key not in keys:
             raise ValueError(f"policy {name} has no parameter {key!r}; valid keys: {_keys_text(name)}")
+        expected = _param_kind(keys[key])
+        if expected is not None and not _is_kind(value, expected):
+            raise ValueError(f"policy {name}: parameter {key} expects {expected}, got {value!r} "
+                             f"({type(value).__name__}; default {keys[key]!r})")
         if _non_finite(value):
             raise ValueError(f"policy {name}: {key}={value!r} is not finite; give a finite number "
                              f"(default {keys[key]!r})")

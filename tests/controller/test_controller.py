@@ -202,3 +202,22 @@ def test_graph_bank_cell_in_plan(curve8):
     fine = RatioController(curve8, B, policy="fine", graph_bank=bank)
     assert fine.policy.allowed_num_tokens == (4, 12, 32)
     assert fine.plan(torch.rand(4, B - 1)).num_tokens in (4, 12, 32)
+
+
+def test_plan_refuses_non_floating_confidences_and_observe_non_integer_counts(curve4):
+    import numpy as np
+    import pytest
+    import torch
+
+    from dcut_sched import RatioController
+
+    ctrl = RatioController(curve4, 4, policy="dcut")
+    for bad in (np.array([["0.5", "0.5", "0.5"]]), np.array([[1, 0, 1]]), torch.ones(1, 3, dtype=torch.int64),
+                np.array([[True, False, True]])):
+        with pytest.raises(TypeError, match="floating"):
+            ctrl.plan(bad)
+    ctrl.plan(np.full((2, 3), 0.5))
+    for bad in (np.array([1.5, 0.0]), torch.tensor([1.0, 0.0]), np.array([True, False])):
+        with pytest.raises(TypeError, match="integer"):
+            ctrl.observe(bad)
+    ctrl.observe(np.array([1, 0]))

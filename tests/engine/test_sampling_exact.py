@@ -121,6 +121,48 @@ def test_engine_matches_exact_target_distribution(model, make_curve, name, sp_in
     assert p > ALPHA, f"{name} {sp.describe()}: chi-square p = {p:.2e}"
 
 
+@pytest.fixture(scope="module")
+def dflash_drafter(model):
+    """A DFlash block drafter for ``model``, trained for 120 steps on its sampled continuations."""
+    import random
+
+    from dcut_sched.drafters.data import DraftSequence, sequence_features
+    from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from dcut_sched.drafters.train import TrainSettings, _draw, block_batch, train_step
+
+    cfg = DFlashConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                       vocab_size=VOCAB, target_num_layers=3, target_layer_ids=(0, 1), mask_token_id=15, block_size=B)
+    drafter = DFlashDraftModel.random_init(cfg, seed=0)
+    sp = SamplingParams(temperature=1.0, seed=99)
+    prompts = [[int(t) for t in np.random.default_rng(i).integers(0, VOCAB, 3)] for i in range(24)]
+    seqs = [DraftSequence(str(i), "t", "t1", torch.tensor(p + o), len(p))
+            for i, (p, o) in enumerate(zip(prompts, sample_generate(model, prompts, 24, None, sp)))]
+    sequence_features(model, seqs, cfg.target_layer_ids, dtype=torch.float32)
+    s = TrainSettings(steps=120, seqs_per_step=4, blocks_per_seq=8, block_sizes=(B,), lr=3e-3, warmup_steps=10)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=s.lr)
+    rng = random.Random(0)
+    emb = model.embed_tokens.weight.detach()
+    for _ in range(s.steps):
+        picked, anchors = _draw(rng, seqs, s)
+        train_step(drafter, opt, block_batch(picked, anchors, B, None), B, emb, emb, s.lr, 1.0)
+    return drafter.eval()
+
+
+@pytest.mark.parametrize("name", ["full", "dcut"])
+def test_engine_with_dflash_matches_exact_target_distribution(model, make_curve, dflash_drafter, name):
+    """The same chi-square test with the DFlash block drafter proposing the drafts."""
+    sp = SamplingParams(temperature=1.0, seed=40 + DIST_POLICIES.index(name))
+    exact = exact_first_tokens(model, PROMPT, sp)
+    engine = SpecEngine(model, controller(name, make_curve, BATCH), batch_size=BATCH, max_new_tokens=NUM_TOKENS,
+                        sampling=sp, dflash=dflash_drafter)
+    result = engine.generate([PROMPT] * NUM_SAMPLES)
+    accepted = sum(sum(s.accepted) for s in result.steps)
+    verified = sum(n - 1 for s in result.steps for n in s.lengths)
+    assert accepted > 100 and verified - accepted > 100  # both branches of verification run
+    p = chi_square_pvalue(counts_of(result.outputs), exact)
+    assert p > ALPHA, f"dflash {name} {sp.describe()}: chi-square p = {p:.2e}"
+
+
 # --------------------------------------------------------------- the biased rule of the worked case
 def sampled_draft_step(p: np.ndarray, q: np.ndarray, rng: np.random.Generator, verify_if) -> np.ndarray:
     """One token per row with a *sampled* one-token draft: d ~ q, then either standard rejection

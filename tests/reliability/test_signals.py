@@ -135,7 +135,6 @@ def test_dcut_trace_record_output_all_or_none_and_keeps_its_partial(tmp_path, ca
     out = tmp_path / "t.parquet"
     argv = ["record", "--prompts", str(prompts), "--out", str(out), "--block-size", "4", "--max-new-tokens", "8",
             "--threads", "1", "--generate-batch", "1", "--no-progress", "--fresh"]
-    t0 = time.perf_counter()
     status = _run_with_signal(main, argv, sig, random.Random(sig).uniform(0.5, 8.0))
     interrupted = _check_status(status, sig, capsys.readouterr().err)
     partial = tmp_path / "t.partial.parquet"
@@ -146,7 +145,6 @@ def test_dcut_trace_record_output_all_or_none_and_keeps_its_partial(tmp_path, ca
         if partial.exists():
             Trace.load(partial)
     _no_temp_files(tmp_path)
-    assert time.perf_counter() - t0 < 300
 
 
 CHILD = """

@@ -1,0 +1,164 @@
+"""The project's engine with the DFlash block drafter: every policy at bs 1, 2, 4, 8, 16 on this CPU.
+
+One command (about 15 minutes on a quiet 2-core machine)::
+
+    python analysis/bench_engine.py            # writes analysis/results/bench_engine_dflash.{csv,md}
+
+Real SmolLM2-135M-Instruct (fp32), the shipped drafter ``drafters/smollm2-135m-dflash``, greedy,
+B = 16, the first 16 prompts of ``traces/prompts.jsonl`` (held out from the drafter's training),
+``--max-new-tokens`` each. The cost-aware policies plan with the CPU curve of this drafter
+(``profiler/profiles/cpu-smollm2-135m-dflash-b16.json``, ``dcut-profile --cpu --draft dflash:...``).
+Per run: decode tokens/s (decode tokens / decode wall time), accepted drafts per drafted step,
+tokens per request-step, the keep ratio (verified slots / (bs x B)), and ``cpu_share`` = the
+process's CPU time / wall time (2.0 = both cores the whole run; a run that shared the machine shows
+less). The load average is recorded before and after every run; the table says whether the goal
+shape (``full`` > 1.2x ``ar`` at bs 1, ``full`` below ``ar`` at some bs, ``dcut`` or ``fine`` within
+2 % of max(ar, full) at every bs) is reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DRAFTER = ROOT / "drafters" / "smollm2-135m-dflash"
+CURVE = ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-dflash-b16.json"
+PROMPTS = ROOT / "traces" / "prompts.jsonl"
+OUT = ROOT / "analysis" / "results" / "bench_engine_dflash"
+POLICIES = ("ar", "full", "dcut", "fine", "oracle", "topk", "threshold", "uniform", "smartspec", "tetris",
+            "dspark", "vllm_adaptive", "dense_fallback")
+BATCH_SIZES = (1, 2, 4, 8, 16)
+
+
+def goal_shape(table: pd.DataFrame) -> dict[str, object]:
+    """The issue's goal on a (policy x bs) table of decode tokens/s: each clause and whether it holds."""
+    t = table
+    bss = sorted(t.columns)
+    full_over_ar_bs1 = float(t.loc["full", bss[0]] / t.loc["ar", bss[0]])
+    full_below = [bs for bs in bss if t.loc["full", bs] < t.loc["ar", bs]]
+    best = {bs: max(t.loc["ar", bs], t.loc["full", bs]) for bs in bss}
+    adaptive = {bs: max(t.loc[p, bs] for p in ("dcut", "fine") if p in t.index) / best[bs] for bs in bss}
+    return {
+        "full_over_ar_at_bs1": round(full_over_ar_bs1, 3),
+        "full_over_ar_at_bs1_ok": full_over_ar_bs1 > 1.2,
+        "full_below_ar_at_bs": full_below,
+        "full_below_ar_ok": bool(full_below),
+        "best_of_dcut_fine_over_max_ar_full": {int(k): round(float(v), 3) for k, v in adaptive.items()},
+        "dcut_or_fine_within_2pct_ok": all(v >= 0.98 for v in adaptive.values()),
+    }
+
+
+def run(args) -> int:
+    import torch
+
+    from dcut_sched.controller import RatioController
+    from dcut_sched.cost_curve import CostCurve
+    from dcut_sched.drafters.dflash import load_checkpoint
+    from dcut_sched.engine import SpecEngine
+    from dcut_sched.model import LlamaModel
+    from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
+    from dcut_sched.traces.prompts import load_prompt_records
+
+    torch.set_num_threads(args.threads)
+    model = LlamaModel.from_smollm2()
+    tok = load_smollm2_tokenizer()
+    drafter = load_checkpoint(args.drafter)
+    curve = CostCurve.load(args.curve)
+    prompts = [chat_prompt_ids(tok, p.text) for p in load_prompt_records(PROMPTS)[: args.num_prompts]]
+    rows = []
+    for bs in args.batch_sizes:
+        for policy in args.policies:
+            ctrl = RatioController(curve, args.block_size, policy=policy)
+            eng = SpecEngine(model, ctrl, batch_size=bs, max_new_tokens=args.max_new_tokens, eos_id=tok.eos_id,
+                             dflash=drafter)
+            load0 = os.getloadavg()[0]
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = eng.generate(prompts)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            s = res.summary()
+            drafted = [st for st in res.steps if st.drafted]
+            row = {"policy": policy, "batch_size": bs, "block_size": args.block_size,
+                   "decode_tokens_per_s": round(s["decode_tokens_per_s"], 2), "tokens_per_s": round(s["tokens_per_s"], 2),
+                   "accepted_per_drafted_step": round(float(np.mean([np.mean(st.accepted) for st in drafted])), 3)
+                   if drafted else 0.0,
+                   "tokens_per_request_step": round(s["tokens_per_request_step"], 3),
+                   "keep_ratio": round(float(np.mean([st.ratio for st in drafted])), 3) if drafted else 0.0,
+                   "drafted_steps": s["drafted_steps"], "steps": s["steps"],
+                   "draft_ms": round(s["draft_ms"], 1), "verify_ms": round(s["verify_ms"], 1),
+                   "plan_ms": round(s["plan_ms"], 1), "decode_ms": round(s["decode_ms"], 1),
+                   "wall_s": round(wall, 2), "cpu_share": round(cpu / wall, 3),
+                   "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    frame = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from dcut_sched.atomic import all_or_none, atomic_write_text
+
+    table = frame.pivot(index="policy", columns="batch_size", values="decode_tokens_per_s")
+    goal = goal_shape(table)
+    with all_or_none():
+        atomic_write_text(out.with_suffix(".csv"), frame.to_csv(index=False))
+        atomic_write_text(out.with_suffix(".json"), json.dumps({"goal": goal, "settings": {
+            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+            "block_size": args.block_size, "drafter": str(args.drafter), "curve": str(args.curve)}}, indent=2) + "\n")
+        atomic_write_text(out.with_suffix(".md"), markdown(frame, goal, args))
+    print(markdown(frame, goal, args))
+    return 0
+
+
+def markdown(frame: pd.DataFrame, goal: dict, args) -> str:
+    order = [p for p in POLICIES if p in set(frame["policy"])]
+    tps = frame.pivot(index="policy", columns="batch_size", values="decode_tokens_per_s").loc[order]
+    ar = tps.loc["ar"]
+    lines = [f"Decode tokens/s (speedup over `ar`), B = {args.block_size}, {args.num_prompts} held-out prompts x "
+             f"{args.max_new_tokens} new tokens, {args.threads} torch threads:", "",
+             "| policy | " + " | ".join(f"bs {b}" for b in tps.columns) + " |",
+             "|---|" + "---:|" * len(tps.columns)]
+    for p, r in tps.iterrows():
+        lines.append(f"| `{p}` | " + " | ".join(f"{v:.1f} ({v / ar[b]:.2f}x)" for b, v in r.items()) + " |")
+    acc = frame.pivot(index="policy", columns="batch_size", values="accepted_per_drafted_step").loc[order]
+    keep = frame.pivot(index="policy", columns="batch_size", values="keep_ratio").loc[order]
+    lines += ["", "Accepted drafts per drafted request-step / keep ratio (verified slots / (bs x B)):", "",
+              "| policy | " + " | ".join(f"bs {b}" for b in tps.columns) + " |", "|---|" + "---:|" * len(tps.columns)]
+    for p in order:
+        lines.append(f"| `{p}` | " + " | ".join(f"{acc.loc[p, b]:.2f} / {keep.loc[p, b]:.2f}" for b in tps.columns) + " |")
+    share = frame["cpu_share"]
+    lines += ["", f"cpu_share per run: min {share.min():.2f}, median {share.median():.2f}, max {share.max():.2f}; "
+              f"load average before the runs {frame['load_before'].min():.2f}-{frame['load_before'].max():.2f}.", "",
+              "Goal shape: " + json.dumps(goal), ""]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", type=Path, default=DRAFTER)
+    p.add_argument("--curve", type=Path, default=CURVE)
+    p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(BATCH_SIZES))
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(OUT), help="output stem (.csv, .json, .md are written)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

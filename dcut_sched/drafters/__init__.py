@@ -1,0 +1,54 @@
+"""Block drafters: DFlash (one non-causal forward proposes a whole block; docs/drafters.md).
+
+- :mod:`~dcut_sched.drafters.dflash`: the architecture, its config and the checkpoint format.
+- :mod:`~dcut_sched.drafters.runtime`: :class:`DFlashDrafter`, the engine's drafter (context cache).
+- :mod:`~dcut_sched.drafters.data` / :mod:`~dcut_sched.drafters.train`: data from the target and the
+  training loop behind ``dcut-drafter train``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DraftSpec", "parse_draft_spec", "load_dflash"]
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """Which drafter a command runs: ``self`` (the target without some layers, greedy or sampled
+    drafts) or ``dflash`` (a DFlash checkpoint folder, greedy drafts)."""
+
+    kind: str
+    path: Path | None = None
+    sampled: bool = False
+
+    def describe(self) -> str:
+        return f"dflash:{self.path}" if self.kind == "dflash" else ("sampled" if self.sampled else "greedy")
+
+
+def parse_draft_spec(text: str) -> DraftSpec:
+    """``greedy`` / ``sampled`` (the self-speculative drafter's draft tokens) or ``dflash:PATH``.
+
+    Raises:
+        ValueError: anything else, or ``dflash:`` without a folder that holds a config.json.
+    """
+    if text in ("greedy", "sampled"):
+        return DraftSpec("self", sampled=text == "sampled")
+    kind, sep, path = text.partition(":")
+    if kind == "dflash" and sep and path:
+        p = Path(path)
+        if not (p / "config.json").is_file():
+            raise ValueError(f"dflash:{path}: no DFlash drafter folder there (it holds config.json and "
+                             "model.safetensors; the shipped one is drafters/smollm2-135m-dflash)")
+        return DraftSpec("dflash", p)
+    raise ValueError(f"{text!r}: expected greedy, sampled or dflash:PATH")
+
+
+def load_dflash(spec: DraftSpec | str | os.PathLike):
+    """The :class:`~dcut_sched.drafters.dflash.DFlashDraftModel` of a spec or folder."""
+    from .dflash import load_checkpoint
+
+    path = spec.path if isinstance(spec, DraftSpec) else Path(spec)
+    return load_checkpoint(path)

@@ -1,0 +1,350 @@
+"""Training a DFlash drafter for the project's target (``dcut-drafter train``; docs/drafters.md).
+
+Objective (DFlash): blocks are cut at random anchors ``p`` of the target's own continuations; the
+drafter sees the context features ``< p``, the anchor token and ``B-1`` mask slots, and is trained
+with a per-slot cross-entropy against the continuation's tokens ``p+1 .. p+B-1``, slot ``j``
+weighted by ``exp(-(j-1)/gamma)`` (:func:`~dcut_sched.drafters.dflash.block_loss_weights`). Each
+step draws its sequences and anchors from one seeded generator, and the block size alternates over
+``block_sizes`` so one drafter serves B = 16 and B = 8.
+
+Held-out quality (:func:`acceptance`): for every anchor of a held-out continuation, the accepted
+length is the longest prefix of draft tokens equal to the continuation; tau = 1 + its mean (the
+tokens a verified block commits, the bonus token included). On a greedy continuation that is
+exactly greedy verification's acceptance; on a sampled one, that of sampled verification with the
+same draws (docs/sampling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .data import DraftSequence
+from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
+
+__all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "train_step", "run_training"]
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything that decides the trained weights (stored with the checkpoint and in the card).
+
+    Attributes:
+        seed: seeds the prompt generator, the sampled continuations, the initial weights and every
+            draw of sequences and anchors.
+        num_generated_prompts: templated training prompts (plus 131 HumanEval problems).
+        max_new_tokens: tokens the target generates per prompt.
+        temperature: the sampled continuations' temperature (each prompt is continued greedily and sampled).
+        num_layers, num_target_features, draft_vocab_size: the drafter's shape (:class:`DFlashConfig`).
+        block_sizes: block sizes the steps alternate over.
+        steps, seqs_per_step, blocks_per_seq: optimisation steps; sequences and anchors per step.
+        lr, warmup_steps, weight_decay, grad_clip: AdamW with linear warm-up then cosine decay to 10 %.
+        eval_every: steps between held-out evaluations (a fixed subset of the eval sequences).
+        checkpoint_every: steps between resumable checkpoints.
+        max_train_prompts, max_eval_prompts: truncate the prompt sets (smoke runs).
+    """
+
+    seed: int = 0
+    num_generated_prompts: int = 360
+    max_new_tokens: int = 128
+    temperature: float = 0.7
+    num_layers: int = 2
+    num_target_features: int = 4
+    draft_vocab_size: int | None = 8192
+    block_sizes: tuple[int, ...] = (16, 8)
+    steps: int = 3000
+    seqs_per_step: int = 4
+    blocks_per_seq: int = 16
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    checkpoint_every: int = 100
+    max_train_prompts: int | None = None
+    max_eval_prompts: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.block_sizes or any(b < 2 for b in self.block_sizes):
+            raise ValueError("TrainSettings.block_sizes: each block size must be >= 2")
+        for name in ("steps", "seqs_per_step", "blocks_per_seq", "max_new_tokens", "eval_every",
+                     "checkpoint_every", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainSettings.{name} must be >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["block_sizes"] = list(self.block_sizes)
+        return d
+
+
+@dataclass
+class TrainState:
+    """What a resumed run continues from: the step reached and the curves so far."""
+
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine decay to 10 % of ``lr`` at ``steps``."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def block_batch(seqs: Sequence[DraftSequence], anchors: Sequence[Sequence[int]], block_size: int,
+                target_to_draft: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Padded tensors of one batch: features, tokens, anchors, labels ``[N, nb, B-1]`` (draft ids,
+    -100 where the slot lies past the sequence or its token is outside the draft vocabulary)."""
+    n = len(seqs)
+    t = max(s.length for s in seqs)
+    nb = max(len(a) for a in anchors)
+    feat = torch.zeros(n, t, seqs[0].features.shape[-1], dtype=torch.float32)
+    tok = torch.zeros(n, t, dtype=torch.long)
+    anc = torch.zeros(n, nb, dtype=torch.long)
+    labels = torch.full((n, nb, block_size - 1), -100, dtype=torch.long)
+    for i, (s, a) in enumerate(zip(seqs, anchors)):
+        feat[i, : s.length] = s.features.float()
+        tok[i, : s.length] = s.tokens
+        for b in range(nb):
+            p = int(a[b % len(a)])
+            anc[i, b] = p
+            if b >= len(a):
+                continue  # padding block: repeats an anchor, no labels
+            for j in range(1, block_size):
+                if p + j < s.length:
+                    labels[i, b, j - 1] = int(s.tokens[p + j])
+    if target_to_draft is not None:
+        mapped = torch.where(labels >= 0, target_to_draft[labels.clamp(min=0)], torch.full_like(labels, -1))
+        labels = torch.where(mapped >= 0, mapped, torch.full_like(labels, -100))
+    return {"features": feat, "tokens": tok, "anchors": anc, "labels": labels}
+
+
+def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean cross-entropy over the labelled slots (``-100`` = no label)."""
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 2), labels.flatten().clamp(min=0),
+                                           reduction="none").view(labels.shape)
+    w = weights.view(1, 1, -1) * (labels >= 0)
+    return (ce * w).sum() / w.sum().clamp(min=1e-9)
+
+
+def train_step(model: DFlashDraftModel, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], block_size: int,
+               embed: torch.Tensor, lm_head: torch.Tensor, lr: float, grad_clip: float) -> float:
+    """One optimisation step; returns the loss."""
+    model.train()
+    for g in opt.param_groups:
+        g["lr"] = lr
+    logits = model.training_logits(batch["features"], batch["tokens"], batch["anchors"], block_size, embed, lm_head)
+    loss = block_loss(logits, batch["labels"], block_loss_weights(block_size))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return float(loss.detach())
+
+
+def sample_anchors(rng: random.Random, s: DraftSequence, count: int) -> list[int]:
+    """``count`` distinct anchors of the continuation (``prompt_len <= p <= length - 2``), fewer if short."""
+    lo, hi = s.prompt_len, s.length - 2
+    if hi < lo:
+        return []
+    pool = range(lo, hi + 1)
+    return sorted(rng.sample(pool, min(count, len(pool))))
+
+
+@torch.inference_mode()
+def acceptance(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_size: int, embed: torch.Tensor,
+               lm_head: torch.Tensor, *, max_blocks: int = 64) -> list[dict[str, Any]]:
+    """Per held-out sequence, every anchor's draft: tokens, confidences and accepted length.
+
+    Returns one dict per sequence: ``pos`` (anchor positions, counted from the first generated
+    token), ``accept_len [n]`` (0..B-1), ``conf [n, B-1]`` float32, ``tokens [n, B-1]`` target ids.
+    Slots past the sequence's end cannot be accepted.
+    """
+    model.eval()
+    out = []
+    for s in seqs:
+        anchors = list(range(s.prompt_len, s.length - 1))
+        if not anchors:
+            continue
+        acc, confs, toks = [], [], []
+        for i in range(0, len(anchors), max_blocks):
+            a = anchors[i:i + max_blocks]
+            logits = model.training_logits(s.features[None].float(), s.tokens[None], torch.tensor([a]), block_size,
+                                           embed, lm_head)[0]  # [nb, B-1, V]
+            probs_max, arg = logits.float().softmax(-1).max(-1)
+            tok = model.to_target_ids(arg)
+            for b, p in enumerate(a):
+                k = 0
+                while k < block_size - 1 and p + 1 + k < s.length and int(tok[b, k]) == int(s.tokens[p + 1 + k]):
+                    k += 1
+                acc.append(k)
+            confs.append(probs_max.numpy().astype(np.float32))
+            toks.append(tok.numpy())
+        out.append({"prompt_id": s.prompt_id, "category": s.category, "mode": s.mode,
+                    "pos": np.array(anchors) - s.prompt_len, "accept_len": np.array(acc, dtype=np.int64),
+                    "conf": np.concatenate(confs), "tokens": np.concatenate(toks)})
+    return out
+
+
+def tau_summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """tau (1 + mean accepted length over every anchor) overall and per category."""
+    by: dict[str, list[np.ndarray]] = {}
+    for r in rows:
+        by.setdefault(r["category"], []).append(r["accept_len"])
+        by.setdefault("all", []).append(r["accept_len"])
+    return {k: float(1 + np.concatenate(v).mean()) for k, v in sorted(by.items())}
+
+
+def _log(msg: str) -> None:
+    print(f"[dcut-drafter {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, eval_prompts: str | Path,
+                 fresh: bool = False, log: Callable[[str], None] = _log) -> tuple[DFlashDraftModel, TrainState, dict]:
+    """Generate the data (cached in ``work_dir``), train (checkpointed in ``work_dir``, resumed
+    unless ``fresh``), evaluate on the held-out prompts. Returns (model, state, held-out report).
+
+    Raises:
+        ValueError: ``work_dir`` holds a checkpoint of other settings (the message names the field;
+            pass ``fresh=True`` to start over).
+    """
+    from .data import continue_prompts, prompt_split, sequence_features, token_counts
+    from .dflash import DFlashConfig
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(settings.seed)
+    cfg = DFlashConfig.for_target(target.config, num_layers=settings.num_layers,
+                                  block_size=max(settings.block_sizes),
+                                  num_target_features=settings.num_target_features,
+                                  draft_vocab_size=settings.draft_vocab_size)
+    data_path = work_dir / "data.pt"
+    data_key = {k: v for k, v in settings.to_json().items()
+                if k in ("seed", "num_generated_prompts", "max_new_tokens", "temperature", "num_target_features",
+                         "max_train_prompts", "max_eval_prompts")}
+    data_key["eval_prompts"] = str(eval_prompts)
+    data = None
+    if data_path.exists() and not fresh:
+        data = torch.load(data_path, weights_only=False)
+        if data.get("key") != data_key:
+            log(f"{data_path}: made with other data settings; regenerating")
+            data = None
+    if data is None:
+        train_p, eval_p = prompt_split(settings.num_generated_prompts, settings.seed, eval_prompts)
+        if settings.max_train_prompts:
+            train_p = train_p[: settings.max_train_prompts]
+        if settings.max_eval_prompts:
+            eval_p = eval_p[: settings.max_eval_prompts]
+        t0 = time.time()
+        seqs: dict[str, list[DraftSequence]] = {}
+        for split, prompts in (("train", train_p), ("eval", eval_p)):
+            for temp in (0.0, settings.temperature):
+                done = [0]
+
+                def tick(n: int, split=split, temp=temp, total=len(prompts), done=done) -> None:
+                    done[0] += n
+                    log(f"data: {split} T={temp:g}: {done[0]}/{total} prompts continued ({time.time() - t0:.0f} s)")
+
+                seqs.setdefault(split, []).extend(continue_prompts(
+                    target, tokenizer, prompts, max_new_tokens=settings.max_new_tokens, temperature=temp,
+                    seed=settings.seed + (1 if split == "eval" else 0), on_batch=tick))
+        for split, ss in seqs.items():
+            sequence_features(target, ss, cfg.target_layer_ids)
+            log(f"data: {split}: features of {len(ss)} sequences, {sum(s.length for s in ss)} tokens "
+                f"({time.time() - t0:.0f} s)")
+        data = {"key": data_key, "train": seqs["train"], "eval": seqs["eval"], "seconds": time.time() - t0}
+        tmp = data_path.with_suffix(".pt.tmp")
+        torch.save(data, tmp)
+        os.replace(tmp, data_path)
+    train_seqs, eval_seqs = data["train"], data["eval"]
+
+    embed = target.embed_tokens.weight.detach()
+    lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
+    state_path = work_dir / "state.pt"
+    model = DFlashDraftModel.random_init(cfg, seed=settings.seed)
+    if cfg.draft_vocab_size is not None:
+        counts = token_counts(train_seqs, cfg.vocab_size)
+        top = np.argsort(-counts, kind="stable")[: cfg.draft_vocab_size]
+        model.set_draft_vocab(torch.from_numpy(np.sort(top)), embed)
+        covered = counts[top].sum() / max(1, counts.sum())
+        log(f"draft vocabulary: the {cfg.draft_vocab_size} most frequent continuation tokens cover "
+            f"{100 * covered:.2f} % of the training continuations' tokens")
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    state = TrainState()
+    if state_path.exists() and not fresh:
+        saved = torch.load(state_path, weights_only=False)
+        for k, v in settings.to_json().items():
+            if k not in ("steps", "eval_every", "checkpoint_every") and saved["settings"].get(k) != v:
+                raise ValueError(f"{state_path}: checkpoint was trained with {k}={saved['settings'].get(k)!r}, "
+                                 f"not {v!r}; pass --fresh to start over (or the same settings to resume)")
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        log(f"resumed from {state_path} at step {state.step}")
+    rng = random.Random(settings.seed)
+    for _ in range(state.step):  # replay the draws so a resumed run takes the same batches
+        _draw(rng, train_seqs, settings)
+    eval_subset = eval_seqs[:: max(1, len(eval_seqs) // 24)][:24]
+    t_start = time.time() - state.elapsed_s
+    while state.step < settings.steps:
+        step = state.step
+        bsz = settings.block_sizes[step % len(settings.block_sizes)]
+        picked, anchors = _draw(rng, train_seqs, settings)
+        batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft())
+        lr = lr_at(step, settings)
+        loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip)
+        state.step += 1
+        state.elapsed_s = time.time() - t_start
+        state.history.append({"step": state.step, "block_size": bsz, "loss": loss, "lr": lr,
+                              "elapsed_s": round(state.elapsed_s, 2)})
+        if state.step % 20 == 0 or state.step == 1:
+            recent = [h["loss"] for h in state.history[-20:]]
+            rate = state.step / max(state.elapsed_s, 1e-9)
+            log(f"step {state.step}/{settings.steps} loss {np.mean(recent):.3f} lr {lr:.2e} "
+                f"{state.elapsed_s:.0f} s, ETA {(settings.steps - state.step) / max(rate, 1e-9):.0f} s")
+        if state.step % settings.eval_every == 0 or state.step == settings.steps:
+            taus = {b: tau_summary(acceptance(model, eval_subset, b, embed, lm_head))["all"]
+                    for b in sorted(set(settings.block_sizes), reverse=True)}
+            state.evals.append({"step": state.step, **{f"tau_b{b}": round(v, 4) for b, v in taus.items()}})
+            log(f"held-out subset ({len(eval_subset)} sequences) at step {state.step}: "
+                + ", ".join(f"tau@B{b} {v:.3f}" for b, v in taus.items()))
+        if state.step % settings.checkpoint_every == 0 or state.step == settings.steps:
+            tmp = state_path.with_suffix(".pt.tmp")
+            torch.save({"settings": settings.to_json(), "model": model.state_dict(),
+                        "optimizer": opt.state_dict(), "state": state}, tmp)
+            os.replace(tmp, state_path)
+    model.eval()
+    report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
+                              "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
+                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {}}
+    for b in sorted(set(settings.block_sizes), reverse=True):
+        for mode in sorted({s.mode for s in eval_seqs}):
+            rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
+            report["tau"][f"B{b}/{mode}"] = tau_summary(rows)
+    return model, state, report
+
+
+def _draw(rng: random.Random, seqs: Sequence[DraftSequence], s: TrainSettings) -> tuple[list[DraftSequence], list[list[int]]]:
+    picked, anchors = [], []
+    while len(picked) < s.seqs_per_step:
+        cand = seqs[rng.randrange(len(seqs))]
+        a = sample_anchors(rng, cand, s.blocks_per_seq)
+        if a:
+            picked.append(cand)
+            anchors.append(a)
+    return picked, anchors

@@ -1,0 +1,229 @@
+"""DFlash drafter: shapes, the non-causal block mask, the context cut-off, the checkpoint round trip,
+the engine's incremental context against the one-shot training forward, training lowers the loss,
+and lossless engine output (greedy token for token; sampled against the exact distribution)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dcut_sched import RatioController, policies
+from dcut_sched.drafters.data import DraftSequence
+from dcut_sched.drafters.dflash import (
+    DFlashConfig,
+    DFlashDraftModel,
+    DraftCheckpointError,
+    block_loss_weights,
+    default_target_layer_ids,
+    load_checkpoint,
+    save_checkpoint,
+)
+from dcut_sched.drafters.runtime import DFlashDrafter, DraftContextError
+from dcut_sched.drafters.train import TrainSettings, _draw, acceptance, block_batch, train_step
+from dcut_sched.engine import SpecEngine
+from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate, sample_generate
+from dcut_sched.sampling import SamplingParams
+
+VOCAB = 16
+B = 4
+TARGET = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=2, num_kv_heads=1,
+                     head_dim=16, tie_word_embeddings=True, max_position=256, name="vocab16")
+
+
+def drafter_config(**kw) -> DFlashConfig:
+    base = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                vocab_size=VOCAB, target_num_layers=4, target_layer_ids=(0, 2), mask_token_id=15, block_size=8)
+    base.update(kw)
+    return DFlashConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return LlamaModel.random_init(TARGET, seed=1, std=0.2)
+
+
+def sequences(target, n: int, length: int, seed: int) -> list[DraftSequence]:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 15, (4,), generator=g).tolist() for _ in range(n)]
+    outs = greedy_generate(target, prompts, length, eos_id=None)
+    seqs = [DraftSequence(f"p{i}", "test", "greedy", torch.tensor(p + o), len(p)) for i, (p, o) in enumerate(zip(prompts, outs))]
+    from dcut_sched.drafters.data import sequence_features
+
+    sequence_features(target, seqs, (0, 2), dtype=torch.float32)
+    return seqs
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """A drafter trained for 150 steps on the target's greedy continuations (and its loss curve)."""
+    cfg = drafter_config()
+    model = DFlashDraftModel.random_init(cfg, seed=0)
+    seqs = sequences(target, 24, 40, seed=0)
+    s = TrainSettings(steps=150, seqs_per_step=4, blocks_per_seq=8, block_sizes=(8, 4), lr=3e-3, warmup_steps=10)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
+    rng = random.Random(0)
+    emb = target.embed_tokens.weight.detach()
+    losses = []
+    for step in range(s.steps):
+        bsz = s.block_sizes[step % 2]
+        picked, anchors = _draw(rng, seqs, s)
+        losses.append(train_step(model, opt, block_batch(picked, anchors, bsz, None), bsz, emb, emb, s.lr, 1.0))
+    return model.eval(), losses
+
+
+def test_default_target_layers_spread_like_dflash():
+    assert default_target_layer_ids(30, 4) == (1, 10, 18, 27)
+    assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)  # Qwen3-8B's published drafter
+    with pytest.raises(ValueError):
+        default_target_layer_ids(5, 4)
+
+
+def test_loss_weights_decay_from_one():
+    w = block_loss_weights(16)
+    assert w.shape == (15,) and w[0] == 1.0
+    assert torch.allclose(w[7], torch.tensor(np.exp(-1.0), dtype=torch.float32))  # gamma 7 at B = 16
+
+
+def test_shapes_and_block_mask_is_non_causal(target):
+    model = DFlashDraftModel.random_init(drafter_config(), seed=2)
+    seqs = sequences(target, 1, 20, seed=1)
+    emb = target.embed_tokens.weight
+    s = seqs[0]
+    f, t = s.features[None], s.tokens[None]
+    out8 = model.training_logits(f, t, torch.tensor([[6, 9, 12]]), 8, emb, emb)
+    assert out8.shape == (1, 3, 7, VOCAB)
+    out4 = model.training_logits(f, t, torch.tensor([[6, 9, 12]]), 4, emb, emb)
+    # slot 1 of a block sees the later mask slots: a shorter block changes it (a causal mask would not)
+    assert not torch.allclose(out8[:, :, 0], out4[:, :, 0])
+    # blocks are independent of each other: one block alone gives the same logits
+    alone = model.training_logits(f, t, torch.tensor([[9]]), 8, emb, emb)
+    assert torch.allclose(alone[0, 0], out8[0, 1], atol=1e-5)
+
+
+def test_block_sees_only_context_before_its_anchor(target):
+    model = DFlashDraftModel.random_init(drafter_config(), seed=3)
+    s = sequences(target, 1, 20, seed=2)[0]
+    emb = target.embed_tokens.weight
+    p = 10
+    base = model.training_logits(s.features[None], s.tokens[None], torch.tensor([[p]]), 8, emb, emb)
+    later = s.features.clone()
+    later[p:] += 5.0  # the anchor's own features and beyond: not yet computed by the target at run time
+    t2 = s.tokens.clone()
+    t2[p + 1:] = (t2[p + 1:] + 1) % VOCAB  # the tokens the block predicts
+    same = model.training_logits(later[None], t2[None], torch.tensor([[p]]), 8, emb, emb)
+    assert torch.allclose(base, same, atol=1e-6)
+    earlier = s.features.clone()
+    earlier[p - 1] += 5.0
+    assert not torch.allclose(base, model.training_logits(earlier[None], s.tokens[None], torch.tensor([[p]]), 8, emb, emb))
+
+
+def test_checkpoint_round_trip_and_vllm_format(tmp_path, target):
+    for vocab in (None, 12):
+        model = DFlashDraftModel.random_init(drafter_config(draft_vocab_size=vocab), seed=4)
+        if vocab:
+            model.set_draft_vocab(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13]), target.embed_tokens.weight)
+        folder = save_checkpoint(model, tmp_path / f"d{vocab}")
+        cfg = json.loads((folder / "config.json").read_text())
+        assert cfg["architectures"] == ["DFlashDraftModel"]
+        assert cfg["dflash_config"] == {"mask_token_id": 15, "target_layer_ids": [0, 2], "block_size": 8}
+        from safetensors.torch import load_file
+
+        names = set(load_file(str(folder / "model.safetensors")))
+        assert "layers.0.self_attn.q_proj.weight" in names and "fc.weight" in names and "embed_tokens.weight" not in names
+        assert ("lm_head.weight" in names) == bool(vocab) and ("d2t" in names) == bool(vocab)
+        again = load_checkpoint(folder)
+        s = sequences(target, 1, 12, seed=5)[0]
+        emb = target.embed_tokens.weight
+        a = model.training_logits(s.features[None], s.tokens[None], torch.tensor([[6]]), 8, emb, emb)
+        assert torch.equal(a, again.training_logits(s.features[None], s.tokens[None], torch.tensor([[6]]), 8, emb, emb))
+        if vocab:
+            assert again.to_target_ids(torch.tensor([11])).item() == 13
+
+
+def test_checkpoint_errors_name_file_and_field(tmp_path):
+    folder = save_checkpoint(DFlashDraftModel.random_init(drafter_config(), seed=0), tmp_path / "d")
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["dflash_config"]["mask_token_id"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftCheckpointError, match=r"config.json: field dflash_config.mask_token_id is missing"):
+        load_checkpoint(folder)
+    with pytest.raises(DraftCheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nowhere")
+    folder2 = save_checkpoint(DFlashDraftModel.random_init(drafter_config(), seed=0), tmp_path / "e")
+    cfg = json.loads((folder2 / "config.json").read_text())
+    cfg["num_hidden_layers"] = 3
+    (folder2 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftCheckpointError, match="tensors missing"):
+        load_checkpoint(folder2)
+
+
+def test_training_lowers_the_loss(trained):
+    _, losses = trained
+    assert np.mean(losses[-20:]) < 0.7 * np.mean(losses[:10])
+
+
+def test_engine_context_equals_one_shot_forward(target, trained):
+    """The drafter fed incrementally (prefill, then verified slots) drafts what the training forward
+    drafts at the same anchor."""
+    model, _ = trained
+    s = sequences(target, 1, 24, seed=7)[0]
+    drafter = DFlashDrafter(model, target, max_batch_size=2, max_seq_len=64)
+    n0 = s.prompt_len
+    drafter.extend([1], [s.features[: n0 - 1]], [0])
+    drafter.extend([1], [s.features[n0 - 1: n0 + 3]], [n0 - 1])  # as if 3 drafts + current were committed
+    seq = s.tokens[: n0 + 4].tolist()
+    toks, conf = drafter.draft([seq], 7, rows=[1])
+    emb = target.embed_tokens.weight
+    ref = model.training_logits(s.features[None], s.tokens[None], torch.tensor([[n0 + 3]]), 8, emb, emb)[0, 0]
+    assert toks[0].tolist() == ref.argmax(-1).tolist()
+    assert torch.allclose(conf[0], ref.softmax(-1).max(-1).values, atol=1e-5)
+    with pytest.raises(DraftContextError):
+        drafter.draft([seq + [1]], 7, rows=[1])
+
+
+def controller(name, make_curve, max_bs=8):
+    needs = policies.get(name).needs_cost
+    curve = (make_curve(batch_sizes=tuple(range(1, max_bs + 1)), block_size=B, per_token_ms=0.05, draft_base_ms=0.5,
+                        draft_per_request_ms=0.01) if needs else None)
+    return RatioController(curve, B, policy=name)
+
+
+@pytest.mark.parametrize("name", policies.names())
+def test_engine_with_dflash_equals_greedy_decoding(target, trained, make_curve, name):
+    model, _ = trained
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 15, (int(n),), generator=g).tolist() for n in (3, 7, 1, 5, 9)]
+    ref = greedy_generate(target, prompts, 14, eos_id=None, batch_size=1)
+    result = SpecEngine(target, controller(name, make_curve), batch_size=3, max_new_tokens=14, dflash=model).generate(prompts)
+    assert result.outputs == ref
+    if name in ("full", "oracle"):
+        assert sum(sum(s.accepted) for s in result.steps) > 10  # the drafts are good enough to be kept
+
+
+def test_held_out_acceptance_counts_prefix_matches(target, trained):
+    model, _ = trained
+    seqs = sequences(target, 3, 30, seed=9)
+    rows = acceptance(model, seqs, 8, target.embed_tokens.weight, target.embed_tokens.weight)
+    for r, s in zip(rows, seqs):
+        for i, p in enumerate(r["pos"]):
+            a = r["accept_len"][i]
+            toks = r["tokens"][i]
+            q = s.prompt_len + p
+            assert list(toks[:a]) == s.tokens[q + 1: q + 1 + a].tolist()
+            if a < 7 and q + 1 + a < s.length:
+                assert toks[a] != s.tokens[q + 1 + a]
+
+
+def test_sampled_engine_with_dflash_equals_sampled_decoding(target, trained, make_curve):
+    model, _ = trained
+    sp = SamplingParams(temperature=0.8, seed=3)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]] * 2
+    ref = sample_generate(target, prompts, 12, None, sp, batch_size=1)
+    for name in ("full", "dcut", "fine", "topk"):
+        out = SpecEngine(target, controller(name, make_curve), batch_size=4, max_new_tokens=12, dflash=model,
+                         sampling=sp).generate(prompts)
+        assert out.outputs == ref, name
