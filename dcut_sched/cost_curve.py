@@ -893,14 +893,12 @@ class CostCurve:
         except UnicodeDecodeError as exc:
             raise CostCurveError(f"cost curve {path_str}: not a UTF-8 JSON text file (byte {exc.start}: binary "
                                  f"data?); pass the file dcut-profile --out wrote") from None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CostCurveError(
-                f"cost curve {path_str}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
-        except RecursionError:
-            raise CostCurveError(f"cost curve {path_str}: JSON nested too deeply to be a cost curve") from None
+        from .inputs import InputFileError, parse_json_strict
+
+        try:  # strict: a key given twice in one row (JSON keeps the last silently), NaN, huge numbers
+            doc = parse_json_strict(text, f"cost curve {path_str}", allow_nonfinite=True)
+        except InputFileError as exc:
+            raise CostCurveError(str(exc)) from None
         except ValueError as exc:  # e.g. an integer literal longer than Python's int conversion limit
             raise CostCurveError(f"cost curve {path_str}: not a valid cost-curve JSON ({exc})") from None
         curve = cls.from_dict(doc, path=path_str)

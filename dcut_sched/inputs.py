@@ -12,7 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["InputFileError", "read_json", "read_text", "parse_json"]
+__all__ = ["InputFileError", "read_json", "read_text", "parse_json", "parse_json_strict"]
+
+#: Limits of :func:`parse_json_strict`: nesting depth and digits of one number.
+MAX_JSON_DEPTH = 64
+MAX_NUMBER_DIGITS = 64
 
 #: Refuse text inputs larger than this (a wrong file given by mistake).
 MAX_TEXT_BYTES = 256 << 20
@@ -73,3 +77,65 @@ def parse_json(text: str, where: str) -> Any:
 def read_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
     """:func:`read_text` then :func:`parse_json`."""
     return parse_json(read_text(path, what), str(path))
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of objects/arrays in JSON text (brackets inside strings ignored)."""
+    depth = best = 0
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
+def parse_json_strict(text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH,
+                      max_digits: int = MAX_NUMBER_DIGITS, allow_nonfinite: bool = False) -> Any:
+    """JSON for configuration inputs: like :func:`parse_json`, and also refuses a key repeated in one
+    object (JSON keeps the last silently), ``NaN``/``Infinity`` (unless ``allow_nonfinite``: then
+    they parse as floats for a validator that names the field), a number longer than ``max_digits``
+    digits and nesting deeper than ``max_depth``, each with a one-line :class:`InputFileError`
+    naming ``where``."""
+    depth = _json_depth(text)
+    if depth > max_depth:
+        raise InputFileError(f"{where}: JSON nested too deeply ({depth} levels; at most {max_depth} are read)")
+
+    def pairs(items):
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise InputFileError(f"{where}: key {k!r} appears twice in one object; keep one of them")
+            out[k] = v
+        return out
+
+    def number(kind):
+        def parse(s: str):
+            if len(s.lstrip("-").replace(".", "").split("e")[0].split("E")[0]) > max_digits:
+                raise InputFileError(f"{where}: a number with {len(s)} characters; at most {max_digits} digits are read")
+            return kind(s)
+        return parse
+
+    def constant(name: str):
+        if allow_nonfinite:
+            return float(name)
+        raise InputFileError(f"{where}: {name} is not a JSON number; give a finite value")
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_int=number(int), parse_float=number(float),
+                          parse_constant=constant)
+    except json.JSONDecodeError as exc:
+        raise InputFileError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise InputFileError(f"{where}: JSON nested too deeply to read") from None

@@ -326,3 +326,15 @@ def test_draft_first_and_step_overhead_rows_by_hand(tmp_path):
 def test_malformed_engine_step_rows_name_file_row_field(tmp_path, mutate, match):
     path, message = _load_error(tmp_path, _engine_rows_doc(), mutate, "bad-rows.json")
     assert re.search(match, message) and message.startswith(f"cost curve {path}: "), message
+
+
+def test_a_key_given_twice_in_a_row_is_refused(tmp_path):
+    from pathlib import Path
+
+    from dcut_sched.cost_curve import CostCurve, CostCurveError
+
+    good = (Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json").read_text()
+    path = tmp_path / "c.json"
+    path.write_text(good.replace('"median_ms": ', '"median_ms": -5, "median_ms": ', 1))
+    with pytest.raises(CostCurveError, match=r"c.json: key 'median_ms' appears twice"):
+        CostCurve.load(path, check_hardware=False)

@@ -31,6 +31,7 @@ from ..scores import verified_prefix_tokens
 from .format import Trace, TraceError, check_trace_columns, read_trace_file
 
 __all__ = [
+    "calibration_by_depth",
     "print_stats",
     "reliability",
     "replay_rows",
@@ -95,6 +96,31 @@ def reached_slots(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return trace.conf[reached], (a >= depth)[reached]
 
 
+def calibration_by_depth(trace: Trace, bins: int = 10) -> list[dict[str, float]]:
+    """Per draft depth t = 1..B-1, the calibration of the reached slots' confidences.
+
+    A slot at depth t is reached when drafts 1..t-1 were accepted (and the output is long enough);
+    its outcome is whether draft t was accepted. Each row: ``depth``, ``reached`` (slots),
+    ``mean_conf``, ``accept_rate``, ``gap`` = mean_conf - accept_rate (> 0 over-confident, < 0
+    under-confident) and ``ece`` (expected calibration error of that depth's slots, ``bins`` bins).
+    """
+    k = trace.block_size - 1
+    a = trace.accept_len.astype(np.int64)
+    remaining = (np.repeat(trace.starts + trace.num_positions, trace.num_positions) - np.arange(trace.num_rows) - 1)
+    rows = []
+    for t in range(1, k + 1):
+        reached = (a >= t - 1) & (t <= remaining)
+        conf, ok = trace.conf[reached, t - 1].astype(np.float64), (a[reached] >= t)
+        if conf.size == 0:
+            rows.append({"depth": t, "reached": 0, "mean_conf": float("nan"), "accept_rate": float("nan"),
+                         "gap": float("nan"), "ece": float("nan")})
+            continue
+        _, ece = reliability(conf, ok, bins)
+        rows.append({"depth": t, "reached": int(conf.size), "mean_conf": float(conf.mean()),
+                     "accept_rate": float(ok.mean()), "gap": float(conf.mean() - ok.mean()), "ece": float(ece)})
+    return rows
+
+
 def trace_stats(trace: Trace, bins: int = 10) -> dict[str, Any]:
     """All summary statistics of a trace as a JSON-ready dict (see the module docstring)."""
     k = trace.block_size - 1
@@ -120,6 +146,7 @@ def trace_stats(trace: Trace, bins: int = 10) -> dict[str, Any]:
         "mean_conf_by_depth": [float(x) for x in trace.conf[steps].mean(axis=0)],
         "reliability": table,
         "ece": ece,
+        "calibration_by_depth": calibration_by_depth(trace, bins),
         "num_reached_slots": int(conf.size),
         **(_sampled_stats(trace, steps) if trace.sampled else {}),
     }

@@ -15,6 +15,9 @@ Generative model (one trace = R requests; request i has n_i output positions):
   q (it knows how hard the spot is but not whether this draft is right); large separation makes
   confidence nearly reveal the outcome, which is what makes global top-K close to the oracle.
   ``calibration_bias`` > 0 is over-confidence, < 0 under-confidence; slope < 1 squashes toward 1/2.
+- Depth calibration: ``calibration_depth`` adds ``(t - 1) * calibration_depth`` to draft t's
+  confidence logit (0 in the presets): miscalibration that grows or shrinks with depth, the shape
+  of the real DFlash drafter's (docs/drafters.md).
 - Calibration gap: the reported confidence is finally ``conf ** (1 + calibration_gap)``, a monotone
   distortion of the (calibrated, with slope 1 and bias 0) probability that the draft is right. Gap 0
   (the presets' default) is calibrated; a gap > 0 is **under-confidence** (real DFlash confidence is
@@ -78,6 +81,9 @@ class SynthParams:
         separation: mu, how sharply confidence separates accepted from rejected drafts (>= 0).
         calibration_slope: multiplies the calibrated confidence logit (1 = calibrated, > 0).
         calibration_bias: added to the confidence logit (0 = calibrated; > 0 over-confident).
+        calibration_depth: added to the confidence logit per draft depth, ``(t - 1) * calibration_depth``
+            (0 = the same calibration at every depth; the shape fitted to the real DFlash drafter,
+            analysis/dflash_traces.py).
         calibration_gap: reported confidence = ``conf ** (1 + gap)`` (0 = calibrated; > 0 under-confident,
             as real DFlash confidence is reported; must be > -1). Not fitted: the sources do not
             quantify it, so the presets keep 0 and analyses vary it (analysis/report_reproduce.py).
@@ -94,6 +100,7 @@ class SynthParams:
     separation: float = 1.0
     calibration_slope: float = 1.0
     calibration_bias: float = 0.0
+    calibration_depth: float = 0.0
     calibration_gap: float = 0.0
     length_median: float = 192.0
     length_sd: float = 0.35
@@ -210,7 +217,10 @@ def sample_rows(p: SynthParams, rng: np.random.Generator, request_shift: np.ndar
     lq = base[:, None] - p.depth_decay * np.arange(k)[None, :]
     right = rng.random((n, k)) < expit(lq)
     s = rng.normal(0.0, 1.0, size=(n, k)) + p.separation * (2.0 * right - 1.0)
-    conf = expit(p.calibration_slope * (lq + 2.0 * p.separation * s) + p.calibration_bias)
+    conf_logit = p.calibration_slope * (lq + 2.0 * p.separation * s) + p.calibration_bias
+    if p.calibration_depth != 0.0:
+        conf_logit = conf_logit + p.calibration_depth * np.arange(k)[None, :]
+    conf = expit(conf_logit)
     if p.calibration_gap != 0.0:
         conf = conf ** (1.0 + p.calibration_gap)
     return right, conf.astype(np.float32)

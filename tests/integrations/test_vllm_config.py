@@ -35,8 +35,18 @@ def test_additional_config_wins_over_env():
     ({"polcy": "dcut"}, r"unknown D-Cut config key\(s\) \['polcy'\]"),
     ({"policy": "fine", "policy_params": {"granularity": 0}}, r"bad 'policy_params' for policy 'fine'"),
     ({"policy": "fine", "policy_params": {"nope": 1}}, r"bad 'policy_params'"),
-    ({"cost_curve": 3}, r"'cost_curve' must be a path string"),
-    ({"log_interval_s": "soon"}, r"'log_interval_s' must be a number"),
+    ({"cost_curve": 3}, r"key 'cost_curve': Input should be a valid string \(got 3\)"),
+    ({"log_interval_s": "soon"}, r"key 'log_interval_s': Input should be a valid number"),
+    ({"calibrate": "false"}, r"key 'calibrate': Input should be a valid boolean \(got 'false'\)"),
+    ({"calibrate": 0.5}, r"key 'calibrate': Input should be a valid boolean"),
+    ({"log_interval_s": -5}, r"key 'log_interval_s': Input should be greater than 0"),
+    ({"log_interval_s": 0}, r"key 'log_interval_s': Input should be greater than 0"),
+    ({"log_interval_s": float("nan")}, r"key 'log_interval_s': Input should be a finite number"),
+    ({"log_interval_s": True}, r"key 'log_interval_s': Input should be a valid number"),
+    ({"log_interval_s": "10"}, r"key 'log_interval_s': Input should be a valid number"),
+    ({"policy_params": []}, r"key 'policy_params': Input should be a valid dictionary"),
+    ({"policy": "tetris", "policy_params": {"draft_capacity": True}}, r"parameter draft_capacity expects an integer"),
+    ({"policy": "fine", "policy_params": {"granularity": "x"}}, r"parameter granularity expects an integer"),
     ([1, 2], r"must be a JSON object"),
 ])
 def test_bad_config_is_named(doc, match):
@@ -47,6 +57,18 @@ def test_bad_config_is_named(doc, match):
 def test_bad_env_json():
     with pytest.raises(DCutConfigError, match=r"\$DCUT_VLLM_CONFIG: not valid JSON"):
         DCutVllmConfig.resolve({}, {"DCUT_VLLM_CONFIG": "{policy: dcut"})
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"policy": "dcut", "policy": "full"}', r"key 'policy' appears twice"),
+    ('{"log_interval_s": NaN}', r"NaN is not a JSON number"),
+    ('{"log_interval_s": ' + "9" * 5000 + "}", r"at most 64 digits"),
+    ("[" * 100000 + "]" * 100000, r"nested too deeply \(100000 levels"),
+])
+def test_hostile_env_json_is_refused_in_one_line(text, match):
+    with pytest.raises(DCutConfigError, match=match) as exc:
+        DCutVllmConfig.resolve({}, {"DCUT_VLLM_CONFIG": text})
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 300
 
 
 def test_llm_kwargs():

@@ -50,7 +50,7 @@ def vllm_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
     runs = [{"name": "nospec", "dcut": None}]
     for policy in POLICIES:
-        dcut = {"policy": policy, "record_path": str(tmp / f"{policy}.jsonl"), "log_interval_s": 0.0}
+        dcut = {"policy": policy, "record_path": str(tmp / f"{policy}.jsonl"), "log_interval_s": 1e-6}
         if policy in ("dcut", "fine"):
             dcut["cost_curve"] = str(CURVE_B8)
         runs.append({"name": policy, "dcut": dcut})

@@ -32,7 +32,9 @@ def llm_kwargs(target: str, draft: str, block_size: int, policy: str = "dcut", *
     """Keyword arguments of ``vllm.LLM`` for ``target`` verified by D-Cut over a ``draft`` model.
 
     Args:
-        target, draft: Hugging Face model folders (:mod:`.checkpoint` writes the SmolLM2 pair).
+        target, draft: Hugging Face model folders (:mod:`.checkpoint` writes the SmolLM2 pair);
+            ``draft="dflash:PATH"`` drafts with the DFlash block drafter in ``PATH`` (vLLM's
+            ``dflash`` method: one parallel pass proposes all ``B - 1`` slots; docs/vllm.md).
         block_size: B; vLLM drafts ``num_speculative_tokens = B - 1`` tokens per request.
         policy, cost_curve, **dcut: the D-Cut config (:mod:`.config` lists the keys).
         dtype: ``float32`` for bit-exact greedy equality with plain decoding on CPU.
@@ -42,11 +44,12 @@ def llm_kwargs(target: str, draft: str, block_size: int, policy: str = "dcut", *
     """
     doc = {"policy": policy, "cost_curve": cost_curve, **dcut}
     DCutVllmConfig.from_mapping(doc, "llm_kwargs")
+    method, _, path = draft.partition(":") if draft.startswith("dflash:") else ("draft_model", "", draft)
     return {
         "model": target,
         "dtype": dtype,
         "enforce_eager": True,
-        "speculative_config": {"method": "draft_model", "model": draft,
+        "speculative_config": {"method": method, "model": path,
                                "num_speculative_tokens": int(block_size) - 1},
         "scheduler_cls": SCHEDULER_CLS,
         "async_scheduling": False,

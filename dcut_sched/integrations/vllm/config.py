@@ -21,8 +21,15 @@ Keys (all optional):
                      tokens, plan time, each planned request's confidences, draft token ids
                      and output tokens so far) to this file, and the worker's verified lengths to
                      ``<record_path>.worker.jsonl``
-``log_interval_s``   seconds between D-Cut metric log lines [10]
+``log_interval_s``   seconds between D-Cut metric log lines, a finite number > 0 [10]
 ===================  ==========================================================================
+
+Types are strict (pydantic v2 in strict mode, chosen because vLLM itself depends on it: one
+validation library in both environments): ``calibrate`` is a JSON boolean, not ``"false"`` or
+``0.5``; ``log_interval_s`` a finite number, not ``true`` or ``"10"``; ``policy_params`` an object
+whose values have the kinds of the policy's defaults (``dcut_sched.policies.check_params``). A key
+given twice in ``$DCUT_VLLM_CONFIG``, ``NaN``, an oversized number or deep nesting is refused
+(:func:`dcut_sched.inputs.parse_json_strict`).
 
 The block size is not a key: it is vLLM's ``num_speculative_tokens + 1``, and a cost curve
 measured for another block size fails at start-up.
@@ -77,8 +84,11 @@ class DCutVllmConfig:
         """Parse and check one config object.
 
         Raises:
-            DCutConfigError: not an object, an unknown key, a wrong type, an unknown policy.
+            DCutConfigError: not an object, an unknown key, a value of the wrong type or range (the
+                key, the value and the expected type named), an unknown policy or a bad parameter.
         """
+        from pydantic import ValidationError
+
         from ... import policies
 
         if not isinstance(doc, Mapping):
@@ -87,28 +97,27 @@ class DCutVllmConfig:
         unknown = sorted(set(doc) - known)
         if unknown:
             raise DCutConfigError(f"{source}: unknown D-Cut config key(s) {unknown}; known keys: {sorted(known)}")
-        policy = doc.get("policy", "dcut")
+        try:
+            typed = _typed_model().model_validate(dict(doc))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(x) for x in err["loc"]) or "?"
+            raise DCutConfigError(f"{source}: key {key!r}: {err['msg']} (got {err.get('input')!r}); "
+                                  f"see docs/vllm.md for the keys and their types") from None
+        policy = typed.policy
         if policy not in policies.names():
             raise DCutConfigError(
                 f"{source}: unknown policy {policy!r} in key 'policy'; known policies: {', '.join(policies.names())}"
             )
-        params = doc.get("policy_params") or {}
-        if not isinstance(params, Mapping):
-            raise DCutConfigError(f"{source}: 'policy_params' must be an object, got {params!r}")
+        params = dict(typed.policy_params)
         try:
-            policies.get(policy, **dict(params))
+            policies.check_params(policy, params)
+            policies.get(policy, **params)
         except (TypeError, ValueError) as exc:
             raise DCutConfigError(f"{source}: bad 'policy_params' for policy {policy!r}: {exc}") from None
-        try:
-            interval = float(doc.get("log_interval_s", 10.0))
-        except (TypeError, ValueError):
-            raise DCutConfigError(f"{source}: 'log_interval_s' must be a number, got {doc['log_interval_s']!r}") from None
-        for key in ("cost_curve", "profile_cache_dir", "record_path"):
-            if doc.get(key) is not None and not isinstance(doc[key], str):
-                raise DCutConfigError(f"{source}: {key!r} must be a path string, got {doc[key]!r}")
-        return cls(policy=policy, policy_params=dict(params), cost_curve=doc.get("cost_curve"),
-                   profile_cache_dir=doc.get("profile_cache_dir"), calibrate=bool(doc.get("calibrate", False)),
-                   record_path=doc.get("record_path"), log_interval_s=interval, source=source)
+        return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
+                   profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
+                   record_path=typed.record_path, log_interval_s=typed.log_interval_s, source=source)
 
     @classmethod
     def resolve(cls, additional_config: Any, environ: Mapping[str, str] | None = None) -> "DCutVllmConfig | None":
@@ -123,14 +132,39 @@ class DCutVllmConfig:
             return cls.from_mapping(additional_config[CONFIG_KEY], f"additional_config[{CONFIG_KEY!r}]")
         text = environ.get(CONFIG_ENV)
         if text:
+            from ...inputs import InputFileError, parse_json_strict
+
             try:
-                doc = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DCutConfigError(f"${CONFIG_ENV}: not valid JSON ({exc})") from None
+                doc = parse_json_strict(text, f"${CONFIG_ENV}")
+            except InputFileError as exc:
+                raise DCutConfigError(str(exc)) from None
             return cls.from_mapping(doc, f"${CONFIG_ENV}")
         return None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # noqa: D102
         d = asdict(self)
         d.pop("source")
         return d
+
+
+_MODEL = None
+
+
+def _typed_model():
+    """The strict pydantic model of the keys (built on first use: pydantic is imported lazily)."""
+    global _MODEL
+    if _MODEL is None:
+        from pydantic import BaseModel, ConfigDict, Field
+
+        class DCutConfigModel(BaseModel):
+            model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+            policy: str = "dcut"
+            policy_params: dict[str, Any] = Field(default_factory=dict)
+            cost_curve: str | None = None
+            profile_cache_dir: str | None = None
+            calibrate: bool = False
+            record_path: str | None = None
+            log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+
+        _MODEL = DCutConfigModel
+    return _MODEL

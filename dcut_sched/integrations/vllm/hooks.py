@@ -10,7 +10,9 @@ hands it to the scheduler **inside the step's own outputs**:
 - ``SpecDecodeBaseProposer._greedy_sample``: computes the logits once, keeps the argmax (the same
   call vLLM makes, so the drafts are unchanged) and appends the ``[bs]`` confidences of the step;
 - ``SpecDecodeBaseProposer.propose``: stacks them into ``[bs, k]`` float32 beside the returned
-  draft tensor (tied to that tensor, so a later zeroed-out draft never reuses stale confidences);
+  draft tensor (tied to that tensor, so a later zeroed-out draft never reuses stale confidences).
+  A parallel drafter (``DFlashProposer``: one pass samples all ``k`` slots of every request, rows
+  request-major) makes one ``[bs * k]`` sample call, reshaped to ``[bs, k]``;
 - ``GPUModelRunner.take_draft_token_ids`` (the CPU runner inherits it): returns
   :class:`DCutDraftTokenIds`, vLLM's ``DraftTokenIds`` plus ``confidences`` rows in the same
   request order; pickled across processes like its parent.
@@ -102,8 +104,12 @@ def install() -> None:
             finally:
                 steps, self._dcut_conf_steps = self._dcut_conf_steps, None
             conf = None
-            if torch.is_tensor(out) and out.dim() == 2 and out.shape[1] > 0 and len(steps) == out.shape[1]:
-                conf = torch.stack(steps, dim=1)[: out.shape[0]].to(torch.float32)
+            if torch.is_tensor(out) and out.dim() == 2 and out.shape[1] > 0:
+                if len(steps) == 1 and out.shape[1] > 1 and steps[0].numel() >= out.numel():
+                    # parallel drafting: one sample call over request-major [bs * k] rows
+                    conf = steps[0][: out.numel()].view(out.shape).to(torch.float32)
+                elif len(steps) == out.shape[1]:
+                    conf = torch.stack(steps, dim=1)[: out.shape[0]].to(torch.float32)
             self._dcut_conf = (out, conf)
             return out
 

@@ -48,6 +48,18 @@ __all__ = ["DCutScheduler"]
 logger = init_logger("vllm.plugins.dcut")
 
 
+#: vLLM speculative methods whose proposer samples drafts from logits (so confidences exist).
+METHODS_WITH_LOGITS = ("draft_model", "dflash", "eagle", "eagle3", "mtp")
+
+
+def _check_drafter_has_logits(spec: Any, cfg: DCutVllmConfig) -> None:
+    """A drafter without logits (ngram, suffix) gives no confidences: refuse it before the first step."""
+    method = getattr(spec, "method", None)
+    if spec is not None and method is not None and method not in METHODS_WITH_LOGITS:
+        raise DCutConfigError(f"{cfg.source}: speculative method {method!r} proposes drafts without logits, so "
+                              f"D-Cut has no confidences to plan with; use one of {', '.join(METHODS_WITH_LOGITS)}")
+
+
 class DCutScheduler(Scheduler):
     """vLLM's ``Scheduler`` whose verification lengths come from a :class:`~dcut_sched.RatioController`."""
 
@@ -57,7 +69,11 @@ class DCutScheduler(Scheduler):
         hooks.install()
         cfg = DCutVllmConfig.resolve(vllm_config.additional_config)
         if cfg is None:
-            cfg = DCutVllmConfig(source="defaults (no additional_config['dcut'] and no $DCUT_VLLM_CONFIG)")
+            # The worker hooks read the same config and stay off without one: starting on defaults here
+            # would fail at the first drafted step with the wrong advice.
+            raise DCutConfigError("DCutScheduler: no D-Cut config; pass additional_config={'dcut': {...}} "
+                                  "(llm_kwargs builds it; {} means the defaults) or set $DCUT_VLLM_CONFIG")
+        _check_drafter_has_logits(vllm_config.speculative_config, cfg)
         spec = vllm_config.speculative_config
         if spec is None or not spec.num_speculative_tokens:
             raise DCutConfigError(f"{cfg.source}: DCutScheduler needs speculative decoding "

@@ -1,0 +1,93 @@
+"""Measure the test suite and write the figure the README quotes (a generated block, never hand-edited).
+
+    python analysis/measure_suite.py            # runs `python -m pytest`, then rewrites the README block
+
+Records the wall time, the CPU time of pytest and its children, the 1-minute load average before
+and after, the counts pytest printed, and the slowest tests (``--durations``) into
+``analysis/results/test_suite.json``; the README block between ``<!-- generated:test-suite -->``
+markers is regenerated from that file (``--readme-only`` rewrites it without running the suite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT = ROOT / "analysis" / "results" / "test_suite.json"
+README = ROOT / "README.md"
+MARK = "generated:test-suite"
+
+
+def run_suite(extra: list[str]) -> dict:
+    load0 = os.getloadavg()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--durations=12", "-p", "no:cacheprovider", *extra],
+                          cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = proc.stdout + proc.stderr
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", out.splitlines()[-1])}
+    slow = []
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d.]+)s (call|setup|teardown)\s+(\S+)", line)
+        if m:
+            slow.append({"seconds": float(m.group(1)), "phase": m.group(2), "test": m.group(3)})
+    return {"returncode": proc.returncode, "wall_s": round(wall, 1),
+            "cpu_s": round((ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime), 1),
+            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
+            "cpu_count": os.cpu_count(), "counts": counts, "slowest": slow[:12],
+            "ci": bool(os.environ.get("CI")), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "last_line": out.strip().splitlines()[-1]}
+
+
+def readme_block(r: dict) -> str:
+    c = r["counts"]
+    slow = ", ".join(f"`{s['test'].split('::')[0].removeprefix('tests/')}` {s['seconds']:.0f} s" for s in r["slowest"][:5])
+    return (f"- Tests: `python -m pytest`: {r['wall_s'] / 60:.1f} min wall, {r['cpu_s'] / 60:.1f} min CPU "
+            f"({c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, {c.get('failed', 0)} failed) on "
+            f"{r['cpu_count']} cores, 1-min load {r['load_before'][0]} before and {r['load_after'][0]} after "
+            f"({r['measured_at']}; `python analysis/measure_suite.py` regenerates this line). The slowest "
+            f"(marked `slow`: the real-model and real-vLLM tests): {slow}.")
+
+
+def write_readme(r: dict) -> None:
+    from dcut_sched.atomic import atomic_write_text
+
+    text = README.read_text()
+    pat = re.compile(rf"<!-- {MARK} -->\n.*?<!-- /{MARK} -->", re.S)
+    block = f"<!-- {MARK} -->\n{readme_block(r)}\n<!-- /{MARK} -->"
+    if not pat.search(text):
+        raise SystemExit(f"{README}: no <!-- {MARK} --> block to regenerate")
+    atomic_write_text(README, pat.sub(lambda _: block, text))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--readme-only", action="store_true", help="rewrite the README block from the saved result")
+    ap.add_argument("pytest_args", nargs="*")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    if args.readme_only:
+        r = json.loads(RESULT.read_text())
+    else:
+        r = run_suite(args.pytest_args)
+        from dcut_sched.atomic import atomic_write_text
+
+        RESULT.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(RESULT, json.dumps(r, indent=2) + "\n")
+        print(json.dumps(r, indent=2))
+    write_readme(r)
+    return 0 if r["returncode"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

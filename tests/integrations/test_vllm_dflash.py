@@ -1,0 +1,99 @@
+"""D-Cut inside real vLLM 0.32.0 on CPU over the shipped DFlash block drafter (fp32, greedy).
+
+vLLM's ``dflash`` method (``DFlashProposer``: one parallel pass drafts all ``B - 1`` slots) with the
+drafter in ``drafters/smollm2-135m-dflash`` (trained here, docs/drafters.md). One module-scoped
+subprocess in the vLLM environment runs vLLM without speculation, then D-Cut with ``ar``, ``full``,
+``dcut``, ``fine`` and the peers ``topk`` and ``threshold`` on 16 chat prompts of mixed lengths.
+Every D-Cut run records its steps; the tests check lossless output, that the confidences came from
+the DFlash proposer's one sampling pass, and that vLLM verified exactly the planned prefixes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python
+
+from .test_vllm_engine import _ok, _records, _require_vllm
+
+pytestmark = pytest.mark.slow
+
+BLOCK_SIZE = 8
+NUM_PROMPTS = 16
+MAX_TOKENS = 24
+DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
+CURVE_B8 = REPO_ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
+POLICIES = ("ar", "full", "dcut", "fine", "topk", "threshold")
+
+
+@pytest.fixture(scope="module")
+def dflash_runs(tmp_path_factory):
+    _require_vllm()
+    from dcut_sched.integrations.vllm.checkpoint import write_pair
+
+    target, _ = write_pair()
+    tmp = tmp_path_factory.mktemp("vllm-dflash")
+    runs = [{"name": "nospec", "dcut": None}]
+    for policy in POLICIES:
+        dcut = {"policy": policy, "record_path": str(tmp / f"{policy}.jsonl"), "log_interval_s": 1e-6}
+        if policy in ("dcut", "fine"):
+            dcut["cost_curve"] = str(CURVE_B8)
+        runs.append({"name": policy, "dcut": dcut})
+    job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
+           "prompts": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "offset": 48,
+                       "chat": True},
+           "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs}
+    (tmp / "job.json").write_text(json.dumps(job))
+    t0 = time.perf_counter()
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(tmp / "job.json"),
+                           "--out", str(tmp / "out.json")], env=cpu_env(), capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"vLLM driver exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    out = json.loads((tmp / "out.json").read_text())
+    print(f"\nvLLM DFlash runs: {time.perf_counter() - t0:.1f} s for {len(runs)} engines", file=sys.stderr)
+    return {"runs": {r["name"]: r for r in out["runs"]}, "dir": tmp, "log": proc.stdout + proc.stderr}
+
+
+def test_vllm_loads_the_drafter_as_dflash(dflash_runs):
+    log = dflash_runs["log"]
+    assert "Resolved architecture: DFlashDraftModel" in log
+    assert "auxiliary layers" in log and "(2, 11, 19, 28)" in log  # our (1, 10, 18, 27), vLLM's capture-before ids
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_output_equals_vllm_without_speculation(dflash_runs, policy):
+    base = _ok(dflash_runs["runs"]["nospec"])["token_ids"]
+    got = _ok(dflash_runs["runs"][policy])["token_ids"]
+    assert len(base) == NUM_PROMPTS
+    for i, (a, b) in enumerate(zip(base, got)):
+        assert a == b, f"prompt {i}: {policy} diverges from no-spec at token " \
+                       f"{next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)}"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_dflash_confidences_and_exactly_the_plan(dflash_runs, policy):
+    _ok(dflash_runs["runs"][policy])
+    steps = _records(dflash_runs["dir"] / f"{policy}.jsonl")
+    worker = _records(dflash_runs["dir"] / f"{policy}.jsonl.worker.jsonl")
+    assert len(steps) == len(worker)
+    planned_steps = 0
+    for step, w in zip(steps, worker):
+        verified_by_worker = {r: n + 1 for r, n in zip(w["req_ids"], w["num_draft_tokens"])}
+        assert not step["unplanned"], f"step {step['step']}: drafts without a plan"
+        for rid, length in step.get("planned", {}).items():
+            if rid in step["dropped"]:
+                continue
+            assert step["verified"][rid] == length and verified_by_worker[rid] == length
+        planned_steps += bool(step.get("planned"))
+    assert planned_steps >= 1
+    metrics = dflash_runs["runs"][policy]["dcut_metrics"]
+    if policy == "full":
+        # DFlash drafts are real block drafts: more than one token accepted per request-step on average
+        assert metrics["keep_ratio"] == 1.0 and metrics["accepted_per_request_step"] > 1.0
