@@ -116,6 +116,11 @@ def run(args) -> int:
             "block_size": args.block_size, "drafter": str(args.drafter), "curve": str(args.curve)}}, indent=2) + "\n")
         atomic_write_text(out.with_suffix(".md"), markdown(frame, goal, args))
     print(markdown(frame, goal, args))
+    if args.readme:
+        sys.path.insert(0, str(ROOT / "analysis"))
+        from readme_blocks import replace_block
+
+        replace_block("engine-dflash", markdown(frame, goal, args))
     return 0
 
 
@@ -153,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(OUT), help="output stem (.csv, .json, .md are written)")
+    p.add_argument("--readme", action="store_true", help="also regenerate the README's engine-dflash block")
     return p
 
 

@@ -22,8 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "analysis" / "results" / "test_suite.json"
-README = ROOT / "README.md"
-MARK = "generated:test-suite"
 
 
 def run_suite(extra: list[str]) -> dict:
@@ -60,14 +58,9 @@ def readme_block(r: dict) -> str:
 
 
 def write_readme(r: dict) -> None:
-    from dcut_sched.atomic import atomic_write_text
+    from readme_blocks import replace_block
 
-    text = README.read_text()
-    pat = re.compile(rf"<!-- {MARK} -->\n.*?<!-- /{MARK} -->", re.S)
-    block = f"<!-- {MARK} -->\n{readme_block(r)}\n<!-- /{MARK} -->"
-    if not pat.search(text):
-        raise SystemExit(f"{README}: no <!-- {MARK} --> block to regenerate")
-    atomic_write_text(README, pat.sub(lambda _: block, text))
+    replace_block("test-suite", readme_block(r))
 
 
 def main(argv=None) -> int:
@@ -76,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("pytest_args", nargs="*")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "analysis"))
     if args.readme_only:
         r = json.loads(RESULT.read_text())
     else:

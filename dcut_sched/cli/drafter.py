@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, int_at_least
+from .args import check_paths, finite_float, int_at_least
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-drafter"
@@ -52,7 +52,7 @@ def build_parser() -> CliParser:
     t.add_argument("--num-prompts", type=int_at_least(4), default=d.num_generated_prompts,
                    help="templated training prompts (plus 131 HumanEval problems)")
     t.add_argument("--max-new-tokens", type=int_at_least(2), default=d.max_new_tokens)
-    t.add_argument("--lr", type=float, default=d.lr)
+    t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
     t.add_argument("--seqs-per-step", type=int_at_least(1), default=d.seqs_per_step)
     t.add_argument("--blocks-per-seq", type=int_at_least(1), default=d.blocks_per_seq)
     t.add_argument("--eval-every", type=int_at_least(1), default=d.eval_every)
@@ -75,11 +75,17 @@ def _train(args) -> int:
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder for the drafter")
+    from ..traces.prompts import PromptError, load_prompt_records
+
+    out = _check_out_folder(args.out)
+    work = Path(args.work_dir) if args.work_dir else Path(".cache") / "dcut-drafter" / out.resolve().name
+    if work.exists() and not work.is_dir():
+        raise UsageError(f"--work-dir {work} is a file; give a folder for the generated data and checkpoint")
+    try:
+        load_prompt_records(args.eval_prompts)
+    except PromptError as exc:
+        raise UsageError(f"--eval-prompts: {exc}") from None
     check_paths({"--eval-prompts": args.eval_prompts}, {"--out": (str(out / "config.json"), None)})
-    work = Path(args.work_dir) if args.work_dir else Path(".cache") / "dcut-drafter" / out.name
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = TrainSettings(seed=args.seed, steps=args.steps, num_layers=args.layers,
@@ -98,14 +104,36 @@ def _train(args) -> int:
             "torch_threads": torch.get_num_threads(), "load_at_end": os.getloadavg()[0],
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
             "command": command, **report, "evals": state.evals, "config": describe(model.config)}
-    from ..atomic import all_or_none  # noqa: F401  (the folder's files are each written atomically)
-    save_checkpoint(model, out, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed})
-    _write_curve(out / "training_curve.csv", state.history)
-    (out / "heldout.json").write_text(json.dumps(meta, indent=2) + "\n")
-    _write_card(out / "README.md", meta)
-    _plot_curve(out / "training_curve.png", state.history, state.evals)
+    from ..atomic import all_or_none, atomic_write_text
+
+    with all_or_none():  # weights, config, curve, report, card and plot appear together or not at all
+        save_checkpoint(model, out, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed})
+        _write_curve(out / "training_curve.csv", state.history)
+        atomic_write_text(out / "heldout.json", json.dumps(meta, indent=2) + "\n")
+        _write_card(out / "README.md", meta)
+        _plot_curve(out / "training_curve.png", state.history, state.evals)
     print(json.dumps({"out": str(out), "tau": report["tau"], "wall_seconds": round(wall, 1)}, indent=2))
     return 0
+
+
+def _check_out_folder(text: str) -> Path:
+    """``--out``: a new or empty folder, or one that already holds a DFlash drafter (a retrain), never
+    another folder whose README.md or config.json the card and checkpoint would overwrite."""
+    if not text.strip():
+        raise UsageError("--out is empty; give a folder for the drafter, e.g. drafters/my-dflash")
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the drafter")
+    if out.is_dir() and any(out.iterdir()):
+        cfg = out / "config.json"
+        try:
+            ours = json.loads(cfg.read_text()).get("architectures") == ["DFlashDraftModel"]
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise UsageError(f"--out {out} is a folder that holds other files and no DFlash drafter; writing the "
+                             "checkpoint and its README.md there would overwrite them: give a new or empty folder")
+    return out
 
 
 def _write_curve(path: Path, history) -> None:
@@ -212,11 +240,17 @@ def _eval(args) -> int:
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
 
+    from ..traces.prompts import PromptError
+
     model = load_checkpoint(args.folder)
+    try:
+        records = load_prompt_records(args.eval_prompts)
+    except PromptError as exc:
+        raise UsageError(f"--eval-prompts: {exc}") from None
+    he = humaneval_prompts()
+    prompts = records + [p for i, p in enumerate(he) if i % HUMANEVAL_EVAL_EVERY == 0]
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
-    he = humaneval_prompts()
-    prompts = load_prompt_records(args.eval_prompts) + [p for i, p in enumerate(he) if i % HUMANEVAL_EVAL_EVERY == 0]
     if args.max_eval_prompts:
         prompts = prompts[: args.max_eval_prompts]
     seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)

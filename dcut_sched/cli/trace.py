@@ -174,7 +174,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
             from dcut_sched.drafters import load_dflash, parse_draft_spec
             from dcut_sched.engine.trace_backends import DFlashBackend
 
-            spec = parse_draft_spec(args.draft)
+            try:
+                spec = parse_draft_spec(args.draft)
+            except ValueError as exc:
+                raise UsageError(f"--draft {exc}") from None
             if spec.kind != "dflash":
                 raise UsageError(f"--draft {args.draft}: the native backend takes dflash:PATH (or no --draft for the "
                                  "self-speculative drafter)")
@@ -188,6 +191,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
             backend = NativeBackend(skip_layers=args.skip_layers, device=args.device,
                                     generate_batch=args.generate_batch)
             extra = {}
+    except UsageError:
+        raise
     except (ImportError, FileNotFoundError, ValueError, RecordError) as exc:
         raise UsageError(f"cannot load the model pair: {exc}") from None
     load_s = time.perf_counter() - t0

@@ -403,53 +403,102 @@ class DFlashDraftModel(nn.Module):
 
 
 def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metadata: dict | None = None) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32) into ``folder``, each atomically.
+    """Write ``config.json`` and ``model.safetensors`` (float32) into ``folder``, each atomically
+    (inside :func:`~dcut_sched.atomic.all_or_none`, together with the block's other outputs).
 
     Returns the folder. ``metadata`` goes into the safetensors header (strings only).
     """
     from safetensors.torch import save_file
 
-    from ..atomic import atomic_write_text
+    from ..atomic import atomic_path, atomic_write_text
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (WEIGHTS_NAME + ".tmp")
-    save_file(model.checkpoint_state_dict(), str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
-    os.replace(tmp, folder / WEIGHTS_NAME)
+    with atomic_path(folder / WEIGHTS_NAME, suffix=".safetensors") as tmp:
+        save_file(model.checkpoint_state_dict(), str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # save_file creates the file 0600
     atomic_write_text(folder / CONFIG_NAME, json.dumps(model.config.hf_config(), indent=2) + "\n")
     return folder
 
 
-def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
-    def need(obj: dict, key: str, where: str) -> Any:
-        if key not in obj:
-            raise DraftCheckpointError(f"{path}: field {where}{key} is missing; re-save the drafter with "
-                                       "dcut-drafter train (or DFlash's save_pretrained)")
-        return obj[key]
+_HF_MODEL = None
 
-    if need(raw, "architectures", "") != ["DFlashDraftModel"]:
-        raise DraftCheckpointError(f"{path}: field architectures is {raw['architectures']!r}, expected "
+
+def _hf_model():
+    """Strict pydantic model of the config.json fields the loader reads (built on first use)."""
+    global _HF_MODEL
+    if _HF_MODEL is None:
+        from pydantic import BaseModel, ConfigDict, Field
+
+        strict = ConfigDict(strict=True, extra="ignore")
+
+        class DFlashSection(BaseModel):
+            model_config = strict
+            mask_token_id: int = Field(ge=0)
+            target_layer_ids: list[int] = Field(min_length=1, max_length=256)
+            block_size: int = Field(16, ge=2, le=1024)
+
+        class DcutSection(BaseModel):
+            model_config = strict
+            target_name: str = ""
+
+        class HFDraftConfig(BaseModel):
+            model_config = strict
+            architectures: list[str]
+            hidden_size: int = Field(gt=0, le=1 << 16)
+            num_hidden_layers: int = Field(gt=0, le=256)
+            num_attention_heads: int = Field(gt=0, le=1024)
+            num_key_value_heads: int = Field(gt=0, le=1024)
+            head_dim: int = Field(gt=0, le=4096)
+            intermediate_size: int = Field(gt=0, le=1 << 20)
+            vocab_size: int = Field(gt=0, le=1 << 22)
+            num_target_layers: int = Field(gt=0, le=1024)
+            max_position_embeddings: int = Field(gt=0, le=1 << 24)
+            rope_theta: float = Field(gt=0, allow_inf_nan=False)
+            rms_norm_eps: float = Field(gt=0, allow_inf_nan=False)
+            tie_word_embeddings: bool = False
+            draft_vocab_size: int | None = Field(None, gt=0)
+            dflash_config: DFlashSection
+            dcut_sched: DcutSection | None = None
+
+        _HF_MODEL = HFDraftConfig
+    return _HF_MODEL
+
+
+def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
+    """The :class:`DFlashConfig` of a checkpoint's config.json, every field strictly typed (an
+    integer is not a float or a boolean, sizes are bounded, norms' epsilon and RoPE base are positive
+    finite numbers), each fault one :class:`DraftCheckpointError` naming the file and the field."""
+    from pydantic import ValidationError
+
+    fix = "re-save the drafter with dcut-drafter train (or DFlash's save_pretrained)"
+    try:
+        h = _hf_model().model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "missing":
+            raise DraftCheckpointError(f"{path}: field {loc} is missing; {fix}") from None
+        shown = repr(err.get("input"))
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise DraftCheckpointError(f"{path}: field {loc}: {err['msg']} (got {shown}); {fix}") from None
+    if h.architectures != ["DFlashDraftModel"]:
+        raise DraftCheckpointError(f"{path}: field architectures is {h.architectures!r}, expected "
                                    "['DFlashDraftModel'] (not a DFlash drafter checkpoint)")
-    dc = need(raw, "dflash_config", "")
-    if not isinstance(dc, dict):
-        raise DraftCheckpointError(f"{path}: field dflash_config must be an object")
+    dc = h.dflash_config
     try:
         return DFlashConfig(
-            hidden_size=need(raw, "hidden_size", ""), num_layers=need(raw, "num_hidden_layers", ""),
-            num_heads=need(raw, "num_attention_heads", ""), num_kv_heads=need(raw, "num_key_value_heads", ""),
-            head_dim=need(raw, "head_dim", ""), intermediate_size=need(raw, "intermediate_size", ""),
-            vocab_size=need(raw, "vocab_size", ""), target_num_layers=need(raw, "num_target_layers", ""),
-            target_layer_ids=tuple(need(dc, "target_layer_ids", "dflash_config.")),
-            mask_token_id=need(dc, "mask_token_id", "dflash_config."),
-            block_size=dc.get("block_size", raw.get("block_size", 16)),
-            draft_vocab_size=(None if raw.get("tie_word_embeddings", False) else raw.get("draft_vocab_size")),
-            rope_theta=float(need(raw, "rope_theta", "")), rms_norm_eps=float(need(raw, "rms_norm_eps", "")),
-            max_position=need(raw, "max_position_embeddings", ""),
-            target_name=str((raw.get("dcut_sched") or {}).get("target_name", "")),
+            hidden_size=h.hidden_size, num_layers=h.num_hidden_layers, num_heads=h.num_attention_heads,
+            num_kv_heads=h.num_key_value_heads, head_dim=h.head_dim, intermediate_size=h.intermediate_size,
+            vocab_size=h.vocab_size, target_num_layers=h.num_target_layers,
+            target_layer_ids=tuple(dc.target_layer_ids), mask_token_id=dc.mask_token_id, block_size=dc.block_size,
+            draft_vocab_size=None if h.tie_word_embeddings else h.draft_vocab_size,
+            rope_theta=h.rope_theta, rms_norm_eps=h.rms_norm_eps, max_position=h.max_position_embeddings,
+            target_name=h.dcut_sched.target_name if h.dcut_sched else "",
         )
-    except DraftCheckpointError:
-        raise
-    except (TypeError, ValueError) as e:
+    except ValueError as e:
         raise DraftCheckpointError(f"{path}: {e}") from None
 
 
@@ -464,7 +513,7 @@ def load_checkpoint(folder: str | os.PathLike) -> DFlashDraftModel:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from ..inputs import InputFileError, read_json
+    from ..inputs import InputFileError, parse_json_strict, read_text
 
     folder = Path(folder)
     cfg_path, w_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
@@ -473,7 +522,7 @@ def load_checkpoint(folder: str | os.PathLike) -> DFlashDraftModel:
             raise DraftCheckpointError(f"{p}: not found; a DFlash drafter folder holds {CONFIG_NAME} and "
                                        f"{WEIGHTS_NAME} (train one with `dcut-drafter train`)")
     try:
-        raw = read_json(cfg_path, "a DFlash drafter config.json")
+        raw = parse_json_strict(read_text(cfg_path, "a DFlash drafter config.json"), str(cfg_path))
     except InputFileError as e:
         raise DraftCheckpointError(str(e)) from None
     if not isinstance(raw, dict):
@@ -483,8 +532,11 @@ def load_checkpoint(folder: str | os.PathLike) -> DFlashDraftModel:
         tensors = load_file(str(w_path))
     except (SafetensorError, OSError, ValueError) as e:
         raise DraftCheckpointError(f"{w_path}: not a readable safetensors file ({e})") from None
-    model = DFlashDraftModel(cfg)
-    own = model.state_dict()
+    with torch.device("meta"):  # shapes from the config without allocating them
+        own = DFlashDraftModel(cfg).state_dict()
+    if "d2t" in tensors and tensors["d2t"].dim() != 1:
+        raise DraftCheckpointError(f"{w_path}: tensor d2t has shape {tuple(tensors['d2t'].shape)}, expected "
+                                   f"[{cfg.draft_vocab_size}]")
     sd = DFlashDraftModel.module_state(tensors)
     missing = sorted(set(own) - set(sd))
     extra = sorted(set(sd) - set(own))
@@ -492,11 +544,13 @@ def load_checkpoint(folder: str | os.PathLike) -> DFlashDraftModel:
         raise DraftCheckpointError(f"{w_path}: tensors missing {missing[:4]} / unexpected {extra[:4]} for the "
                                    f"config in {cfg_path}")
     for k, v in sd.items():
+        name = "d2t" if k == "draft_to_target" else k
         if tuple(v.shape) != tuple(own[k].shape):
-            raise DraftCheckpointError(f"{w_path}: tensor {k} has shape {tuple(v.shape)}, the config says "
+            raise DraftCheckpointError(f"{w_path}: tensor {name} has shape {tuple(v.shape)}, the config says "
                                        f"{tuple(own[k].shape)}")
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise DraftCheckpointError(f"{w_path}: tensor {k} holds non-finite values")
+        if v.is_floating_point() and not torch.isfinite(v.float()).all():
+            raise DraftCheckpointError(f"{w_path}: tensor {name} holds non-finite values (in float32)")
+    model = DFlashDraftModel(cfg)
     model.load_state_dict({k: v if k == "draft_to_target" else v.float() for k, v in sd.items()}, strict=True)
     if model.draft_to_target is not None:
         d2t = model.draft_to_target

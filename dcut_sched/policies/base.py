@@ -280,13 +280,18 @@ def param_help() -> str:
     return "\n".join(lines)
 
 
-def _non_finite(value: Any) -> bool:
+def _non_finite(value: Any, depth: int = 0) -> bool:
+    """A NaN, an infinity or a number too large for a float anywhere in ``value`` (lists nested at
+    most 8 deep; deeper nesting counts as bad too)."""
     if isinstance(value, bool):
         return False
     if isinstance(value, (int, float, np.number)):
-        return not math.isfinite(float(value))
+        try:
+            return not math.isfinite(float(value))
+        except OverflowError:
+            return True
     if isinstance(value, (list, tuple)):
-        return any(_non_finite(v) for v in value)
+        return depth >= 8 or any(_non_finite(v, depth + 1) for v in value)
     return False
 
 
@@ -333,8 +338,9 @@ def check_params(name: str, params: dict[str, Any]) -> None:
             raise ValueError(f"policy {name}: parameter {key} expects {expected}, got {value!r} "
                              f"({type(value).__name__}; default {keys[key]!r})")
         if _non_finite(value):
-            raise ValueError(f"policy {name}: {key}={value!r} is not finite; give a finite number "
-                             f"(default {keys[key]!r})")
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ValueError(f"policy {name}: {key}={shown} is not a finite number of float range; give a finite "
+                             f"number (default {keys[key]!r})")
 
 
 def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int, like: Array) -> Array:

@@ -227,3 +227,79 @@ def test_sampled_engine_with_dflash_equals_sampled_decoding(target, trained, mak
         out = SpecEngine(target, controller(name, make_curve), batch_size=4, max_new_tokens=12, dflash=model,
                          sampling=sp).generate(prompts)
         assert out.outputs == ref, name
+
+
+def test_training_is_deterministic_for_a_seed(target):
+    """Same seed, same data: the same draws and the same losses, step for step (the card's
+    reproducibility claim rests on this and on the seeded data)."""
+    seqs = sequences(target, 8, 20, seed=3)
+    s = TrainSettings(steps=6, seqs_per_step=2, blocks_per_seq=4, block_sizes=(8, 4), lr=3e-3, warmup_steps=2)
+    emb = target.embed_tokens.weight.detach()
+
+    def run():
+        model = DFlashDraftModel.random_init(drafter_config(), seed=5)
+        opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
+        rng = random.Random(5)
+        out = []
+        for step in range(s.steps):
+            bsz = s.block_sizes[step % 2]
+            picked, anchors = _draw(rng, seqs, s)
+            out.append(train_step(model, opt, block_batch(picked, anchors, bsz, None), bsz, emb, emb, s.lr, 1.0))
+        return out
+
+    assert run() == run()
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(dcut_sched=[1]), r"field dcut_sched: Input should be a valid dictionary"),
+    (lambda c: c["dflash_config"].update(mask_token_id=5.5), r"field dflash_config.mask_token_id: Input should be a valid integer"),
+    (lambda c: c["dflash_config"].update(mask_token_id=True), r"field dflash_config.mask_token_id"),
+    (lambda c: c.update(rope_theta="nan"), r"field rope_theta: Input should be a valid number"),
+    (lambda c: c.update(rope_theta=-1), r"field rope_theta: Input should be greater than 0"),
+    (lambda c: c.update(rms_norm_eps=-1), r"field rms_norm_eps"),
+    (lambda c: c.update(tie_word_embeddings="false"), r"field tie_word_embeddings: Input should be a valid boolean"),
+    (lambda c: c.update(hidden_size=10 ** 6), r"field hidden_size: Input should be less than or equal"),
+    (lambda c: c.update(num_hidden_layers=10 ** 7), r"field num_hidden_layers"),
+])
+def test_hostile_configs_are_named(tmp_path, edit, match):
+    folder = save_checkpoint(DFlashDraftModel.random_init(drafter_config(), seed=0), tmp_path / "d")
+    cfg = json.loads((folder / "config.json").read_text())
+    edit(cfg)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftCheckpointError, match=match):
+        load_checkpoint(folder)
+
+
+def test_huge_number_and_duplicate_key_in_config_are_named(tmp_path):
+    folder = save_checkpoint(DFlashDraftModel.random_init(drafter_config(), seed=0), tmp_path / "d")
+    text = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(text.replace('"hidden_size": 32', '"hidden_size": ' + "9" * 5000))
+    with pytest.raises(DraftCheckpointError, match=r"config.json: a number with 5000 characters"):
+        load_checkpoint(folder)
+    (folder / "config.json").write_text(text.replace('"hidden_size": 32', '"hidden_size": 32, "hidden_size": 64'))
+    with pytest.raises(DraftCheckpointError, match=r"key 'hidden_size' appears twice"):
+        load_checkpoint(folder)
+
+
+def test_saved_weights_are_readable_by_others_and_bad_d2t_is_named(tmp_path, target):
+    import os
+    import stat
+
+    from safetensors.torch import load_file, save_file
+
+    model = DFlashDraftModel.random_init(drafter_config(draft_vocab_size=12), seed=4)
+    model.set_draft_vocab(torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13]), target.embed_tokens.weight)
+    folder = save_checkpoint(model, tmp_path / "d")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o666 & ~mask
+    t = load_file(str(folder / "model.safetensors"))
+    t["d2t"] = t["d2t"].view(3, 4)
+    save_file(t, str(folder / "model.safetensors"))
+    with pytest.raises(DraftCheckpointError, match=r"tensor d2t has shape \(3, 4\), expected \[12\]"):
+        load_checkpoint(folder)
+    t["d2t"] = t["d2t"].reshape(-1)
+    t["fc.weight"] = t["fc.weight"].double() * 1e300
+    save_file(t, str(folder / "model.safetensors"))
+    with pytest.raises(DraftCheckpointError, match=r"tensor fc.weight holds non-finite values"):
+        load_checkpoint(folder)

@@ -60,3 +60,39 @@ def test_trace_record_bad_sampling_flags_are_usage_errors(tmp_path, capsys, flag
     err = capsys.readouterr().err
     assert status == 2 and "Traceback" not in err and "--temperature" in err
     assert not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize("spec, match", [("dflash:/nowhere", "no DFlash drafter folder"),
+                                         ("medusa", "expected greedy, sampled or dflash:PATH")])
+def test_engine_bad_draft_spec_is_a_usage_error(capsys, spec, match):
+    from dcut_sched.cli import engine
+
+    assert engine.main(["--draft", spec, "--policy", "full"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: "", "--out is empty"),
+    (lambda d: str(d), "holds other files and no DFlash drafter"),
+])
+def test_drafter_out_never_overwrites_another_folder(tmp_path, capsys, make, match):
+    from dcut_sched.cli import drafter
+
+    (tmp_path / "README.md").write_text("the project's readme")
+    assert drafter.main(["train", "--out", make(tmp_path)]) == 2
+    assert match in capsys.readouterr().err
+    assert (tmp_path / "README.md").read_text() == "the project's readme"
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--eval-prompts", "/nonexistent.jsonl"], "--eval-prompts"),
+    (["--lr", "nan"], "--lr"),
+    (["--lr", "-5"], "--lr"),
+])
+def test_drafter_train_checks_its_inputs_before_loading_anything(tmp_path, capsys, flags, match):
+    from dcut_sched.cli import drafter
+
+    assert drafter.main(["train", "--out", str(tmp_path / "new"), *flags]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

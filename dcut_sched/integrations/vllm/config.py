@@ -94,7 +94,7 @@ class DCutVllmConfig:
         if not isinstance(doc, Mapping):
             raise DCutConfigError(f"{source}: the D-Cut config must be a JSON object, got {type(doc).__name__}")
         known = {f for f in cls.__dataclass_fields__ if f != "source"}
-        unknown = sorted(set(doc) - known)
+        unknown = sorted(map(str, set(doc) - known))
         if unknown:
             raise DCutConfigError(f"{source}: unknown D-Cut config key(s) {unknown}; known keys: {sorted(known)}")
         try:
@@ -113,7 +113,7 @@ class DCutVllmConfig:
         try:
             policies.check_params(policy, params)
             policies.get(policy, **params)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise DCutConfigError(f"{source}: bad 'policy_params' for policy {policy!r}: {exc}") from None
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
