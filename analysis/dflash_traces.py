@@ -183,7 +183,8 @@ def protocol(args) -> None:
     for label, traces in (("shipped presets (calibrated)", [ROOT / f"traces/dflash-qwen3-8b-{ds}-b16.parquet" for ds in PRESETS]),
                           ("presets with the real drafter's calibration", paths)):
         out = BUILD / f"{'shipped' if 'shipped' in label else 'realcal'}.csv"
-        subprocess.run([sys.executable, "-m", "dcut_sched.cli.sim", "--trace", *map(str, traces), "--quiet",
+        trace_args = [a for t in traces for a in ("--trace", str(t))]
+        subprocess.run([sys.executable, "-m", "dcut_sched.cli.sim", *trace_args, "--quiet",
                         "--policies", "ar,full,dcut,fine,oracle", "--out", str(out)], cwd=ROOT, check=True)
         frames[label] = pd.read_csv(out)
     lines = ["Published-protocol job (five DFlash presets, published H20 Qwen3-8B curve), speedup over `ar` "
@@ -194,7 +195,7 @@ def protocol(args) -> None:
     for label, df in frames.items():
         sp = benchmark_table(df)
         rho = benchmark_table(df, value="mean_ratio")
-        lines += [f"**{label}**", "", "| policy | " + " | ".join(f"bs {c}" for c in sp.columns) + " |",
+        lines += [f"**{label}**", "", "| policy | " + " | ".join(f"bs {c}" if c != "geomean" else "geomean (25)" for c in sp.columns) + " |",
                   "|---|" + "---:|" * len(sp.columns)]
         for pol in sp.index:
             cells = []
