@@ -28,7 +28,7 @@ def run_suite(extra: list[str]) -> dict:
     load0 = os.getloadavg()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--durations=12", "-p", "no:cacheprovider", *extra],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--durations=12", "-rfE", *extra],
                           cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -44,6 +44,7 @@ def run_suite(extra: list[str]) -> dict:
             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
             "cpu_count": os.cpu_count(), "counts": counts, "slowest": slow[:12],
             "ci": bool(os.environ.get("CI")), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "failed_tests": [line.split()[1] for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))],
             "last_line": out.strip().splitlines()[-1]}
 
 

@@ -238,8 +238,12 @@ def test_param_values_of_the_wrong_kind_name_the_parameter():
                                    ("fine", {"granularity": "x"}, "an integer"),
                                    ("topk", {"rho": False}, "a number"),
                                    ("fine", {"objective": 3}, "a string"),
-                                   ("fine", {"granularity": 2.5}, "an integer")]:
+                                   ("fine", {"granularity": 2.5}, "an integer"),
+                                   ("dcut", {"ratios": "1"}, "a list of numbers"),
+                                   ("dcut", {"ratios": [True]}, "a list of numbers"),
+                                   ("dcut", {"ratios": {"0.5": 1}}, "a list of numbers")]:
         with pytest.raises(ValueError, match=f"parameter {list(params)[0]} expects {expected}"):
             check_params(name, params)
     check_params("fine", {"granularity": 4, "ema_decay": 1})
+    check_params("dcut", {"ratios": [0.5, 1]})
     check_params("topk", {"rho": 1})

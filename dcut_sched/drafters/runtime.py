@@ -24,7 +24,19 @@ import torch.nn.functional as F
 
 from .dflash import DFlashDraftModel
 
-__all__ = ["DFlashDrafter", "DraftContextError"]
+__all__ = ["DFlashDrafter", "DraftContextError", "NoDrafter"]
+
+
+class NoDrafter:
+    """The drafter of a run whose policy never drafts (``ar``): nothing to keep in sync, no features."""
+
+    target_feature_layers = None
+
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Nothing to forget."""
+
+    def draft(self, sequences, num_draft, rows=None):
+        raise RuntimeError("NoDrafter.draft: this run's policy never drafts")
 
 
 class DraftContextError(RuntimeError):

@@ -314,11 +314,16 @@ class SpecEngine:
         rows_total = min(self.batch_size, len(prompts))
         max_len = max(len(p) for p in prompts) + self.max_new_tokens + B
         cache = model.new_cache(rows_total, max_len + 1)
-        if self.dflash is not None:
+        if self.dflash is not None and ctrl.policy.speculative:
+            # (a policy that never drafts, `ar`, is plain decoding: no context features, no drafter updates)
             from ..drafters.runtime import DFlashDrafter
 
             drafter = DFlashDrafter(self.dflash, model, max_batch_size=rows_total, max_seq_len=max_len + 1)
             capture = drafter.target_feature_layers
+        elif self.dflash is not None:
+            from ..drafters.runtime import NoDrafter
+
+            drafter, capture = NoDrafter(), None
         else:
             drafter = SelfSpecDrafter(model, self.skip_layers, max_batch_size=rows_total, max_seq_len=max_len)
             capture = None

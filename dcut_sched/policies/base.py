@@ -305,6 +305,9 @@ def _param_kind(default: Any) -> str | None:
         return "a number"
     if isinstance(default, str):
         return "a string"
+    if isinstance(default, (list, tuple)) and default and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in default):
+        return "a list of numbers"
     return None
 
 
@@ -318,6 +321,9 @@ def _is_kind(value: Any, kind: str) -> bool:
         return isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
     if kind == "a number":
         return isinstance(value, (int, float, np.integer, np.floating))
+    if kind == "a list of numbers":
+        return isinstance(value, (list, tuple)) and len(value) > 0 and all(
+            isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) for v in value)
     return isinstance(value, str)
 
 
@@ -339,8 +345,8 @@ def check_params(name: str, params: dict[str, Any]) -> None:
                              f"({type(value).__name__}; default {keys[key]!r})")
         if _non_finite(value):
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise ValueError(f"policy {name}: {key}={shown} is not a finite number of float range; give a finite "
-                             f"number (default {keys[key]!r})")
+            raise ValueError(f"policy {name}: {key}={shown} is not finite (or beyond the float range); give a "
+                             f"finite number (default {keys[key]!r})")
 
 
 def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int, like: Array) -> Array:
