@@ -205,21 +205,19 @@ def continue_prompts(model, tokenizer, prompts: Sequence[Prompt], *, max_new_tok
     """
     from ..model.generate import greedy_generate, sample_generate
     from ..model.tokenizer import chat_prompt_ids
-    from ..sampling import SamplingParams
+    from ..sampling import SamplingParams, request_keys
 
     ids = [chat_prompt_ids(tokenizer, p.text) for p in prompts]
     out: list[DraftSequence] = []
     mode = "greedy" if temperature == 0 else f"t{temperature:g}"
+    sp = SamplingParams(temperature=temperature, seed=seed)
+    all_keys = request_keys(seed, len(ids))  # request i's key, whatever batch it lands in
     for i in range(0, len(ids), batch_size):
         chunk = ids[i:i + batch_size]
         if temperature == 0:
             gen = greedy_generate(model, chunk, max_new_tokens, tokenizer.eos_id)
         else:
-            sp = SamplingParams(temperature=temperature, seed=seed)
-            from ..sampling import request_keys
-
-            keys = request_keys(seed, len(ids))[i:i + batch_size]
-            gen = sample_generate(model, chunk, max_new_tokens, tokenizer.eos_id, sp, keys=keys)
+            gen = sample_generate(model, chunk, max_new_tokens, tokenizer.eos_id, sp, keys=all_keys[i:i + batch_size])
         for p, prompt_ids, g in zip(prompts[i:i + batch_size], chunk, gen):
             out.append(DraftSequence(p.id, p.category, mode, torch.tensor(prompt_ids + g, dtype=torch.long),
                                      len(prompt_ids)))

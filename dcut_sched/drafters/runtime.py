@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..model.drafter import confidence
 from .dflash import DFlashDraftModel
 
 __all__ = ["DFlashDrafter", "DraftContextError", "NoDrafter"]
@@ -148,5 +149,4 @@ class DFlashDrafter:
         h = self.model.block_hidden(emb, bpos, ctx, mask[:, None])[:, 1:]
         head = self.target.embed_tokens.weight if self.target.lm_head is None else self.target.lm_head.weight
         logits = self.model.draft_logits(h, head)
-        conf, arg = logits.softmax(-1).max(-1)
-        return self.model.to_target_ids(arg), conf.float()
+        return self.model.to_target_ids(logits.argmax(-1)), confidence(logits)

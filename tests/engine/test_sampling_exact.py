@@ -109,16 +109,22 @@ def test_engine_matches_exact_target_distribution(model, make_curve, name, sp_in
     # a different seed per policy, so the four tests are four independent samples
     sp = SamplingParams(temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
                         seed=10 * sp_index + DIST_POLICIES.index(name))
+    _check_engine_distribution(model, make_curve, name, sp, min_branch=300, label=name, skip_layers=SKIP)
+
+
+def _check_engine_distribution(model, make_curve, name, sp, *, min_branch, label, **engine_kw):
+    """Run the engine on NUM_SAMPLES copies of PROMPT and chi-square its first tokens against the exact
+    target distribution; drafts must be both accepted and rejected at least ``min_branch`` times."""
     exact = exact_first_tokens(model, PROMPT, sp)
     engine = SpecEngine(model, controller(name, make_curve, BATCH), batch_size=BATCH, max_new_tokens=NUM_TOKENS,
-                        skip_layers=SKIP, sampling=sp)
+                        sampling=sp, **engine_kw)
     result = engine.generate([PROMPT] * NUM_SAMPLES)
     # drafts do get accepted and rejected, so both branches of verification are exercised
     accepted = sum(sum(s.accepted) for s in result.steps)
     verified = sum(n - 1 for s in result.steps for n in s.lengths)
-    assert accepted > 300 and verified - accepted > 300
+    assert accepted > min_branch and verified - accepted > min_branch
     p = chi_square_pvalue(counts_of(result.outputs), exact)
-    assert p > ALPHA, f"{name} {sp.describe()}: chi-square p = {p:.2e}"
+    assert p > ALPHA, f"{label} {sp.describe()}: chi-square p = {p:.2e}"
 
 
 @pytest.fixture(scope="module")
@@ -152,15 +158,8 @@ def dflash_drafter(model):
 def test_engine_with_dflash_matches_exact_target_distribution(model, make_curve, dflash_drafter, name):
     """The same chi-square test with the DFlash block drafter proposing the drafts."""
     sp = SamplingParams(temperature=1.0, seed=40 + DIST_POLICIES.index(name))
-    exact = exact_first_tokens(model, PROMPT, sp)
-    engine = SpecEngine(model, controller(name, make_curve, BATCH), batch_size=BATCH, max_new_tokens=NUM_TOKENS,
-                        sampling=sp, dflash=dflash_drafter)
-    result = engine.generate([PROMPT] * NUM_SAMPLES)
-    accepted = sum(sum(s.accepted) for s in result.steps)
-    verified = sum(n - 1 for s in result.steps for n in s.lengths)
-    assert accepted > 100 and verified - accepted > 100  # both branches of verification run
-    p = chi_square_pvalue(counts_of(result.outputs), exact)
-    assert p > ALPHA, f"dflash {name} {sp.describe()}: chi-square p = {p:.2e}"
+    _check_engine_distribution(model, make_curve, name, sp, min_branch=100, label=f"dflash {name}",
+                               dflash=dflash_drafter)
 
 
 # --------------------------------------------------------------- the biased rule of the worked case
