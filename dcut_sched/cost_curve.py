@@ -189,6 +189,10 @@ def _json_scalar(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
+#: The largest integer field a cost curve holds (rows are indexed by int64 arrays).
+_MAX_INT = int(np.iinfo(np.int64).max)
+
+
 def _exact_int(value: Any) -> int | None:
     """``value`` as an int if that is lossless (ints, numpy ints, integral finite floats), else None.
     Booleans are not numbers here."""
@@ -357,6 +361,8 @@ class CostCurve:
         if got is None or got < minimum:
             kind = "a positive" if minimum == 1 else "a non-negative"
             raise self._fail(where, f"must be {kind} integer, got {value!r}")
+        if got > _MAX_INT:  # 1e308 is an integral float; no batch size, token count or repeat count is
+            raise self._fail(where, f"{value!r} is larger than {_MAX_INT} (int64); give a real count")
         return got
 
     def _ms(self, value: Any, where: str) -> float:

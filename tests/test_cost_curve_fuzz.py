@@ -60,6 +60,8 @@ def _load_text(tmp_path, text, name="c.json"):
     (lambda d: d["ar"][0].update(median_ms=0), r"ar\[0\]\.median_ms'"),
     (lambda d: d["verify"][0].update(num_tokens=1.5), r"verify\[0\]\.num_tokens': must be a positive integer"),
     (lambda d: d["verify"][0].update(num_tokens="1"), r"verify\[0\]\.num_tokens'"),
+    (lambda d: d["verify"][2].update(repeats=1e308), r"verify\[2\]\.repeats': 1e\+308 is larger than .* \(int64\)"),
+    (lambda d: d["ar"][1].update(batch_size=2 ** 64), r"ar\[1\]\.batch_size': 18446744073709551616 is larger"),
     (lambda d: d["verify"][5].update(num_tokens=9), r"verify\[5\]\.num_tokens': 9 > batch_size \* block_size = 8"),
     (lambda d: d.update(hardware="NVIDIA H20"), r"field 'hardware': must be an object, got str"),
     (lambda d: d.update(model=["qwen3-8b"]), r"field 'model': must be an object"),
