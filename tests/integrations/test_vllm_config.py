@@ -138,3 +138,55 @@ def test_cpu_expand_kernel_writes_each_requests_value_in_the_output_dtype():
     expand_kernel(ints, torch.tensor([5, 0, 7], dtype=torch.int32), torch.tensor([2, 2, 6]), 0, 9)
     assert ints.tolist() == [5, 5, 7, 7, 7, 7]  # an empty request (cu[1] == cu[0]) writes nothing
     expand_kernel(torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.int64), 0, 0)  # empty batch
+
+
+def _engine_config(additional_config=None, *, method="draft_model", k=7, async_scheduling=False, **spec):
+    """A stand-in for vLLM's VllmConfig with the fields check_engine_config reads."""
+    from types import SimpleNamespace
+
+    speculative = None if method is None else SimpleNamespace(method=method, num_speculative_tokens=k, **spec)
+    return SimpleNamespace(additional_config={"dcut": {"policy": "full"}} if additional_config is None else additional_config,
+                           speculative_config=speculative,
+                           scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+
+
+def test_check_engine_config_accepts_every_drafter_with_logits():
+    from dcut_sched.integrations.vllm import check_engine_config
+    from dcut_sched.integrations.vllm.config import METHODS_WITH_LOGITS
+
+    for method in METHODS_WITH_LOGITS:
+        cfg = check_engine_config(_engine_config(method=method, draft_sample_method="greedy"), environ={})
+        assert (cfg.policy, cfg.source) == ("full", "additional_config['dcut']")
+    cfg = check_engine_config(_engine_config({}), environ={"DCUT_VLLM_CONFIG": '{"policy": "ar"}'})
+    assert (cfg.policy, cfg.source) == ("ar", "$DCUT_VLLM_CONFIG")
+
+
+@pytest.mark.parametrize("engine, match", [
+    (_engine_config({}), r"^DCutScheduler: no D-Cut config; pass additional_config=\{'dcut': \{\.\.\.\}\} .*\$DCUT_VLLM_CONFIG"),
+    (_engine_config(None, method=None), r"needs speculative decoding"),
+    (_engine_config(None, k=0), r"needs speculative decoding"),
+    (_engine_config(None, method="ngram"), r"speculative method 'ngram' proposes drafts without logits.*"
+                                            r"use one of draft_model, dflash, eagle, eagle3, mtp"),
+    (_engine_config(None, method="suffix"), r"speculative method 'suffix'"),
+    (_engine_config(None, draft_sample_method="probabilistic"), r"draft_sample_method 'probabilistic'.*'greedy'"),
+    (_engine_config(None, use_local_argmax_reduction=True), r"use_local_argmax_reduction=True .* turn "
+                                                            r"use_local_argmax_reduction off"),
+    (_engine_config(None, use_heterogeneous_vocab=True), r"use_heterogeneous_vocab=True"),
+    # vLLM's CPU platform turns async scheduling off by itself, so an engine on CPU never reaches
+    # this refusal: it is tested here, on the config (docs/vllm.md).
+    (_engine_config(None, async_scheduling=True), r"does not support async scheduling.*async_scheduling=False"),
+])
+def test_check_engine_config_refuses_with_the_cause(engine, match):
+    from dcut_sched.integrations.vllm import check_engine_config
+
+    with pytest.raises(DCutConfigError, match=match):
+        check_engine_config(engine, environ={})
+
+
+def test_uses_dcut_scheduler():
+    from dcut_sched.integrations.vllm import uses_dcut_scheduler
+
+    assert uses_dcut_scheduler(SCHEDULER_CLS)
+    assert not uses_dcut_scheduler("vllm.v1.core.sched.scheduler.Scheduler") and not uses_dcut_scheduler(None)
+    fake = type("DCutScheduler", (), {"__module__": "dcut_sched.integrations.vllm.scheduler"})
+    assert uses_dcut_scheduler(type("Mine", (fake,), {})) and not uses_dcut_scheduler(int)

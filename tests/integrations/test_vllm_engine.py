@@ -1,10 +1,11 @@
 """D-Cut inside real vLLM 0.32.0 on CPU (fp32, greedy): lossless, verifies exactly the plan, fails clearly.
 
 One module-scoped subprocess in the vLLM environment (``.venv-vllm``, built by
-``DCUT_WITH_VLLM=1 bash scripts/install.sh``; CI builds it) runs, one engine after the other:
-vLLM without speculation, then D-Cut with the policies ``ar``, ``full``, ``dcut`` and ``fine`` on
-the same 16 chat prompts (SmolLM2-135M target, its skip-14-15 draft, B = 8), then three engines
-whose D-Cut configuration is bad. Each D-Cut run records every step (the scheduler's plan and what
+``DCUT_WITH_VLLM=1 bash scripts/install.sh``; CI builds it) runs, one engine after the other: five
+engines whose D-Cut configuration is bad (each must fail at start-up with its cause, in a process
+where numba is imported as vLLM's ngram proposer leaves it), then vLLM without speculation, then
+D-Cut with the policies ``ar``, ``full``, ``dcut`` and ``fine`` on the same 16 chat prompts
+(SmolLM2-135M target, its skip-14-15 draft, B = 8): the failed engines leave the process clean. Each D-Cut run records every step (the scheduler's plan and what
 it scheduled, and the worker's ragged ``SpecDecodeMetadata``) to JSON lines that the tests read.
 
 Without the vLLM environment the tests skip with the reason; under CI (``$CI`` set) they fail.
@@ -48,7 +49,18 @@ def vllm_runs(tmp_path_factory):
 
     target, draft = write_pair()
     tmp = tmp_path_factory.mktemp("vllm")
-    runs = [{"name": "nospec", "dcut": None}]
+    # The engines that must fail at start-up come first, in a process where numba is already imported
+    # (as vLLM's ngram proposer leaves it): every engine after them must still start and be lossless.
+    runs = [
+        {"name": "bad_policy", "dcut": {}, "raw_additional_config": {"dcut": {"policy": "nonesuch"}}},
+        {"name": "bad_curve", "dcut": {"policy": "dcut", "cost_curve": str(CURVE_B16)}},
+        {"name": "bad_version", "dcut": {"policy": "full"}, "fake_vllm_version": "0.31.0"},
+        {"name": "no_config", "dcut": {}, "raw_additional_config": {}},
+        {"name": "ngram", "dcut": {"policy": "full"},
+         "speculative_config": {"method": "ngram", "num_speculative_tokens": BLOCK_SIZE - 1,
+                                "prompt_lookup_max": 3, "prompt_lookup_min": 1}},
+        {"name": "nospec", "dcut": None},
+    ]
     for policy in POLICIES:
         dcut = {"policy": policy, "record_path": str(tmp / f"{policy}.jsonl"), "log_interval_s": 1e-6}
         if policy in ("dcut", "fine"):
@@ -56,15 +68,10 @@ def vllm_runs(tmp_path_factory):
         runs.append({"name": policy, "dcut": dcut})
     runs.append({"name": "startup_profile", "max_num_seqs": 2, "num_prompts": 2,
                  "dcut": {"policy": "dcut", "profile_cache_dir": str(tmp / "profiles")}})
-    runs += [
-        {"name": "bad_policy", "dcut": {}, "raw_additional_config": {"dcut": {"policy": "nonesuch"}}},
-        {"name": "bad_curve", "dcut": {"policy": "dcut", "cost_curve": str(CURVE_B16)}},
-        {"name": "bad_version", "dcut": {"policy": "full"}, "fake_vllm_version": "0.31.0"},
-    ]
     job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE,
            "prompts": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "chat": True},
            "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs,
-           "step_timing": True}
+           "step_timing": True, "import_first": ["numba"]}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
     proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(tmp / "job.json"),
@@ -187,6 +194,8 @@ def test_dcut_metrics_are_logged(vllm_runs):
     ("bad_policy", r"unknown policy 'nonesuch' in key 'policy'"),
     ("bad_curve", r"measured for block size 16, but vLLM serves block size 8"),
     ("bad_version", r"vLLM 0\.31\.0 is not supported.*0\.32\.0"),
+    ("no_config", r"DCutScheduler: no D-Cut config; pass additional_config=\{'dcut'"),
+    ("ngram", r"speculative method 'ngram' proposes drafts without logits.*use one of draft_model, dflash"),
 ])
 def test_bad_configuration_fails_at_startup(vllm_runs, name, match):
     import re

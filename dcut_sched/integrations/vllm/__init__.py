@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from .config import (CONFIG_ENV, CONFIG_KEY, SUPPORTED_VLLM_VERSION, DCutConfigError, DCutVllmConfig,
-                     require_vllm_version)
+                     check_engine_config, require_vllm_version)
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEY", "SCHEDULER_CLS", "SUPPORTED_VLLM_VERSION", "DCutConfigError",
-           "DCutVllmConfig", "llm_kwargs", "load_general_plugin", "require_vllm_version"]
+           "DCutVllmConfig", "check_engine_config", "llm_kwargs", "load_general_plugin", "require_vllm_version",
+           "uses_dcut_scheduler"]
 
 #: What to pass as vLLM's ``scheduler_cls`` (``--scheduler-cls`` on ``vllm serve``).
 SCHEDULER_CLS = "dcut_sched.integrations.vllm.scheduler.DCutScheduler"
@@ -58,7 +59,13 @@ def llm_kwargs(target: str, draft: str, block_size: int, policy: str = "dcut", *
 
 
 def load_general_plugin() -> None:
-    """``vllm.general_plugins`` entry point: install the worker hooks in every vLLM process.
+    """``vllm.general_plugins`` entry point, run in every vLLM process (front end, engine core, workers).
+
+    Installs the worker hooks (:mod:`.hooks`) and the front-end check: ``EngineArgs.create_engine_config``
+    (which the front end runs before any engine process starts) is wrapped so that an engine whose
+    ``scheduler_cls`` is :data:`SCHEDULER_CLS` gets :func:`.config.check_engine_config` there. With
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` a bad D-Cut config then raises its own ``DCutConfigError``
+    in the user's process, not vLLM's "Engine core initialization failed".
 
     A no-op on other vLLM versions (the scheduler then refuses to start with the reason), so an
     environment that merely has dcut-sched installed keeps a working vLLM.
@@ -70,3 +77,35 @@ def load_general_plugin() -> None:
     from . import hooks
 
     hooks.install()
+    _install_front_end_check()
+
+
+def uses_dcut_scheduler(scheduler_cls: Any) -> bool:
+    """Whether vLLM's ``scheduler_cls`` setting (a dotted name or a class) is D-Cut's scheduler."""
+    if isinstance(scheduler_cls, str):
+        return scheduler_cls == SCHEDULER_CLS
+    return isinstance(scheduler_cls, type) and any(
+        f"{c.__module__}.{c.__qualname__}" == SCHEDULER_CLS for c in scheduler_cls.__mro__)
+
+
+def _install_front_end_check() -> None:
+    """Wrap ``EngineArgs.create_engine_config`` once (idempotent; see :func:`load_general_plugin`)."""
+    import functools
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from .config import check_engine_config
+
+    create = EngineArgs.create_engine_config
+    if getattr(create, "_dcut_checked", False):
+        return
+
+    @functools.wraps(create)
+    def create_engine_config(self, *args: Any, **kwargs: Any):
+        vllm_config = create(self, *args, **kwargs)
+        if uses_dcut_scheduler(getattr(vllm_config.scheduler_config, "scheduler_cls", None)):
+            check_engine_config(vllm_config)
+        return vllm_config
+
+    create_engine_config._dcut_checked = True
+    EngineArgs.create_engine_config = create_engine_config

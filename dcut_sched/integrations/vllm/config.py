@@ -42,13 +42,17 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["CONFIG_ENV", "CONFIG_KEY", "DCutConfigError", "DCutVllmConfig", "SUPPORTED_VLLM_VERSION",
-           "require_vllm_version"]
+__all__ = ["CONFIG_ENV", "CONFIG_KEY", "DCutConfigError", "DCutVllmConfig", "METHODS_WITH_LOGITS",
+           "SUPPORTED_VLLM_VERSION", "check_engine_config", "require_vllm_version"]
 
 #: The only vLLM release whose private internals the plugin hooks (scheduler, proposer, runner).
 SUPPORTED_VLLM_VERSION = "0.32.0"
 CONFIG_KEY = "dcut"
 CONFIG_ENV = "DCUT_VLLM_CONFIG"
+
+#: vLLM speculative methods whose proposer samples its drafts greedily from logits through
+#: ``SpecDecodeBaseProposer._greedy_sample`` (so the worker hooks capture confidences).
+METHODS_WITH_LOGITS = ("draft_model", "dflash", "eagle", "eagle3", "mtp")
 
 
 class DCutConfigError(ValueError):
@@ -145,6 +149,52 @@ class DCutVllmConfig:
         d = asdict(self)
         d.pop("source")
         return d
+
+
+def check_engine_config(vllm_config: Any, environ: Mapping[str, str] | None = None) -> DCutVllmConfig:
+    """What an engine served by ``DCutScheduler`` needs of its ``VllmConfig``, checked before any step.
+
+    One function for both places that check: the front-end process (the plugin wraps
+    ``EngineArgs.create_engine_config``, so under ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` the user sees
+    this message, not "Engine core initialization failed") and the scheduler in the engine core.
+    Duck-typed on ``vllm_config`` (``additional_config``, ``speculative_config``,
+    ``scheduler_config``), so it runs without vLLM.
+
+    Returns:
+        The resolved D-Cut config (:meth:`DCutVllmConfig.resolve`).
+
+    Raises:
+        DCutConfigError: no D-Cut config at all (the scheduler and the worker hooks resolve the same
+            one; without it the hooks stay off, so the scheduler refuses rather than start on
+            defaults), no speculative decoding, a speculative method or draft sampling that yields
+            no confidences (named, with the supported ones), or async scheduling.
+    """
+    cfg = DCutVllmConfig.resolve(getattr(vllm_config, "additional_config", None), environ)
+    if cfg is None:
+        raise DCutConfigError(f"DCutScheduler: no D-Cut config; pass additional_config={{'{CONFIG_KEY}': {{...}}}} "
+                              f"(llm_kwargs builds it; {{}} means the defaults) or set ${CONFIG_ENV}")
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not getattr(spec, "num_speculative_tokens", 0):
+        raise DCutConfigError(f"{cfg.source}: DCutScheduler needs speculative decoding "
+                              "(speculative_config with num_speculative_tokens >= 1)")
+    method = getattr(spec, "method", None)
+    if method not in METHODS_WITH_LOGITS:
+        raise DCutConfigError(f"{cfg.source}: speculative method {method!r} proposes drafts without logits, so "
+                              f"D-Cut has no confidences to plan with; use one of {', '.join(METHODS_WITH_LOGITS)}")
+    sample = getattr(spec, "draft_sample_method", "greedy")
+    if sample != "greedy":
+        raise DCutConfigError(f"{cfg.source}: draft_sample_method {sample!r} samples drafts without the greedy "
+                              "pass whose logits give D-Cut its confidences; use draft_sample_method='greedy' "
+                              "(the default)")
+    for flag in ("use_local_argmax_reduction", "use_heterogeneous_vocab"):
+        if getattr(spec, flag, False):
+            raise DCutConfigError(f"{cfg.source}: speculative_config.{flag}=True drafts without the full draft "
+                                  f"logits D-Cut reads its confidences from; turn {flag} off")
+    sched = getattr(vllm_config, "scheduler_config", None)
+    if getattr(sched, "async_scheduling", False):
+        raise DCutConfigError(f"{cfg.source}: DCutScheduler does not support async scheduling "
+                              "(drafts reach the scheduler one step late); pass async_scheduling=False")
+    return cfg
 
 
 _MODEL = None

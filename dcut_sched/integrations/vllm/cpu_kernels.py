@@ -15,13 +15,27 @@ temperatures, and speculative decoding at temperature > 0 on CPU produces degene
 fallbacks (``CpuPlatform.register_triton_kernel_overrides``, which each worker calls after loading
 the general plugins, so a plain registration from the plugin would be overwritten). Only the CPU
 platform is touched. Installed by :func:`dcut_sched.integrations.vllm.hooks.install`.
+
+**A failed engine must not poison the next one.** Every registration (the CPU platform's own, in
+each new engine's worker, and this one) rescans ``sys.modules`` in vLLM's
+``dispatcher._rebind_kernels``, which reads ``vars(value).get("kernel")`` for every module
+attribute that answers ``hasattr(value, "__dict__")``. Once numba is imported (vLLM's ngram
+proposer imports it), ``llvmlite.binding.ffi.lib`` is such a value whose ``__getattr__`` hands back
+a function wrapper for ``__dict__``, so every later registration in that process raises
+``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'`` and no engine starts again.
+:func:`rebind_kernels` does the same rebinding reading instance dictionaries without attribute
+hooks, and :func:`install` puts it in the dispatcher's place.
 """
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any, Callable, Iterable, Mapping
+
 import torch
 
-__all__ = ["EXPAND_KERNEL", "expand_kernel", "install"]
+__all__ = ["EXPAND_KERNEL", "expand_kernel", "install", "rebind_kernels"]
 
 #: The kernel's fully qualified name in vLLM 0.32.0 (the key ``register_kernels`` expects).
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
@@ -52,8 +66,52 @@ def expand_kernel(output_ptr: torch.Tensor, input_ptr: torch.Tensor, cu_num_toke
     output_ptr[:total].copy_(torch.repeat_interleave(values, counts))
 
 
+def _own_namespace(value: Any) -> Mapping[str, Any] | None:
+    """``value``'s own attribute mapping (instance or class ``__dict__``), read without ``__getattr__``
+    hooks; ``None`` when it has none or the hook-free read is not a mapping."""
+    try:
+        namespace = object.__getattribute__(value, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return namespace if isinstance(namespace, (dict, types.MappingProxyType)) else None
+
+
+def rebind_kernels(overrides: Iterable[tuple[Any, Callable[..., Any]]]) -> None:
+    """Point every holder of an overridden kernel at its wrapper (vLLM's ``_rebind_kernels`` contract).
+
+    Two kinds of holder, in every module of ``sys.modules``: a module attribute that *is* the
+    original kernel (a ``from mod import kernel`` copy) is rebound to the wrapper; an attribute
+    whose own ``kernel`` attribute is the original (a JIT warm-up owner, instance or class) gets the
+    wrapper there, and an instance also drops its cached ``_kernel_arg_names``. Kernels are compared
+    by identity only.
+    """
+    wrapper_of = {id(original): (original, wrapper) for original, wrapper in overrides}
+
+    def wrapper_for(value: Any) -> Callable[..., Any] | None:
+        hit = wrapper_of.get(id(value))
+        return hit[1] if hit is not None and hit[0] is value else None
+
+    for module in list(sys.modules.values()):
+        namespace = _own_namespace(module)
+        if not namespace:
+            continue
+        for attr, value in list(namespace.items()):
+            wrapper = wrapper_for(value)
+            if wrapper is not None:
+                setattr(module, attr, wrapper)
+                continue
+            owned = _own_namespace(value)
+            wrapper = wrapper_for(owned.get("kernel")) if owned is not None else None
+            if wrapper is None:
+                continue
+            value.kernel = wrapper
+            if not isinstance(value, type):
+                value.__dict__.pop("_kernel_arg_names", None)
+
+
 def install() -> None:
-    """Register :func:`expand_kernel` after the CPU platform's own overrides (idempotent, CPU only)."""
+    """Register :func:`expand_kernel` after the CPU platform's own overrides, and replace the
+    dispatcher's rebinding scan with :func:`rebind_kernels` (idempotent, CPU only)."""
     global _installed
     if _installed:
         return
@@ -62,7 +120,10 @@ def install() -> None:
     if not current_platform.is_cpu():
         return
     from vllm.platforms.cpu import CpuPlatform
+    from vllm.triton_utils import dispatcher
     from vllm.triton_utils.dispatcher import register_kernels
+
+    dispatcher._rebind_kernels = rebind_kernels  # register_kernels looks it up at call time
 
     platform_overrides = CpuPlatform.register_triton_kernel_overrides.__func__
 

@@ -16,7 +16,10 @@ The job (JSON object):
   speculation, otherwise the D-Cut config of :mod:`.config` (``record_path`` per run is allowed).
   For start-up failure tests a run may also give ``raw_additional_config`` (passed to vLLM as is,
   skipping :func:`llm_kwargs`' own check) and ``fake_vllm_version`` (vLLM's ``__version__`` is
-  set to it while the engine starts); ``max_num_seqs`` and ``num_prompts`` override the job's.
+  set to it while the engine starts), ``speculative_config`` (replaces the one :func:`llm_kwargs`
+  builds, e.g. an ngram drafter); ``max_num_seqs`` and ``num_prompts`` override the job's;
+- ``import_first``: module names imported before the first engine (``["numba"]`` puts the process
+  in the state vLLM's ngram proposer leaves it in: the failed-engine-poisons-the-next case).
 
 The result: per run, its token ids per prompt, start-up and generation seconds, output tokens/s,
 the scheduler's D-Cut metrics, or ``error`` (exception type and message) when the engine failed to
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import time
 import traceback
@@ -84,6 +88,8 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
                         cost_curve=dcut.pop("cost_curve", None), dtype=job.get("dtype", "float32"), **dcut)
         if "raw_additional_config" in run:  # bypass llm_kwargs' own check: test the engine's start-up
             kw["additional_config"] = run["raw_additional_config"]
+        if "speculative_config" in run:
+            kw["speculative_config"] = run["speculative_config"]
     import vllm
 
     real_version = vllm.__version__
@@ -137,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     from ...atomic import atomic_write_text
 
     job = json.loads(Path(args.job).read_text())
+    for name in job.get("import_first", ()):
+        importlib.import_module(name)
     prompts = load_prompt_token_ids(job["prompts"], job["target"])
     results = []
     for run in job["runs"]:

@@ -40,7 +40,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
 from . import hooks
-from .config import DCutConfigError, DCutVllmConfig, require_vllm_version
+from .config import DCutConfigError, DCutVllmConfig, check_engine_config, require_vllm_version
 
 __all__ = ["DCutScheduler"]
 
@@ -48,39 +48,15 @@ __all__ = ["DCutScheduler"]
 logger = init_logger("vllm.plugins.dcut")
 
 
-#: vLLM speculative methods whose proposer samples drafts from logits (so confidences exist).
-METHODS_WITH_LOGITS = ("draft_model", "dflash", "eagle", "eagle3", "mtp")
-
-
-def _check_drafter_has_logits(spec: Any, cfg: DCutVllmConfig) -> None:
-    """A drafter without logits (ngram, suffix) gives no confidences: refuse it before the first step."""
-    method = getattr(spec, "method", None)
-    if spec is not None and method is not None and method not in METHODS_WITH_LOGITS:
-        raise DCutConfigError(f"{cfg.source}: speculative method {method!r} proposes drafts without logits, so "
-                              f"D-Cut has no confidences to plan with; use one of {', '.join(METHODS_WITH_LOGITS)}")
-
-
 class DCutScheduler(Scheduler):
     """vLLM's ``Scheduler`` whose verification lengths come from a :class:`~dcut_sched.RatioController`."""
 
     def __init__(self, vllm_config, *args: Any, **kwargs: Any) -> None:
         require_vllm_version(vllm.__version__)
+        cfg = check_engine_config(vllm_config)  # the front end ran it too (the plugin's engine-args hook)
         super().__init__(vllm_config, *args, **kwargs)
         hooks.install()
-        cfg = DCutVllmConfig.resolve(vllm_config.additional_config)
-        if cfg is None:
-            # The worker hooks read the same config and stay off without one: starting on defaults here
-            # would fail at the first drafted step with the wrong advice.
-            raise DCutConfigError("DCutScheduler: no D-Cut config; pass additional_config={'dcut': {...}} "
-                                  "(llm_kwargs builds it; {} means the defaults) or set $DCUT_VLLM_CONFIG")
-        _check_drafter_has_logits(vllm_config.speculative_config, cfg)
         spec = vllm_config.speculative_config
-        if spec is None or not spec.num_speculative_tokens:
-            raise DCutConfigError(f"{cfg.source}: DCutScheduler needs speculative decoding "
-                                  "(speculative_config with num_speculative_tokens >= 1)")
-        if vllm_config.scheduler_config.async_scheduling:
-            raise DCutConfigError(f"{cfg.source}: DCutScheduler does not support async scheduling "
-                                  "(drafts reach the scheduler one step late); pass async_scheduling=False")
         self.dcut_config = cfg
         self.dcut_block_size = int(spec.num_speculative_tokens) + 1
         self.dcut_controller = _build_controller(cfg, vllm_config, self.dcut_block_size)
@@ -109,12 +85,13 @@ class DCutScheduler(Scheduler):
             request = self.requests.get(req_id)
             if request is None or request.is_finished() or request.is_prefill_chunk or not spec_ids:
                 continue
-            if confidences is None:
+            if confidences is None:  # the method and the config were checked at start-up
                 raise DCutConfigError(
-                    "D-Cut: the drafter's steps carry no draft confidences. Use a drafter with logits "
-                    "(method 'draft_model' or EAGLE-style), and run the engine in one process "
-                    "(VLLM_ENABLE_V1_MULTIPROCESSING=0) or install dcut-sched in the engine's environment so "
-                    "vLLM's 'vllm.general_plugins' entry point loads the worker hooks"
+                    "D-Cut: the drafter's step carries no draft confidences although the speculative "
+                    "config was checked at start-up, so the worker process did not load the D-Cut worker "
+                    "hooks: install dcut-sched in the environment the vLLM workers run in (its "
+                    "'vllm.general_plugins' entry point 'dcut' loads them) and do not exclude 'dcut' "
+                    "from $VLLM_PLUGINS"
                 )
             req_ids.append(req_id)
             drafts.append(list(spec_ids))
