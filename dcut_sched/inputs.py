@@ -1,18 +1,23 @@
 """Reading small text inputs (JSON, JSON lines, configs) with one-line errors that name the file.
 
 A binary file given where text is expected (a Parquet trace passed as a prompt file, a model
-checkpoint as a config), a file that is not UTF-8, or JSON nested too deeply to parse all raise
-:class:`InputFileError` (a ``ValueError``) naming the file and what it should be, never a traceback.
+checkpoint as a config), a file that is not UTF-8, a symlink loop, or JSON nested too deeply to
+parse all raise :class:`InputFileError` (a ``ValueError``) naming the file and what it should be,
+never a traceback. Configuration inputs use :func:`parse_json_strict` (:func:`read_json_strict`);
+text that is not JSON at all raises its subclass :class:`JSONSyntaxError`, so a caller that falls
+back to a plain string (``--param key=fast``) still refuses JSON that breaks a strict rule.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["InputFileError", "read_json", "read_text", "parse_json", "parse_json_strict"]
+__all__ = ["InputFileError", "JSONSyntaxError", "is_symlink_loop", "read_json", "read_json_strict", "read_text",
+           "parse_json", "parse_json_strict"]
 
 #: Limits of :func:`parse_json_strict`: nesting depth and digits of one number.
 MAX_JSON_DEPTH = 64
@@ -30,6 +35,22 @@ class InputFileError(ValueError):
     """An input file is missing, binary, not UTF-8 or not parseable; the message names it."""
 
 
+class JSONSyntaxError(InputFileError):
+    """The text is not JSON at all (a syntax error), as opposed to JSON that breaks a strict rule."""
+
+
+def is_symlink_loop(path: str | os.PathLike) -> bool:
+    """Whether opening ``path`` fails with ``ELOOP``: the path (or a folder on it) is a symbolic link
+    that leads back to itself, directly or through other links."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    except ValueError:  # a NUL byte in the path: not a loop (the caller reports it)
+        return False
+    return False
+
+
 def read_text(path: str | os.PathLike, what: str = "a text file") -> str:
     """The UTF-8 text of ``path``.
 
@@ -38,9 +59,12 @@ def read_text(path: str | os.PathLike, what: str = "a text file") -> str:
         what: what it should be, for messages (``"a JSON-lines prompt file"``).
 
     Raises:
-        InputFileError: missing, a folder, too large, binary (by magic bytes or a NUL byte) or not UTF-8.
+        InputFileError: missing, a symlink loop, a folder, too large, binary (by magic bytes or a NUL
+            byte) or not UTF-8.
     """
     p = Path(path)
+    if is_symlink_loop(p):
+        raise InputFileError(f"{path}: is a symlink loop (the link leads back to itself); give {what}")
     if not p.exists():
         raise InputFileError(f"{path}: no such file; give {what}")
     if p.is_dir():
@@ -65,18 +89,26 @@ def read_text(path: str | os.PathLike, what: str = "a text file") -> str:
 
 def parse_json(text: str, where: str) -> Any:
     """``json.loads(text)`` with a one-line :class:`InputFileError` naming ``where`` on failure
-    (invalid JSON, nesting too deep for the parser, NaN-free numbers are not enforced)."""
+    (invalid JSON, nesting too deep for the parser, an integer longer than Python converts;
+    NaN-free numbers are not enforced)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputFileError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise JSONSyntaxError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise InputFileError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError:  # an integer literal beyond Python's int conversion limit (4300 digits)
+        raise InputFileError(f"{where}: a number too long to read; give a number of ordinary size") from None
 
 
 def read_json(path: str | os.PathLike, what: str = "a JSON file") -> Any:
     """:func:`read_text` then :func:`parse_json`."""
     return parse_json(read_text(path, what), str(path))
+
+
+def read_json_strict(path: str | os.PathLike, what: str = "a JSON file", **rules: Any) -> Any:
+    """:func:`read_text` then :func:`parse_json_strict` (``rules``: its keyword arguments)."""
+    return parse_json_strict(read_text(path, what), str(path), **rules)
 
 
 def _json_depth(text: str) -> int:
@@ -107,7 +139,7 @@ def parse_json_strict(text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH,
     object (JSON keeps the last silently), ``NaN``/``Infinity`` (unless ``allow_nonfinite``: then
     they parse as floats for a validator that names the field), a number longer than ``max_digits``
     digits and nesting deeper than ``max_depth``, each with a one-line :class:`InputFileError`
-    naming ``where``."""
+    naming ``where`` (:class:`JSONSyntaxError` when the text is not JSON at all)."""
     depth = _json_depth(text)
     if depth > max_depth:
         raise InputFileError(f"{where}: JSON nested too deeply ({depth} levels; at most {max_depth} are read)")
@@ -136,6 +168,6 @@ def parse_json_strict(text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH,
         return json.loads(text, object_pairs_hook=pairs, parse_int=number(int), parse_float=number(float),
                           parse_constant=constant)
     except json.JSONDecodeError as exc:
-        raise InputFileError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise JSONSyntaxError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise InputFileError(f"{where}: JSON nested too deeply to read") from None

@@ -185,7 +185,10 @@ def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch
             forward of N tokens for bs requests is the same forward whatever B it was measured
             for), the cells of the new B's grid are filled, the source's draft rows (drafting a block
             of the old B) are dropped and the draft step of B slots is filled from the model, and the
-            ``ar`` rows (independent of B) are kept.
+            ``ar`` rows (independent of B) are kept. ``draft_first`` rows (the drafter's forward over
+            a step's verified tokens) are kept like verify rows, where ``num_tokens <= bs * B``;
+            ``step_overhead`` rows (keyed by step kind and bs) are kept. The counts of dropped verify,
+            draft and draft_first rows are recorded in ``hardware.fit.derived_block_size``.
     """
     block = curve.block_size if block_size is None else int(block_size)
     if block < 1:
@@ -200,6 +203,7 @@ def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch
         ms = forward_ms(shape, fit.device, fit.efficiency, bs, np.array(missing), curve.context_len)
         verify += [VerifyRow(bs, int(k), round(float(m), 4), provenance="fitted") for k, m in zip(missing, ms)]
     drafts = list(curve.draft) if block == curve.block_size else []
+    draft_first = [r for r in curve.draft_first if r.num_tokens <= r.batch_size * block]
     if draft is not None and draft.kind != "none":
         have_d = {r.batch_size for r in drafts}
         for bs in sorted(set(batch_sizes) - have_d):
@@ -217,13 +221,14 @@ def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch
     if block != curve.block_size:
         hardware["fit"]["derived_block_size"] = {"from": curve.block_size, "to": block,
                                                  "dropped_verify_rows": len(curve.verify) - len(keep),
-                                                 "dropped_draft_rows": len(curve.draft)}
+                                                 "dropped_draft_rows": len(curve.draft),
+                                                 "dropped_draft_first_rows": len(curve.draft_first) - len(draft_first)}
     if extra_hardware:
         hardware.update(extra_hardware)
     model = dict(curve.model)
     if draft is not None:
         model["draft"] = draft.label()
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    return replace(curve, verify=verify, draft=drafts, ar=ar, hardware=hardware, model=model, path=None,
-                   created=created, block_size=block, source=source if source is not None else curve.source,
-                   loaded_schema=None)
+    return replace(curve, verify=verify, draft=drafts, draft_first=draft_first, ar=ar, hardware=hardware,
+                   model=model, path=None, created=created, block_size=block,
+                   source=source if source is not None else curve.source, loaded_schema=None)

@@ -5,24 +5,31 @@
   refused at parse time with a message naming the flag.
 - :func:`check_paths`: before any work, every output path must be writable, of an accepted suffix,
   distinct from every other output and never one of the input files (compared as resolved paths,
-  and with ``os.path.samefile`` where both exist, so links and ``./a/../a`` spellings are caught).
+  and with ``os.path.samefile`` where both exist, so links and ``./a/../a`` spellings are caught);
+  a path that is a symlink loop, input or output, is refused naming its flag.
 - :func:`read_text_input`: a text input (JSON, JSONL, config) read as UTF-8, with a one-line error
   naming the flag, the file and the fix when it is missing, binary (e.g. a Parquet file given by
   mistake) or not UTF-8 (:mod:`dcut_sched.inputs`).
+- :func:`check_json_input`: a JSON input refused before any work unless it reads under
+  :func:`dcut_sched.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
+  bounded nesting).
+- :func:`param_value`: the value of a ``--param`` flag, strict JSON or else a plain string.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["check_paths", "finite_float", "int_at_least", "read_text_input", "same_file"]
+__all__ = ["check_json_input", "check_paths", "finite_float", "int_at_least", "param_value", "read_text_input",
+           "same_file", "short_value"]
 
 
 def int_at_least(minimum: int) -> "callable":
@@ -61,15 +68,34 @@ def finite_float(minimum: float | None = None, maximum: float | None = None, *, 
     return parse
 
 
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file: ``os.path.samefile`` when both exist, else equal resolved paths."""
+def _resolved(path: str | os.PathLike, flag: str) -> Path:
+    """``Path(path).resolve()``, or a :class:`UsageError` naming ``flag`` and the path when it cannot be
+    resolved: a non-strict resolve fails only on a symlink loop (``RuntimeError`` before Python 3.13,
+    ``OSError`` ELOOP from 3.13)."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError):
+        raise UsageError(_loop_message(flag, path)) from None
+
+
+def _loop_message(flag: str, path: str | os.PathLike, *, output: bool = False) -> str:
+    fix = f"give {flag or 'it'} {'another path' if output else 'a real file'}"
+    return f"{flag} {path}: is a symlink loop (a link on the path leads back to itself); {fix}".lstrip()
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike, *, flags: tuple[str, str] = ("", "")) -> bool:
+    """Whether two paths name one file: ``os.path.samefile`` when both exist, else equal resolved paths.
+
+    Raises:
+        UsageError: a path cannot be resolved (a symlink loop), naming it and its flag from ``flags``.
+    """
     pa, pb = Path(a), Path(b)
     try:
         if pa.exists() and pb.exists():
             return os.path.samefile(pa, pb)
     except OSError:
         pass
-    return pa.resolve() == pb.resolve()
+    return _resolved(pa, flags[0]) == _resolved(pb, flags[1])
 
 
 def check_paths(
@@ -83,9 +109,12 @@ def check_paths(
         outputs: flag -> ``(path or None, accepted suffixes or None for any)``.
 
     Raises:
-        UsageError: an output that is an input or another output (both flags named), an unknown
-            suffix, a folder, or a place that cannot be written.
+        UsageError: an input or output path that is a symlink loop, an output that is an input or
+            another output (both flags named), an unknown suffix, a folder, or a place that cannot
+            be written.
     """
+    from ..inputs import is_symlink_loop
+
     ins: list[tuple[str, str]] = []
     for flag, value in inputs.items():
         if value is None:
@@ -93,17 +122,21 @@ def check_paths(
         for p in ([value] if isinstance(value, (str, os.PathLike)) else value):
             if p is not None:
                 ins.append((flag, str(p)))
+    outs = [(flag, str(path)) for flag, (path, _suffixes) in outputs.items() if path is not None]
+    for (flag, path), output in [*((io, False) for io in ins), *((io, True) for io in outs)]:
+        if is_symlink_loop(path):
+            raise UsageError(_loop_message(flag, path, output=output))
     seen: list[tuple[str, str]] = []
     for flag, (path, suffixes) in outputs.items():
         if path is None:
             continue
         path = str(path)
         for in_flag, in_path in ins:
-            if same_file(path, in_path):
+            if same_file(path, in_path, flags=(flag, in_flag)):
                 raise UsageError(f"{flag} {path} is the {in_flag} input file; writing it would destroy the input: "
                                  f"give {flag} another path")
         for out_flag, out_path in seen:
-            if same_file(path, out_path):
+            if same_file(path, out_path, flags=(flag, out_flag)):
                 raise UsageError(f"{flag} and {out_flag} are the same file {path}; give each output its own path")
         seen.append((flag, path))
         if suffixes is not None:
@@ -129,15 +162,44 @@ def read_text_input(path: str | os.PathLike, flag: str, what: str) -> str:
 
 
 def check_json_input(path: str | os.PathLike | None, flag: str, what: str) -> None:
-    """Refuse before any work a JSON input that is missing, binary, not UTF-8, not JSON or nested
-    too deeply to parse, with a :class:`UsageError` naming ``flag`` and the file (the loader then
-    checks the fields)."""
+    """Refuse before any work a JSON input that is missing, a symlink loop, binary, not UTF-8, not
+    JSON, or breaks a rule of :func:`dcut_sched.inputs.parse_json_strict` (a key repeated in one
+    object, a number longer than its digit limit, nesting too deep), with a one-line
+    :class:`UsageError` naming ``flag`` and the file. ``NaN``/``Infinity`` pass here: the loader
+    then checks the fields and names the one that holds them."""
     if path is None:
         return
-    from ..inputs import InputFileError, parse_json
+    from ..inputs import InputFileError, parse_json_strict
 
     text = read_text_input(path, flag, what)
     try:
-        parse_json(text, str(path))
+        parse_json_strict(text, str(path), allow_nonfinite=True)
     except InputFileError as exc:
         raise UsageError(f"{flag} {exc}; give {what}") from None
+
+
+def param_value(raw: str, where: str) -> Any:
+    """The value of a ``--param KEY=VALUE`` flag: ``raw`` as strict JSON (numbers, booleans, lists,
+    objects; ``NaN``/``Infinity`` parse as floats for the policy's check, which names the key), or
+    ``raw`` itself when it is not JSON at all (``--param dcut.mode=fast``).
+
+    Raises:
+        argparse.ArgumentTypeError: JSON that breaks a rule of
+            :func:`dcut_sched.inputs.parse_json_strict` (a number longer than its digit limit, a
+            repeated key, nesting too deep), one short line naming ``where`` (``uniform.rho``).
+    """
+    from ..inputs import InputFileError, JSONSyntaxError, parse_json_strict
+
+    try:
+        return parse_json_strict(raw, where, allow_nonfinite=True)
+    except JSONSyntaxError:
+        return raw
+    except InputFileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def short_value(value: Any, limit: int = 40) -> str:
+    """A flag value for a message: strings as they are, anything else as JSON, cut to ``limit``
+    characters (a 5,000-digit number is not echoed back)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

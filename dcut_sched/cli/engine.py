@@ -9,12 +9,11 @@ written); see :mod:`dcut_sched.cli.errors`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_json_input, check_paths, int_at_least
+from .args import check_json_input, check_paths, int_at_least, param_value, short_value
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-engine"
@@ -24,15 +23,12 @@ ESTIMATE_AFTER_STEPS = 5
 
 
 def _param(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE``; VALUE is JSON when it parses (numbers, lists), else a string."""
+    """``KEY=VALUE``; VALUE is strict JSON when it parses (numbers, lists), else a string
+    (:func:`~dcut_sched.cli.args.param_value`)."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. rho=0.25")
-    try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
-        value = raw
-    return key, value
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: expected KEY=VALUE, e.g. rho=0.25")
+    return key, param_value(raw, key)
 
 
 def _int_list(text: str) -> list[int]:
@@ -179,7 +175,12 @@ def run(args: argparse.Namespace) -> int:
                 {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
                  "--trace": (args.trace, (".parquet",))})
     check_json_input(args.cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
-    params = dict(args.param)
+    params: dict[str, Any] = {}
+    for key, value in args.param:
+        if key in params:
+            raise UsageError(f"--param {key} is given twice ({short_value(params[key])} and {short_value(value)}); "
+                             f"give it once")
+        params[key] = value
     try:
         policies.check_params(args.policy, params)
     except ValueError as exc:

@@ -8,13 +8,13 @@ Run ``dcut-sim --help``; docs/simulator.md has the details. Exit status: 0 on su
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_json_input, check_paths, finite_float, int_at_least
+from .args import check_json_input, check_paths, finite_float, int_at_least, param_value, short_value
 from .errors import CliParser, UsageError, run_cli
+from .graph_tokens import check_graph_tokens
 
 PROG = "dcut-sim"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -39,16 +39,13 @@ def _name_list(text: str) -> list[str]:
 
 
 def _param(text: str) -> tuple[str, str, Any]:
-    """``POLICY.KEY=VALUE``; VALUE is JSON when it parses (numbers, lists), else a string."""
+    """``POLICY.KEY=VALUE``; VALUE is strict JSON when it parses (numbers, lists), else a string
+    (:func:`~dcut_sched.cli.args.param_value`)."""
     head, sep, raw = text.partition("=")
     policy, dot, key = head.partition(".")
     if not sep or not dot or not policy or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected POLICY.KEY=VALUE, e.g. uniform.rho=0.25")
-    try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
-        value = raw
-    return policy, key, value
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: expected POLICY.KEY=VALUE, e.g. uniform.rho=0.25")
+    return policy, key, param_value(raw, head)
 
 
 def build_parser() -> CliParser:
@@ -356,8 +353,9 @@ def _run_seeds(args, console) -> None:
     check_paths({"--trace": trace, "--cost": cost}, {"--out": (args.out, TABLE_SUFFIXES)})
     steps = args.steps if args.steps is not None else d.DEFAULT_NUM_STEPS
     warmup = args.warmup if args.warmup is not None else min(d.DEFAULT_WARMUP_STEPS, max(steps - 1, 0))
+    check_json_input(cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     config = _sim_config(args, num_steps=steps, warmup_steps=warmup,
-                         policies=None if args.policies == ["all"] else args.policies)
+                         policies=None if args.policies == ["all"] else args.policies, costs=[cost])
     frames = [simulate(trace, cost, config.replace(seed=seed)) for seed in range(args.seed, args.seed + args.seeds)]
     import pandas as pd
 
@@ -387,14 +385,15 @@ def _run_seeds(args, console) -> None:
         write_frame(df, args.out)
 
 
-def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] | None):
+def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] | None, costs: Sequence[str]):
     """The :class:`~dcut_sched.simulator.SimConfig` of the parsed flags (the one place the CLI builds
-    it; ``--param`` and the prefill flags checked first, with the flag names)."""
+    it; ``--param``, the prefill flags and ``--graph-tokens`` against each of the ``costs`` curve
+    files checked first, with the flag names)."""
     from ..simulator import SimConfig
 
     if args.prompt_len is not None and args.prefill_ms is not None:
         raise UsageError("give --prompt-len or --prefill-ms, not both")
-    return SimConfig(
+    config = SimConfig(
         policies=policies, policy_params=_policy_params(args.param, policies), batch_sizes=args.batch_sizes,
         mode=args.mode, num_steps=num_steps, warmup_steps=warmup_steps, seed=args.seed,
         shuffle=not args.no_shuffle, overhead_ms=args.overhead_ms, draft_scale=args.draft_scale,
@@ -402,6 +401,10 @@ def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] 
         rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
         prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
     )
+    if config.graph_token_counts is not None:
+        for cost in costs:
+            check_graph_tokens(config, cost)
+    return config
 
 
 def _defaults():
@@ -441,7 +444,7 @@ def _run(args, console) -> None:
         args.policies = None
     elif args.policies is None and benchmarks:
         args.policies = list(d.DEFAULT_BENCHMARK_POLICIES)
-    config = _sim_config(args, num_steps=args.steps, warmup_steps=args.warmup, policies=args.policies)
+    config = _sim_config(args, num_steps=args.steps, warmup_steps=args.warmup, policies=args.policies, costs=costs)
     if args.scheduler == "dask" and not (args.sweep and args.scheduler_address):
         raise UsageError("--scheduler dask runs a --sweep on a cluster: add --sweep and --scheduler-address ADDR")
     if args.scheduler_address and args.scheduler != "dask":
@@ -541,12 +544,16 @@ def _wrote(path: str, what: str) -> None:
 
 
 def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``--param`` values per policy, checked before any work (names, keys, finite values)."""
+    """``--param`` values per policy, checked before any work (names, keys given once, finite values)."""
     from .. import policies
 
     params: dict[str, dict[str, Any]] = {}
     for policy, key, value in given:
-        params.setdefault(policy, {})[key] = value
+        values = params.setdefault(policy, {})
+        if key in values:
+            raise UsageError(f"--param {policy}.{key} is given twice ({short_value(values[key])} and {short_value(value)}); "
+                             f"give it once")
+        values[key] = value
     for policy, values in params.items():
         where = f"--param {policy}.{next(iter(values))}"
         if policy not in policies.names():

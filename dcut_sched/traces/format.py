@@ -12,7 +12,10 @@ accepted when every value fits the column's type; a float column only when every
 whole number in range; nulls, NaN, fractions (an ``accept_len`` of 6.7), booleans and strings are
 faults naming the file, row and field -- never silently truncated, wrapped or merged.
 
-Sampled traces (``temperature`` > 0) add ``p1..p{B-1}`` float32: the target's probability, at that
+The ``temperature`` metadata, when present, is a finite number >= 0 (``inf``, ``1e400``, ``nan`` and
+negative values are faults, never read as greedy or sampled).
+Sampled traces (``temperature`` > 0) add ``p1..p{B-1}`` float32 (any floating type on load; strings,
+booleans and integers are faults): the target's probability, at that
 temperature (and ``top_p``/``top_k`` when recorded), of each draft token given the drafts before it
 (docs/design.md §3). With greedy drafts, sampled verification accepts draft t with probability ``p_t``
 given drafts 1..t-1 accepted, so a replay samples ``accept_len`` per seed; the recorded
@@ -25,6 +28,7 @@ Replay semantics (position-indexed, exact): a request at position p that verifie
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +52,7 @@ __all__ = [
     "accept_len_dtype",
     "check_trace_columns",
     "is_sampled",
+    "trace_temperature",
     "target_prob_columns",
     "read_trace_file",
 ]
@@ -110,14 +115,31 @@ def target_prob_columns(block_size: int) -> list[str]:
     return [f"p{t}" for t in range(1, block_size)]
 
 
-def is_sampled(metadata: Mapping[str, str]) -> bool:
-    """True when the metadata's ``temperature`` is a number > 0 (a sampled trace).
+def trace_temperature(metadata: Mapping[str, str]) -> float:
+    """The metadata's ``temperature`` (0 when absent): a finite number >= 0.
 
     Raises:
-        ValueError: ``temperature`` is present but not a number.
+        ValueError: ``temperature`` is not a number, not finite (``inf``, ``1e400``, ``nan``) or
+            negative; the message says which and how to fix it.
     """
     raw = metadata.get("temperature", "0")
-    return float(raw) > 0
+    fix = "write the temperature the trace was sampled at (0 for greedy)"
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{raw!r} is not a number; {fix}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{raw!r} is not a finite number >= 0; {fix}")
+    return value
+
+
+def is_sampled(metadata: Mapping[str, str]) -> bool:
+    """True when the metadata's ``temperature`` is > 0 (a sampled trace).
+
+    Raises:
+        ValueError: ``temperature`` is present but not a finite number >= 0 (:func:`trace_temperature`).
+    """
+    return trace_temperature(metadata) > 0
 
 
 def _meta_to_str(metadata: Mapping[str, Any]) -> dict[str, str]:
@@ -270,9 +292,13 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
     """Read a trace Parquet file into (frame, metadata) without validating the values.
 
     Raises:
-        TraceError: missing, truncated or non-Parquet file.
+        TraceError: missing file, a symlink loop, truncated or non-Parquet file.
     """
+    from ..inputs import is_symlink_loop
+
     path_str = str(path)
+    if is_symlink_loop(path):
+        raise TraceError(f"{path_str}: is a symlink loop (the link leads back to itself); give a trace file")
     if not Path(path).is_file():
         raise TraceError(f"{path_str}: no such trace file")
     try:
@@ -464,16 +490,17 @@ def check_target_prob_columns(df: pd.DataFrame, metadata: Mapping[str, str], pat
                               max_faults: int = MAX_FAULTS) -> list[TraceFault]:
     """Faults of the sampled-trace columns ``p1..p{B-1}``.
 
-    A trace whose ``temperature`` is > 0 needs every ``p`` column, each finite in [0, 1]; a greedy
-    trace (temperature 0) must not carry them; a ``temperature`` that is not a number is a fault.
+    A trace whose ``temperature`` is > 0 needs every ``p`` column, of a floating type, each value
+    finite in [0, 1]; a greedy trace (temperature 0) must not carry them; a ``temperature`` that is
+    not a finite number >= 0 is a fault.
     """
     faults: list[TraceFault] = []
     cols = target_prob_columns(block)
     present = [c for c in df.columns if c.startswith("p") and c[1:].isdigit()]
     try:
         sampled = is_sampled(metadata)
-    except ValueError:
-        return [TraceFault(path, "temperature", f"{metadata.get('temperature')!r} is not a number")]
+    except ValueError as exc:
+        return [TraceFault(path, "temperature", str(exc))]
     if not sampled:
         if present:
             faults.append(TraceFault(path, present[0], "target-probability column in a greedy trace "
@@ -487,7 +514,14 @@ def check_target_prob_columns(df: pd.DataFrame, metadata: Mapping[str, str], pat
     extra = sorted(c for c in present if int(c[1:]) >= block)
     if extra:
         return [TraceFault(path, extra[0], f"target-probability column beyond block_size={block}")]
-    prob = df[cols].to_numpy(np.float64)
+    for name in cols:
+        col = df[name]
+        if not pd.api.types.is_float_dtype(col.dtype):
+            first = col.iat[0]
+            first = first.item() if isinstance(first, np.generic) else first
+            return [TraceFault(path, name, f"column of type {col.dtype} (e.g. {first!r}); store target "
+                               "probabilities as float32 in [0, 1]")]
+    prob = df[cols].to_numpy(np.float64, na_value=np.nan)
     bad = ~(np.isfinite(prob) & (prob >= 0) & (prob <= 1))
     for r, t in np.argwhere(bad)[:max_faults]:
         faults.append(TraceFault(path, f"p{t + 1}", f"target probability {float(prob[r, t])!r} is not a finite "

@@ -161,15 +161,18 @@ class SynthParams:
         """Read a parameter file written by :meth:`save` (or a bare JSON object of parameters).
 
         Raises:
-            SynthParamsError: missing/unreadable file or invalid parameters (names the file).
+            SynthParamsError: missing/unreadable file (a symlink loop too), JSON that
+                :func:`~dcut_sched.inputs.parse_json_strict` refuses (a key repeated in one object, a
+                number longer than 64 digits, nesting too deep) or invalid parameters (names the file).
         """
-        from ..inputs import InputFileError, read_json
+        from ..inputs import InputFileError, is_symlink_loop, read_json_strict
 
         p = Path(path)
-        if not p.exists():
+        if not p.exists() and not is_symlink_loop(p):
             raise SynthParamsError(f"{p}: no such parameter file")
-        try:
-            obj = read_json(p, "a JSON parameter file (as written by `dcut-trace fit --out`)")
+        try:  # NaN/Infinity parse, so that from_dict names the field holding them
+            obj = read_json_strict(p, "a JSON parameter file (as written by `dcut-trace fit --out`)",
+                                   allow_nonfinite=True)
         except InputFileError as exc:
             raise SynthParamsError(str(exc)) from None
         if not isinstance(obj, dict):

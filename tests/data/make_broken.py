@@ -3,6 +3,7 @@
 Each file is one hostile input of a class the CLIs must refuse with exit 2 and one line naming the
 file, flag or field; ``good.parquet`` / ``good-cost.json`` / ``good-prompts.jsonl`` are valid inputs
 the cases start from. Run from the repository root: ``PYTHONPATH=. python tests/data/make_broken.py``.
+A symlink loop cannot be committed portably: the test makes it in its temp folder.
 """
 
 from __future__ import annotations
@@ -88,6 +89,30 @@ def main() -> None:
     (OUT / "params-string.json").write_text('{"params": "fast"}\n')
     (OUT / "params-nan.json").write_text('{"params": {"block_size": 8, "separation": NaN}}\n')
     (OUT / "model-config-bad.json").write_text('{"model_type": "llama", "text_config": "big"}\n')
+    # sampled traces: p columns of the wrong type, a temperature that is not a finite number >= 0
+    sampled = {k.encode(): v.encode() for k, v in {**META, "temperature": "0.7"}.items()}
+
+    def with_p(values) -> pa.Table:
+        table = base
+        for t in range(1, B):
+            table = table.append_column(f"p{t}", pa.array(values))
+        return table
+
+    n_rows = base.num_rows
+    write("sampled_p_string.parquet", with_p(["0.5"] * n_rows), sampled)
+    write("sampled_p_bool.parquet", with_p([True] * n_rows), sampled)
+    good_p = with_p(np.full(n_rows, 0.5, np.float32))
+    for name, temp in (("inf", "inf"), ("1e400", "1e400"), ("nan", "nan")):
+        write(f"temperature_{name}.parquet", good_p, {**sampled, b"temperature": temp.encode()})
+    # JSON: a key given twice in one object (JSON keeps the last), a 5,000-digit number
+    cost_text = (OUT / "good-cost.json").read_text()
+    first = '"median_ms": 10.5'
+    assert first in cost_text
+    (OUT / "cost-duplicate-key.json").write_text(cost_text.replace(first, f'"median_ms": -5, {first}', 1))
+    (OUT / "cost-5000-digits.json").write_text(cost_text.replace('"context_len": 0', '"context_len": ' + "9" * 5000, 1))
+    (OUT / "params-duplicate-key.json").write_text('{"params": {"block_size": 8, "block_size": 4}}\n')
+    (OUT / "params-5000-digits.json").write_text('{"params": {"block_size": ' + "8" * 5000 + "}}\n")
+    (OUT / "prompts-5000-digits.jsonl").write_text('{"id": ' + "7" * 5000 + ', "category": "x", "prompt": "hi"}\n')
     print(f"wrote {len(list(OUT.iterdir()))} files to {OUT}")
 
 

@@ -82,6 +82,19 @@ def main() -> None:
     mutate("bad_indexing.parquet", "indexing", lambda df, m: m.update(indexing="token"))
     mutate("bad_source.parquet", "source", lambda df, m: m.update(source="imagined"))
     mutate("no_rows.parquet", "request_id", lambda df, m: df.iloc[0:0])
+
+    def sampled(p_values, temperature: str):
+        def fn(df, m):
+            m.update(temperature=temperature)
+            for t in range(1, 4):
+                df[f"p{t}"] = p_values
+        return fn
+
+    mutate("sampled_p_string.parquet", "p1", sampled("0.5", "0.7"))
+    mutate("sampled_p_bool.parquet", "p1", sampled(True, "0.7"))
+    mutate("temperature_inf.parquet", "temperature", sampled(np.float32(0.5), "inf"))
+    mutate("temperature_nan.parquet", "temperature", sampled(np.float32(0.5), "nan"))
+    mutate("temperature_negative.parquet", "temperature", sampled(np.float32(0.5), "-0.7"))
     (OUT / "expected.json").write_text(json.dumps(dict(sorted(expected.items())), indent=2) + "\n")
     print(f"wrote {len(expected)} broken traces to {OUT}")
 

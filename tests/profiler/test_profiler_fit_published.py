@@ -184,3 +184,33 @@ def test_fill_derives_a_smaller_block_size():
                                                              fit.efficiency, row.batch_size, 8, 1024)), abs=1e-4)
     assert b8.ar == fill_curve(base, shape, fit, batch_sizes=[4, 64]).ar  # the plain step does not depend on B
     assert b8.hardware["fit"]["derived_block_size"]["from"] == 16
+
+
+def test_cli_derives_a_smaller_block_size_from_a_curve_with_engine_rows(tmp_path, capsys):
+    """``dcut-profile --fit CURVE --block-size 8`` of a B16 curve with ``draft_first`` and
+    ``step_overhead`` rows: draft_first cells above bs * 8 tokens are dropped (and counted in
+    ``hardware.fit.derived_block_size``), the rest and every step_overhead row are kept."""
+    import json
+
+    from dcut_profiler.cli import main
+
+    doc = json.loads(SHIPPED.read_text())
+    doc["draft_first"] = [{"batch_size": bs, "num_tokens": k * bs, "median_ms": 1.0 + 0.1 * k * bs}
+                          for bs in (1, 2) for k in (1, 4, 8, 16)]
+    doc["step_overhead"] = [{"kind": kind, "batch_size": bs, "median_ms": 0.5}
+                            for kind in ("plain", "drafted") for bs in (1, 2)]
+    src = tmp_path / "b16.json"
+    src.write_text(json.dumps(doc))
+    before = src.read_bytes()
+    out = tmp_path / "b8.json"
+    assert main(["--analytic", "--device", "h20", "--fit", str(src), "--block-size", "8", "--out", str(out),
+                 "--quiet"]) == 0, capsys.readouterr().err
+    assert src.read_bytes() == before
+    b8 = CostCurve.load(out, check_hardware=False)
+    assert b8.block_size == 8
+    assert sorted((r.batch_size, r.num_tokens) for r in b8.draft_first) == [(1, 1), (1, 4), (1, 8),
+                                                                            (2, 2), (2, 8), (2, 16)]
+    assert len(b8.step_overhead) == 4
+    derived = b8.hardware["fit"]["derived_block_size"]
+    assert derived["from"] == 16 and derived["to"] == 8 and derived["dropped_draft_first_rows"] == 2
+    assert b8.draft_first_ms(2, 16) == pytest.approx(1.0 + 0.1 * 16)

@@ -126,4 +126,5 @@ def test_cli_builds_one_config(inputs, capsys, tmp_path):
     assert rc == 0, capsys.readouterr().err
     rc = cli.main(["--trace", trace, "--cost", cost, "--batch-sizes", "2", "--steps", "20", "--warmup", "2",
                    "--policies", "full", "--graph-tokens", "2,4,6", "--quiet"])
-    assert rc == 2 and "no captured cell" in capsys.readouterr().err
+    err = capsys.readouterr().err  # refused before any run, naming the flag and the range
+    assert rc == 2 and "--graph-tokens 2,4,6: at batch size 2 policy full can verify up to 8 tokens" in err, err
