@@ -25,8 +25,8 @@ from .errors import UsageError
 __all__ = ["check_paths", "finite_float", "int_at_least", "read_text_input", "same_file"]
 
 
-def int_at_least(minimum: int) -> "callable":
-    """An ``argparse`` type: an integer >= ``minimum``."""
+def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
+    """An ``argparse`` type: an integer >= ``minimum`` (and <= ``maximum``, a documented limit, when given)."""
 
     def parse(text: str) -> int:
         try:
@@ -35,9 +35,12 @@ def int_at_least(minimum: int) -> "callable":
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value:,} is above the limit {maximum:,} (docs/reliability.md); "
+                                             f"split the work into several runs")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
+    parse.__name__ = f"integer >= {minimum}" if maximum is None else f"integer in [{minimum}, {maximum}]"
     return parse
 
 
