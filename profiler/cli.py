@@ -451,9 +451,10 @@ def _main(argv: list[str], console) -> int:
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)
     model_file = args.model if args.model and os.path.exists(args.model) else None
-    check_paths({"--fit": args.fit, "--model": model_file,
-                 "--out's resumable partial": str(partial) if args.mode != "analytic" else None},
-                {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES)})
+    # the measured modes also write OUT.partial: it is an output like --out and --report
+    check_paths({"--fit": args.fit, "--model": model_file},
+                {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES),
+                 "--out's resumable partial": (str(partial) if args.mode != "analytic" else None, None)})
     check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
     if args.mode != "analytic":
         _check_partial(args, partial)
