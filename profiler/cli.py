@@ -82,6 +82,7 @@ def build_parser() -> CliParser:
             "  dcut-profile --analytic --device h20 --block-size 8 \\\n"
             "               --fit profiler/profiles/h20-qwen3-8b-published.json --out out/h20-b8.json  # B8 from B16\n"
             "  dcut-profile --cpu --model tiny --out out/tiny.json --resume      # continue an interrupted run\n"
+            "  dcut-profile --cpu --model tiny --out out/tiny.json --fresh       # start over, replacing OUT.partial\n"
             "cells per batch size: verification at num_tokens = bs, at the D-Cut buckets ceil(rho*bs*B)\n"
             "and at every multiple of --grid-step in [bs, bs*B]; the plain decode step (one token per\n"
             "request on the plain-decode path); the draft step. [gpu: X, cpu: Y] in an option's help\n"
@@ -138,7 +139,12 @@ def build_parser() -> CliParser:
                          "spin-wait on each other when cores are busy) (default: %(default)s)")
     ap.add_argument("--eager", action="store_true", help="gpu: time eager forwards instead of graph replays")
     ap.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the weights, inputs and cell order (default: %(default)s)")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT.partial of an interrupted run")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from OUT.partial of an interrupted run; a partial whose fields have the wrong "
+                         "types, or of other settings, is refused (exit 2) and left as it is")
+    ap.add_argument("--fresh", action="store_true",
+                    help="ignore an existing OUT.partial and replace it with this run's (the way out of a refused "
+                         "or unwanted partial)")
     ap.add_argument("--report", metavar="FILE", help="write the coarse-vs-dense interpolation error table "
                                                      "(.csv, .json or .parquet)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -346,8 +352,6 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
             raise UsageError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     partial = partial_path_for(args.out)
-    if partial.exists() and not args.resume:
-        raise UsageError(f"{partial} exists from an interrupted run; add --resume to continue it or delete it")
     dtype = getattr(torch, args.dtype)
     cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none",
                         ar=True)
@@ -370,7 +374,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
                       f"{args.rounds} round(s)")
     try:
         run = run_profile(timer, cells, warmups=args.warmups, repeats=args.repeats, rounds=args.rounds, seed=args.seed,
-                          partial_path=partial, settings=settings, resume=args.resume,
+                          partial_path=partial, settings=settings, resume=args.resume and not args.fresh,
                           progress=not args.no_progress, console=console)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: measured cells kept in {partial}; rerun with --resume[/]")
@@ -416,6 +420,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                    errors=(KeyError, CostCurveError, NoCudaError, PartialMismatch))
 
 
+def _check_partial(args: argparse.Namespace, partial) -> None:
+    """Before any work (model build, measurement): an existing ``OUT.partial`` needs ``--resume`` (it
+    is then strictly typed by :func:`dcut_profiler.harness.load_partial`, and a bad one refused and
+    kept byte-identical) or ``--fresh`` (ignored, replaced at the first write)."""
+    from .harness import load_partial
+
+    if args.resume and args.fresh:
+        raise UsageError("give --resume (continue OUT.partial) or --fresh (ignore and replace it), not both")
+    if not partial.exists() or args.fresh:
+        return
+    if not args.resume:
+        raise UsageError(f"{partial} exists from an interrupted run; add --resume to continue it, or --fresh to "
+                         f"ignore and replace it")
+    load_partial(partial)
+
+
 def _main(argv: list[str], console) -> int:
     args = build_parser().parse_args(argv)  # before the heavy imports: --help and usage errors stay fast
     if args.vllm:
@@ -431,10 +451,13 @@ def _main(argv: list[str], console) -> int:
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)
     model_file = args.model if args.model and os.path.exists(args.model) else None
-    check_paths({"--fit": args.fit, "--model": model_file,
-                 "--out's resumable partial": str(partial) if args.mode != "analytic" else None},
-                {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES)})
+    # the measured modes also write OUT.partial: it is an output like --out and --report
+    check_paths({"--fit": args.fit, "--model": model_file},
+                {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES),
+                 "--out's resumable partial": (str(partial) if args.mode != "analytic" else None, None)})
     check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
+    if args.mode != "analytic":
+        _check_partial(args, partial)
     shape, cfg, draft = _resolve(args)
     if args.mode == "analytic":
         curve, _ = _run_analytic(args, shape, draft, console)

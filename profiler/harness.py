@@ -32,8 +32,8 @@ from dcut_sched.atomic import atomic_write_text
 
 from .grid import Cell
 
-__all__ = ["EagerTimer", "NoCudaError", "PARTIAL_SCHEMA", "PartialMismatch", "ProfileRun", "is_oom", "partial_path_for",
-           "run_profile", "summarise"]
+__all__ = ["EagerTimer", "NoCudaError", "PARTIAL_SCHEMA", "PartialMismatch", "ProfileRun", "is_oom", "load_partial",
+           "partial_path_for", "run_profile", "summarise"]
 
 PARTIAL_SCHEMA = "dcut.profile-partial/1"
 
@@ -45,7 +45,8 @@ class NoCudaError(RuntimeError):
 
 
 class PartialMismatch(ValueError):
-    """``--resume`` found a partial file made with other settings (names the differing fields)."""
+    """``--resume`` found a partial file made with other settings (names the differing fields), or one
+    that is unreadable or has a field of the wrong type (names the file and the field)."""
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -140,19 +141,84 @@ def partial_path_for(out: str | Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
-def _load_partial(path: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
+#: The fix a refused partial names: ``--fresh`` ignores it and replaces it with a new measurement.
+PARTIAL_FIX = "fix the file or rerun with --fresh to ignore and replace it"
+
+_PARTIAL_MODEL = None
+
+
+def _partial_model():
+    """Strict pydantic model of the partial file :func:`_write_partial` writes (built on first use)."""
+    global _PARTIAL_MODEL
+    if _PARTIAL_MODEL is None:
+        from typing import Annotated, Literal
+
+        from pydantic import BaseModel, ConfigDict, Field
+
+        Sample = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+        class PartialProfile(BaseModel):
+            model_config = ConfigDict(strict=True, extra="forbid")
+            schema_: Literal[PARTIAL_SCHEMA] = Field(alias="schema")
+            settings: dict[str, Any]
+            samples_ms: dict[str, list[Sample]]
+            skipped: dict[str, str]
+            measure_seconds: float = Field(ge=0, allow_inf_nan=False)
+
+        _PARTIAL_MODEL = PartialProfile
+    return _PARTIAL_MODEL
+
+
+def load_partial(path: str | Path) -> dict[str, Any]:
+    """The partial file at ``path``, every field strictly typed, as a plain dict.
+
+    Contract: ``schema`` is :data:`PARTIAL_SCHEMA`; ``settings`` an object; ``samples_ms`` an object
+    of lists of positive finite numbers (booleans, strings, nulls, nested lists refused);
+    ``skipped`` an object of strings; ``measure_seconds`` a finite number >= 0; no other field. The
+    JSON itself is read by :func:`dcut_sched.inputs.parse_json_strict` (a repeated key, a
+    200-digit number or deep nesting refused). Reading never writes: a refused file is left
+    byte-identical.
+
+    Raises:
+        PartialMismatch: one line naming the file and the first bad field, and ``--fresh``.
+    """
+    from pydantic import ValidationError
+
+    from dcut_sched.inputs import InputFileError, parse_json_strict, read_text
+
+    path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PartialMismatch(f"partial file {path}: cannot read ({exc}); delete it or run without --resume") from None
-    if not isinstance(doc, dict) or doc.get("schema") != PARTIAL_SCHEMA:
-        raise PartialMismatch(f"partial file {path}: field 'schema': expected {PARTIAL_SCHEMA!r}")
-    old = doc.get("settings", {})
+        raw = parse_json_strict(read_text(path, "a dcut-profile partial file"), f"partial file {path}",
+                                allow_nonfinite=True)
+    except InputFileError as exc:
+        where = str(exc) if str(exc).startswith("partial file") else f"partial file {exc}"
+        raise PartialMismatch(f"{where}; {PARTIAL_FIX}") from None
+    try:
+        doc = _partial_model().model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        err = errors[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        if err["type"] == "missing":
+            what = "is missing"
+        elif err["type"] == "extra_forbidden":
+            what = "is not a field of a partial file"
+        else:
+            shown = repr(err.get("input"))
+            what = f"{err['msg']} (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
+        raise PartialMismatch(f"partial file {path}: field {loc}: {what}{more}; {PARTIAL_FIX}") from None
+    return doc.model_dump(by_alias=True)
+
+
+def _load_partial(path: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
+    doc = load_partial(path)
+    old = doc["settings"]
     diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     if diff:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff[:4])
         raise PartialMismatch(f"partial file {path}: made with other settings ({shown}); rerun with the same "
-                              f"options or delete it")
+                              f"options, or with --fresh to ignore and replace it")
     return doc
 
 
@@ -184,7 +250,8 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
         partial_path: where to keep progress (written atomically after each visit); ``None`` = nowhere.
         settings: what identifies the profile (model, backend, block size, ...); a resumed partial
             file must have been written with equal settings.
-        resume: continue from ``partial_path`` if it exists.
+        resume: continue from ``partial_path`` if it exists (typed by :func:`load_partial` first; a
+            refused file is not rewritten). Without it the partial file is replaced at the first write.
         progress: show a rich progress bar.
         on_visit: called after each visit with the cell and its samples so far (logging, tests).
 
@@ -192,7 +259,8 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
         :class:`ProfileRun`.
 
     Raises:
-        PartialMismatch: ``resume`` with a partial file of other settings or an unreadable one.
+        PartialMismatch: ``resume`` with a partial file of other settings, of a wrong type in any field,
+            or an unreadable one (raised before anything is measured or written).
         ValueError: ``repeats < 1``, ``warmups < 0`` or ``rounds`` outside ``[1, repeats]``.
     """
     if repeats < 1 or warmups < 0 or not 1 <= rounds <= repeats:
@@ -206,10 +274,10 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     run = ProfileRun()
     if resume and path is not None and path.exists():
         doc = _load_partial(path, settings)
-        for key, vals in doc.get("samples_ms", {}).items():
+        for key, vals in doc["samples_ms"].items():
             if key in samples:
-                samples[key] = [float(v) for v in vals][:repeats]
-        seconds = float(doc.get("measure_seconds", 0.0))
+                samples[key] = list(vals)[:repeats]
+        seconds = doc["measure_seconds"]
         run.resumed_cells = sum(1 for v in samples.values() if len(v) >= repeats)
     per_visit = -(-repeats // rounds)
     rng = np.random.default_rng(seed)

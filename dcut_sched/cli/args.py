@@ -32,8 +32,8 @@ __all__ = ["check_json_input", "check_paths", "finite_float", "int_at_least", "p
            "same_file", "short_value"]
 
 
-def int_at_least(minimum: int) -> "callable":
-    """An ``argparse`` type: an integer >= ``minimum``."""
+def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
+    """An ``argparse`` type: an integer >= ``minimum`` (and <= ``maximum``, a documented limit, when given)."""
 
     def parse(text: str) -> int:
         try:
@@ -42,9 +42,12 @@ def int_at_least(minimum: int) -> "callable":
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value:,} is above the limit {maximum:,} (docs/reliability.md); "
+                                             f"split the work into several runs")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
+    parse.__name__ = f"integer >= {minimum}" if maximum is None else f"integer in [{minimum}, {maximum}]"
     return parse
 
 

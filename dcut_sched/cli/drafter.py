@@ -85,7 +85,7 @@ def _train(args) -> int:
         load_prompt_records(args.eval_prompts)
     except PromptError as exc:
         raise UsageError(f"--eval-prompts: {exc}") from None
-    check_paths({"--eval-prompts": args.eval_prompts}, {"--out": (str(out / "config.json"), None)})
+    _check_train_outputs(args, out, work)
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = TrainSettings(seed=args.seed, steps=args.steps, num_layers=args.layers,
@@ -114,6 +114,22 @@ def _train(args) -> int:
         _plot_curve(out / "training_curve.png", state.history, state.evals)
     print(json.dumps({"out": str(out), "tau": report["tau"], "wall_seconds": round(wall, 1)}, indent=2))
     return 0
+
+
+#: What ``train`` writes into ``--out`` (the checkpoint, the curve, the report, the card, the plot).
+OUT_FILES = ("config.json", "model.safetensors", "training_curve.csv", "heldout.json", "README.md",
+             "training_curve.png")
+
+
+def _check_train_outputs(args, out: Path, work: Path) -> None:
+    """:func:`~dcut_sched.cli.args.check_paths` for every file ``train`` writes -- the drafter files in
+    ``--out`` and the data and checkpoint in ``--work-dir`` -- against the ``--eval-prompts`` input and
+    each other, before the target model is loaded."""
+    from ..drafters.train import DATA_NAME, STATE_NAME
+
+    outputs = {f"--out {name}": (str(out / name), None) for name in OUT_FILES}
+    outputs.update({f"--work-dir {name}": (str(work / name), None) for name in (DATA_NAME, STATE_NAME)})
+    check_paths({"--eval-prompts": args.eval_prompts}, outputs)
 
 
 def _check_out_folder(text: str) -> Path:

@@ -135,6 +135,22 @@ def _write_table(path: str, frame) -> None:
     write_table(frame, path)
 
 
+def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
+    """:func:`~dcut_sched.cli.args.check_paths` for ``--out``/``--steps``/``--trace`` against every input:
+    ``--prompts``, ``--cost`` (or the shipped default curve it falls back to) and the DFlash drafter's
+    ``config.json`` and weights (``--draft dflash:PATH``)."""
+    from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME
+    from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE
+
+    root = Path(__file__).resolve().parents[2]
+    cost = args.cost or str(root / DEFAULT_PROFILE_TEMPLATE.format(block_size=args.block_size))
+    drafter = ([str(draft_spec.path / CONFIG_NAME), str(draft_spec.path / WEIGHTS_NAME)]
+               if draft_spec.kind == "dflash" else None)
+    check_paths({"--prompts": args.prompts, "--cost": cost, "--draft": drafter},
+                {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
+                 "--trace": (args.trace, (".parquet",))})
+
+
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
     import torch
@@ -154,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         draft_spec = parse_draft_spec(args.draft)
     except ValueError as exc:
         raise UsageError(f"--draft {exc}") from None
+    _check_outputs(args, draft_spec)  # before any file is loaded: no output may be an input
     dflash = None
     if draft_spec.kind == "dflash":
         try:
@@ -171,9 +188,6 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and not sampling.is_greedy and args.policy != "full":
         raise UsageError(f"--trace at --temperature {args.temperature:g} records the target's probability of every "
                          f"draft token, so every slot must be verified: use --policy full (not {args.policy})")
-    check_paths({"--prompts": args.prompts, "--cost": args.cost},
-                {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
-                 "--trace": (args.trace, (".parquet",))})
     check_json_input(args.cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     params: dict[str, Any] = {}
     for key, value in args.param:

@@ -8,6 +8,8 @@ Run ``dcut-sim --help``; docs/simulator.md has the details. Exit status: 0 on su
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,7 +18,16 @@ from .args import check_json_input, check_paths, finite_float, int_at_least, par
 from .errors import CliParser, UsageError, run_cli
 from .graph_tokens import check_graph_tokens
 
+DEFAULT_SCHEDULER_TIMEOUT_S = 10.0  # dcut_sched.simulator.sweep.DEFAULT_SCHEDULER_TIMEOUT_S (not imported: --help stays light)
+
 PROG = "dcut-sim"
+
+#: Documented limits of the work-size flags (docs/reliability.md), enforced at parse time. Each keeps
+#: one invocation within hours on a 2-core machine at the default policies and batch sizes; the
+#: size and an estimate are printed before the work starts, so a larger product shows up front.
+MAX_SEEDS = 1_000
+MAX_STEPS = 1_000_000
+MAX_REQUESTS = 100_000
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
@@ -99,9 +110,10 @@ def build_parser() -> CliParser:
                    help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
                         "arrivals with continuous batching, latency percentiles (default: %(default)s)")
     g.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the request order and arrivals (default: %(default)s)")
-    g.add_argument("--seeds", type=int, default=1, metavar="N",
+    g.add_argument("--seeds", type=int_at_least(1, MAX_SEEDS), default=1, metavar="N",
                    help="run seeds SEED..SEED+N-1 and report the mean and spread (std, min-max) over them; on a "
-                        "sampled trace each seed also redraws the acceptance from p1..p{B-1} (default: %(default)s)")
+                        "sampled trace each seed also redraws the acceptance from p1..p{B-1}; at most "
+                        f"{MAX_SEEDS:,} (default: %(default)s)")
     g.add_argument("--no-shuffle", action="store_true", help="admit requests in the trace's order instead of a seeded shuffle")
     g.add_argument("--overhead-ms", type=finite_float(0.0), default=0.0,
                    help="fixed controller overhead added to every drafted step, ms (default: %(default)s)")
@@ -114,10 +126,10 @@ def build_parser() -> CliParser:
                         "fine only chooses among them and each drafted step is charged at the smallest captured "
                         "count >= its budget, as the controller with a VerifyGraphBank (default: every budget)")
     g = p.add_argument_group("closed loop")
-    g.add_argument("--steps", type=int_at_least(1), default=None,
-                   help=f"engine steps per (trace, policy, batch size), warm-up included (default: "
-                        f"{defaults.DEFAULT_NUM_STEPS} for one trace, {defaults.DEFAULT_BENCHMARK_STEPS} per benchmark "
-                        "for several)")
+    g.add_argument("--steps", type=int_at_least(1, MAX_STEPS), default=None,
+                   help=f"engine steps per (trace, policy, batch size), warm-up included; at most {MAX_STEPS:,} "
+                        f"(default: {defaults.DEFAULT_NUM_STEPS} for one trace, {defaults.DEFAULT_BENCHMARK_STEPS} per "
+                        "benchmark for several)")
     g.add_argument("--warmup", type=int_at_least(0), default=None,
                    help=f"leading steps left out of the figures (default: {defaults.DEFAULT_WARMUP_STEPS} for one "
                         f"trace, {defaults.DEFAULT_BENCHMARK_WARMUP_STEPS} per benchmark for several)")
@@ -125,7 +137,8 @@ def build_parser() -> CliParser:
     g.add_argument("--rate", type=finite_float(0.0, open_low=True), default=None, metavar="RPS",
                    help="arrival rate, requests/s (default: --load times the ar capacity at each max batch size)")
     g.add_argument("--load", type=finite_float(0.0, open_low=True), default=0.7, help="arrival rate as a fraction of ar capacity (default: %(default)s)")
-    g.add_argument("--requests", type=int_at_least(1), default=400, help="arrivals per run (default: %(default)s)")
+    g.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=400,
+                   help=f"arrivals per run; at most {MAX_REQUESTS:,} (default: %(default)s)")
     g.add_argument("--prompt-len", type=int_at_least(1), default=None,
                    help="prefill k admitted requests at C_verify(k, k*PROMPT_LEN) (default: prefill is free)")
     g.add_argument("--prefill-ms", type=finite_float(0.0), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
@@ -151,6 +164,10 @@ def build_parser() -> CliParser:
     g.add_argument("--scheduler-address", metavar="ADDR",
                    help="Dask scheduler address for --scheduler dask, e.g. tcp://10.0.0.5:8786; the workers "
                         "must import dcut_sched and see the --trace/--cost paths")
+    g.add_argument("--scheduler-timeout", type=finite_float(0.0, open_low=True), default=None, metavar="SECONDS",
+                   help="the most seconds to wait for the Dask scheduler to connect and answer; an address where "
+                        "nothing answers (or another kind of server) is an error naming it, exit 2 (default: "
+                        f"{DEFAULT_SCHEDULER_TIMEOUT_S:g})")
     return p
 
 
@@ -336,14 +353,67 @@ def _run_selection_curve(args, console) -> None:
            PLOT_SUFFIXES else f"selection curve plot at bs {args.selection_bs}")
 
 
+class _Work:
+    """The size of a simulation, printed before it starts; an estimate, printed after its first
+    unit of work finishes (that unit's time x the rounds of ``parallel`` units); progress while it
+    runs (:class:`~dcut_sched.progress.RunProgress` on stderr: a bar on a terminal, a line every
+    ``DCUT_PROGRESS_INTERVAL_S`` seconds elsewhere). Nothing with ``--quiet``.
+
+    Args:
+        args: the parsed flags (``--mode``, ``--steps``, ``--requests``, ``--quiet``).
+        total: units of work (runs, or sweep jobs).
+        unit: their name, plural (``"runs"``, ``"jobs"``).
+        what: how ``total`` is made up, e.g. ``"3 seeds x 10 runs (5 policies x 2 batch sizes)"``.
+        parallel: units that run at once (sweep workers); 1 for one process.
+    """
+
+    def __init__(self, args, *, total: int, unit: str, what: str, parallel: int = 1):
+        from ..progress import RunProgress
+
+        self.total, self.unit, self.parallel = total, unit, max(1, min(parallel, total))
+        per = f"{args.steps:,} steps" if args.mode == "closed" else f"{args.requests:,} arrivals"
+        self.size = f"{PROG}: size: {what} = {total:,} {unit}, {per} per run"
+        self.progress = RunProgress(f"{PROG}", total, unit, enabled=not args.quiet)
+        self._estimated = False
+
+    def __enter__(self) -> "_Work":
+        self.progress.__enter__()
+        self.progress.note(self.size)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def done(self, completed: int, detail: str = "") -> None:
+        """``completed`` units of ``total`` are finished; the first call also prints the estimate."""
+        from ..progress import format_duration
+
+        self.progress.update(completed=completed, detail=detail)
+        if self._estimated or completed < 1:
+            return
+        self._estimated = True
+        each = self.progress.elapsed_s / completed
+        whole = each * -(-self.total // self.parallel)
+        took = f"{each:.2f} s" if each < 60 else format_duration(each)
+        at_once = f" with {self.parallel} at a time" if self.parallel > 1 else ""
+        self.progress.note(f"{PROG}: estimate: the first {self.unit[:-1]} took {took}; all {self.total:,}{at_once} "
+                           f"~{format_duration(whole)} (extrapolated)")
+
+
+def _num_runs(config) -> tuple[int, int]:
+    """(policies, runs) of one :func:`~dcut_sched.simulator.simulate` call: ``ar`` included, x batch sizes."""
+    from ..simulator.simulate import resolve_policies
+
+    policies = len(resolve_policies(config.policies, config.policy_params))
+    return policies, policies * len(config.batch_sizes)
+
+
 def _run_seeds(args, console) -> None:
     """``--seeds N``: one trace and curve, N seeds; the table shows mean, std and range of the speedup."""
     from rich.table import Table
 
-    from ..simulator import seed_spread, simulate, write_frame
+    from ..simulator import check_simulation, seed_spread, simulate, write_frame
 
-    if args.seeds < 1:
-        raise UsageError(f"--seeds {args.seeds} must be >= 1")
     if args.sweep or args.plot or (args.trace and len(args.trace) > 1) or (args.cost and len(args.cost) > 1):
         raise UsageError("--seeds runs one --trace and one --cost (no --sweep, no --plot)")
     d = _defaults()
@@ -356,7 +426,17 @@ def _run_seeds(args, console) -> None:
     check_json_input(cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     config = _sim_config(args, num_steps=steps, warmup_steps=warmup,
                          policies=None if args.policies == ["all"] else args.policies, costs=[cost])
-    frames = [simulate(trace, cost, config.replace(seed=seed)) for seed in range(args.seed, args.seed + args.seeds)]
+    check_simulation(trace, cost, config)  # bad input is refused before the size line and any run
+    args.steps = steps
+    policies, runs = _num_runs(config)
+    frames = []
+    with _Work(args, total=args.seeds * runs, unit="runs",
+               what=f"{args.seeds:,} seeds x {policies} policies x {len(config.batch_sizes)} batch sizes") as work:
+        for n, seed in enumerate(range(args.seed, args.seed + args.seeds)):
+            def on_run(done: int, _total: int, label: str, n=n, seed=seed) -> None:
+                work.done(n * runs + done, f"seed {seed}: {label}")
+
+            frames.append(simulate(trace, cost, config.replace(seed=seed), on_run=on_run))
     import pandas as pd
 
     df = pd.concat(frames, ignore_index=True)
@@ -450,27 +530,43 @@ def _run(args, console) -> None:
     if args.scheduler_address and args.scheduler != "dask":
         raise UsageError("--scheduler-address is for --scheduler dask")
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    if args.scheduler_timeout is not None and args.scheduler != "dask":
+        raise UsageError("--scheduler-timeout is for --scheduler dask")
+    from ..simulator import check_simulation
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, transient=True, disable=args.quiet)
-    with progress:
-        task = progress.add_task("simulating", total=None)
+    # Bad input is refused before the size line and any run.
+    for trace, cost in itertools.product(traces, costs if args.sweep else costs[:1]):
+        check_simulation(trace, cost, config)
+    policies, runs = _num_runs(config)
+    per_sim = f"{policies} policies x {len(config.batch_sizes)} batch sizes"
+    if args.sweep:
+        import os
+
+        cells = len(traces) * len(costs) * len(config.batch_sizes)
+        parallel = 1 if args.scheduler == "dask" else (args.jobs or os.cpu_count() or 1)
+        work = _Work(args, total=cells, unit="jobs", parallel=parallel,
+                     what=f"{cells} jobs ({len(traces)} traces x {len(costs)} costs x {len(config.batch_sizes)} "
+                          f"batch sizes) of {policies} policies each")
+    else:
+        work = _Work(args, total=len(traces) * runs, unit="runs",
+                     what=f"{len(traces)} traces x {per_sim}" if benchmarks else per_sim)
+    with contextlib.ExitStack() as stack:
+        executor = None
+        if args.scheduler == "dask":  # connected (or refused, within --scheduler-timeout) before the size line
+            from ..simulator import dask_executor
+
+            timeout = args.scheduler_timeout if args.scheduler_timeout is not None else DEFAULT_SCHEDULER_TIMEOUT_S
+            executor = stack.enter_context(dask_executor(args.scheduler_address, timeout_s=timeout))
+        stack.enter_context(work)
 
         def on_run(done: int, total: int, label: str) -> None:
-            progress.update(task, completed=done, total=total, description=f"simulating {label}")
+            work.done(done, label)
 
         if args.sweep:
             def on_job(done: int, total: int) -> None:
-                progress.update(task, completed=done, total=total)
+                work.done(done)
 
-            if args.scheduler == "dask":
-                from ..simulator import dask_executor
-
-                with dask_executor(args.scheduler_address) as executor:
-                    df = sweep(traces, costs, config.batch_sizes, config, executor=executor, on_job=on_job)
-            else:
-                df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, on_job=on_job)
+            df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, executor=executor, on_job=on_job)
         elif benchmarks:
             df = simulate_benchmarks(traces, costs[0], config, on_run=on_run)
         else:

@@ -139,9 +139,11 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from dcut_sched.traces.prompts import PromptError, load_prompt_records
     from dcut_sched.sampling import SamplingParams
     from dcut_sched.engine.trace_backends import HFBackend, NativeBackend
-    from dcut_sched.traces.record import RecordError, record_trace
+    from dcut_sched.traces.record import RecordError, partial_path, record_trace
 
-    check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES)})
+    # the resumable OUT.partial.parquet is written too: neither it nor --out may be an input
+    check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES),
+                                              "--out's resumable partial": (partial_path(args.out), None)})
     try:
         sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     except ValueError as exc:

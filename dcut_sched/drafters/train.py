@@ -35,6 +35,10 @@ from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
 
 __all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "train_step", "run_training"]
 
+#: Files of ``run_training``'s ``work_dir``: the generated data and the resumable checkpoint.
+DATA_NAME = "data.pt"
+STATE_NAME = "state.pt"
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -233,7 +237,7 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                                   block_size=max(settings.block_sizes),
                                   num_target_features=settings.num_target_features,
                                   draft_vocab_size=settings.draft_vocab_size)
-    data_path = work_dir / "data.pt"
+    data_path = work_dir / DATA_NAME
     data_key = {k: v for k, v in settings.to_json().items()
                 if k in ("seed", "num_generated_prompts", "max_new_tokens", "temperature", "num_target_features",
                          "max_train_prompts", "max_eval_prompts")}
@@ -275,7 +279,7 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
 
     embed = target.embed_tokens.weight.detach()
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
-    state_path = work_dir / "state.pt"
+    state_path = work_dir / STATE_NAME
     model = DFlashDraftModel.random_init(cfg, seed=settings.seed)
     if cfg.draft_vocab_size is not None:
         counts = token_counts(train_seqs, cfg.vocab_size)

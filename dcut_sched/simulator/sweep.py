@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import math
 import os
 import signal
+import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -49,34 +51,86 @@ def _worker_ignores_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+#: Default of ``dask_executor(timeout_s=...)`` and ``dcut-sim --scheduler-timeout``, seconds.
+DEFAULT_SCHEDULER_TIMEOUT_S = 10.0
+
+
+def _connect_client(address: str, timeout_s: float):
+    """``distributed.Client(address)`` under a hard deadline of ``timeout_s`` seconds.
+
+    ``Client(timeout=...)`` bounds the TCP connect but not the handshake that follows: an address
+    that accepts connections and never answers (a listening socket, an HTTP server) blocks the
+    constructor without end. The constructor therefore runs in a daemon thread and this call waits
+    for it at most ``timeout_s``; a client that connects after the deadline is closed by its thread.
+
+    Raises:
+        ValueError: no scheduler answered in time, or the connection failed (the cause is named).
+    """
+    from distributed import Client
+
+    box: dict[str, Any] = {}
+    done, abandoned = threading.Event(), threading.Event()
+
+    def connect() -> None:
+        try:
+            client = Client(address, timeout=timeout_s, set_as_default=False)
+        except Exception as exc:  # reported by the waiting thread
+            box["error"] = exc
+        else:
+            box["client"] = client
+            if abandoned.is_set():
+                client.close()
+        finally:
+            done.set()
+
+    threading.Thread(target=connect, name="dcut-dask-connect", daemon=True).start()
+    answered = done.wait(timeout_s)
+    if not answered:
+        abandoned.set()
+        if done.is_set() and "client" in box:  # connected in the instant between wait and set
+            box["client"].close()
+    fix = "check the address, or allow longer with --scheduler-timeout SECONDS"
+    if not answered:
+        raise ValueError(f"no Dask scheduler answered at {address!r} within {timeout_s:g} s "
+                         f"(--scheduler-timeout); {fix}")
+    if "error" in box:
+        cause = " ".join(str(box["error"]).split())[:200] or type(box["error"]).__name__
+        raise ValueError(f"no Dask scheduler answered at {address!r} within {timeout_s:g} s "
+                         f"(--scheduler-timeout) ({cause}); {fix}")
+    return box["client"]
+
+
 @contextlib.contextmanager
-def dask_executor(address: str, *, timeout_s: float = 30.0) -> Iterator[Executor]:
+def dask_executor(address: str, *, timeout_s: float = DEFAULT_SCHEDULER_TIMEOUT_S) -> Iterator[Executor]:
     """A :class:`concurrent.futures.Executor` on the Dask cluster at ``address``, for :func:`sweep`.
 
     Args:
         address: the scheduler address, e.g. ``tcp://10.0.0.5:8786`` (``distributed.LocalCluster``'s
             ``scheduler_address`` in tests).
-        timeout_s: how long to wait for the scheduler, seconds.
+        timeout_s: the most seconds to wait for the scheduler to connect and answer; finite and > 0.
+            The wait is bounded whatever listens at ``address`` (nothing, a socket that never
+            answers, another protocol's server).
 
     Yields:
         ``distributed.Client(address).get_executor()``; the client is closed on exit (the cluster
         keeps running: it is not ours).
 
     Raises:
-        ValueError: ``distributed`` is not installed (``pip install 'dcut-sched[cluster]'``), or no
-            scheduler answered at ``address`` within ``timeout_s``.
+        ValueError: ``timeout_s`` is not a finite positive number, ``distributed`` is not installed
+            (``pip install 'dcut-sched[cluster]'``), or no scheduler answered at ``address`` within
+            ``timeout_s`` (the message names the address and ``--scheduler-timeout``).
     """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+            math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s={timeout_s!r}: give a finite number of seconds > 0")
     try:
-        from distributed import Client
+        import distributed  # noqa: F401
     except ImportError:
         raise ValueError(
             "--scheduler dask needs the 'distributed' package: pip install 'dcut-sched[cluster]' "
             "(or pip install distributed)"
         ) from None
-    try:
-        client = Client(address, timeout=f"{timeout_s}s")
-    except (OSError, TimeoutError) as exc:
-        raise ValueError(f"no Dask scheduler answered at {address!r} within {timeout_s:g} s ({exc})") from None
+    client = _connect_client(address, float(timeout_s))
     try:
         yield client.get_executor()
     finally:
