@@ -147,7 +147,10 @@ def build_parser() -> CliParser:
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", action="store_true",
                    help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
-    g.add_argument("--jobs", type=int_at_least(1), default=None, help="worker processes for --sweep (default: CPU count)")
+    g.add_argument("--jobs", type=int_at_least(1), default=None,
+                   help="worker processes for the independent (trace, policy, batch size) runs of the main job, "
+                        "--trace runs, --seeds and --sweep; rows are identical for any value (default: the usable "
+                        "cores; 1 runs everything in this process)")
     g.add_argument("--scheduler", choices=("local", "dask"), default="local",
                    help="where --sweep runs: local worker processes, or a Dask cluster (needs "
                         "--scheduler-address and the 'distributed' package) (default: %(default)s)")
@@ -358,7 +361,8 @@ def _run_seeds(args, console) -> None:
     warmup = args.warmup if args.warmup is not None else min(d.DEFAULT_WARMUP_STEPS, max(steps - 1, 0))
     config = _sim_config(args, num_steps=steps, warmup_steps=warmup,
                          policies=None if args.policies == ["all"] else args.policies)
-    frames = [simulate(trace, cost, config.replace(seed=seed)) for seed in range(args.seed, args.seed + args.seeds)]
+    frames = [simulate(trace, cost, config.replace(seed=seed), jobs=_jobs(args))
+              for seed in range(args.seed, args.seed + args.seeds)]
     import pandas as pd
 
     df = pd.concat(frames, ignore_index=True)
@@ -402,6 +406,13 @@ def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] 
         rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
         prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
     )
+
+
+def _jobs(args) -> int:
+    """``--jobs``, or the usable cores when it is not given."""
+    from ..simulator.parallel import usable_cores
+
+    return args.jobs if args.jobs is not None else usable_cores()
 
 
 def _defaults():
@@ -469,9 +480,9 @@ def _run(args, console) -> None:
             else:
                 df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, on_job=on_job)
         elif benchmarks:
-            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run)
+            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run, jobs=_jobs(args))
         else:
-            df = simulate(traces[0], costs[0], config, on_run=on_run)
+            df = simulate(traces[0], costs[0], config, on_run=on_run, jobs=_jobs(args))
     if benchmarks:
         if not args.quiet:
             _render_benchmarks(df, console, args, costs[0])
