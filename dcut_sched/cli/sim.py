@@ -157,7 +157,10 @@ def build_parser() -> CliParser:
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", action="store_true",
                    help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
-    g.add_argument("--jobs", type=int_at_least(1), default=None, help="worker processes for --sweep (default: CPU count)")
+    g.add_argument("--jobs", type=int_at_least(1), default=None,
+                   help="worker processes for the independent (trace, policy, batch size) runs of the main job, "
+                        "--trace runs, --seeds and --sweep; rows are identical for any value (default: the usable "
+                        "cores; 1 runs everything in this process)")
     g.add_argument("--scheduler", choices=("local", "dask"), default="local",
                    help="where --sweep runs: local worker processes, or a Dask cluster (needs "
                         "--scheduler-address and the 'distributed' package) (default: %(default)s)")
@@ -436,7 +439,7 @@ def _run_seeds(args, console) -> None:
             def on_run(done: int, _total: int, label: str, n=n, seed=seed) -> None:
                 work.done(n * runs + done, f"seed {seed}: {label}")
 
-            frames.append(simulate(trace, cost, config.replace(seed=seed), on_run=on_run))
+            frames.append(simulate(trace, cost, config.replace(seed=seed), on_run=on_run, jobs=_jobs(args)))
     import pandas as pd
 
     df = pd.concat(frames, ignore_index=True)
@@ -485,6 +488,13 @@ def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] 
         for cost in costs:
             check_graph_tokens(config, cost)
     return config
+
+
+def _jobs(args) -> int:
+    """``--jobs``, or the usable cores when it is not given."""
+    from ..simulator.parallel import usable_cores
+
+    return args.jobs if args.jobs is not None else usable_cores()
 
 
 def _defaults():
@@ -568,16 +578,14 @@ def _run(args, console) -> None:
 
             df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, executor=executor, on_job=on_job)
         elif benchmarks:
-            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run)
+            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run, jobs=_jobs(args))
         else:
-            df = simulate(traces[0], costs[0], config, on_run=on_run)
+            df = simulate(traces[0], costs[0], config, on_run=on_run, jobs=_jobs(args))
     if benchmarks:
         if not args.quiet:
             _render_benchmarks(df, console, args, costs[0])
             if args.mode == "open":
                 _render_open_benchmarks(df, console, len(traces))
-        from ..atomic import all_or_none
-
         with all_or_none():  # --out and --plot appear together or not at all
             if args.out:
                 write_frame(df, args.out)

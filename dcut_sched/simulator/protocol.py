@@ -21,7 +21,8 @@ from scipy.stats import gmean
 from ..cost_curve import CostCurve
 from ..traces import Trace
 from .config import SimConfig
-from .simulate import _load, check_simulation, sim_config, simulate
+from .parallel import run_cells
+from .simulate import _prepare, result_frame, run_tasks, sim_config
 
 __all__ = ["benchmark_table", "simulate_benchmarks"]
 
@@ -36,6 +37,7 @@ def simulate_benchmarks(
     config: SimConfig | None = None,
     *,
     on_run: Callable[[int, int, str], None] | None = None,
+    jobs: int = 1,
     **options: Any,
 ) -> pd.DataFrame:
     """:func:`simulate` on each trace with the same cost curve and options; one row per (trace, policy, bs).
@@ -45,6 +47,8 @@ def simulate_benchmarks(
         cost: one cost curve for all of them.
         config: the options (:class:`~.config.SimConfig`), the same for every trace.
         on_run: progress, called as ``on_run(done, total, label)`` over all traces' runs.
+        jobs: worker processes shared by every trace's runs (:func:`~.parallel.run_cells`); the
+            rows are the same for every ``jobs``.
         **options: SimConfig fields (policies, batch_sizes, num_steps, seed, ...), applied over ``config``.
 
     Returns:
@@ -57,27 +61,34 @@ def simulate_benchmarks(
     if not traces:
         raise ValueError("no traces given")
     config = sim_config(config, **options)
-    loaded = []
-    for t in traces:
-        trace, cost = _load(t, cost)
-        check_simulation(trace, cost, config)
-        loaded.append(trace)
+    prepared = []
+    for t in traces:  # every input loaded and checked before any run; the curve loaded once
+        trace, cost, runs = _prepare(t, cost, config)
+        prepared.append((trace, cost, runs))
+    loaded = [trace for trace, _, _ in prepared]
     names = [_benchmark_name(t) for t in loaded]
     if len(set(names)) != len(names):
         names = [t.name for t in loaded]
-    frames = []
-    per_trace = None
-    for n, (trace, name) in enumerate(zip(loaded, names)):
-        def progress(done: int, total: int, label: str, n=n, name=name) -> None:
-            if on_run is not None:
-                on_run(n * total + done, len(loaded) * total, f"{name}: {label}")
+    per_trace = [run_tasks(trace, curve, config, runs) for trace, curve, runs in prepared]
+    tasks = [(i, *t) for i, ts in enumerate(per_trace) for t in ts]
+    total = len(tasks)
 
-        df = simulate(trace, cost, config, on_run=progress)
-        per_trace = df.attrs
+    def progress(done: int, n: int) -> None:
+        if on_run is not None:
+            i, label, _, bs, _ = tasks[n]
+            on_run(done, total, f"{names[i]}: {label} bs={bs}")
+
+    rows = run_cells([(trace, curve, config) for trace, curve, _ in prepared], tasks, jobs, progress)
+    frames = []
+    start = 0
+    for (trace, curve, _), ts, name in zip(prepared, per_trace, names):
+        df = result_frame(rows[start:start + len(ts)], trace, curve, config)
+        start += len(ts)
+        per_trace_attrs = df.attrs
         df.insert(0, "benchmark", name)
         frames.append(df)
     out = pd.concat(frames, ignore_index=True)
-    out.attrs.update(dict(per_trace or {}))
+    out.attrs.update(dict(per_trace_attrs))
     out.attrs.update({
         "benchmarks": names,
         "trace": ", ".join(str(f["trace"].iat[0]) for f in frames),

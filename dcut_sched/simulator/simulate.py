@@ -13,13 +13,14 @@ from ..policies import Policy
 from ..traces import Trace, TraceError, check_trace_columns
 from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, SimulationError
 from .loop import run_closed_loop, run_open_loop
+from .parallel import run_cells
 from .replay import output_lengths
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row, open_loop_row
 from ..step_costs import StepCosts, step_costs
 
 __all__ = [
     "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
-    "default_rate_rps", "resolve_policies", "simulate",
+    "default_rate_rps", "resolve_policies", "result_frame", "run_one", "run_tasks", "simulate",
 ]
 
 #: A policy given by name, as an instance, or as ``(name, params)``.
@@ -185,6 +186,7 @@ def simulate(
     config: SimConfig | None = None,
     *,
     on_run: Callable[[int, int, str], None] | None = None,
+    jobs: int = 1,
     **options: Any,
 ) -> pd.DataFrame:
     """Replay ``trace`` with ``cost`` once per (policy, batch size); one result row each.
@@ -198,6 +200,8 @@ def simulate(
         cost: a :class:`CostCurve` or a cost-curve JSON path; its block size must equal the trace's.
         config: the options, a :class:`~.config.SimConfig` (validated when built).
         on_run: called as ``on_run(done, total, label)`` after each run (progress bars).
+        jobs: worker processes for the independent runs (1: this process; :func:`~.parallel.run_cells`).
+            The rows are the same for every ``jobs``.
         **options: SimConfig fields (``policies``, ``policy_params``, ``batch_sizes``, ``mode``,
             ``num_steps``, ``warmup_steps``, ``seed``, ``shuffle``, ``overhead_ms``, ``draft_scale``,
             ``calibrator``, ``graph_token_counts``, ``rate_rps``, ``load``, ``num_requests``,
@@ -219,32 +223,55 @@ def simulate(
     """
     config = sim_config(config, **options)
     trace, cost, runs = _prepare(trace, cost, config)
-    mode = config.mode
-    batch_sizes = list(config.batch_sizes)
-    rows = []
-    total = len(runs) * len(batch_sizes)
-    done = 0
-    for bs in batch_sizes:
-        rate = config.rate_rps if config.rate_rps is not None else (
-            default_rate_rps(trace, cost, bs, config.load) if mode == "open" else None)
-        for label, policy in runs:
-            try:
-                if mode == "closed":
-                    run = run_closed_loop(trace, cost, policy, bs, config, label=label)
-                    rows.append(closed_loop_row(run))
-                else:
-                    run = run_open_loop(trace, cost, policy, bs, config, rate_rps=rate, label=label)
-                    rows.append(open_loop_row(run, config.slo_tpot_ms))
-            except CostCurveRangeError as exc:
-                raise SimulationError(f"policy {label!r} at batch size {bs}: {exc}") from None
-            except ValueError as exc:
-                if config.graph_token_counts is None or "no captured cell" not in str(exc):
-                    raise
-                raise SimulationError(f"policy {label!r} at batch size {bs}: {exc} (graph_token_counts)") from None
-            done += 1
-            if on_run is not None:
-                on_run(done, total, f"{label} bs={bs}")
+    tasks = run_tasks(trace, cost, config, runs)
+    total = len(tasks)
 
+    def progress(done: int, n: int) -> None:
+        if on_run is not None:
+            label, _, bs, _ = tasks[n]
+            on_run(done, total, f"{label} bs={bs}")
+
+    rows = run_cells([(trace, cost, config)], [(0, *t) for t in tasks], jobs, progress)
+    return result_frame(rows, trace, cost, config)
+
+
+def run_tasks(trace: Trace, cost: CostCurve, config: SimConfig,
+              runs: list[tuple[str, Policy]]) -> list[tuple[str, Policy, int, float | None]]:
+    """The independent runs of :func:`simulate`, in its row order: ``(label, policy, bs, rate_rps)``
+    for each batch size, then each policy (``rate_rps`` None in closed loop)."""
+    tasks = []
+    for bs in config.batch_sizes:
+        rate = config.rate_rps if config.rate_rps is not None else (
+            default_rate_rps(trace, cost, bs, config.load) if config.mode == "open" else None)
+        tasks += [(label, policy, int(bs), rate) for label, policy in runs]
+    return tasks
+
+
+def run_one(trace: Trace, cost: CostCurve, config: SimConfig, label: str, policy: Policy, bs: int,
+            rate: float | None) -> dict:
+    """One (policy, batch size) run of :func:`simulate`: its result row (before speedups).
+
+    Raises:
+        SimulationError: a budget outside the cost curve or no captured graph cell for it, naming
+            the policy and the batch size.
+    """
+    try:
+        if config.mode == "closed":
+            return closed_loop_row(run_closed_loop(trace, cost, policy, bs, config, label=label))
+        run = run_open_loop(trace, cost, policy, bs, config, rate_rps=rate, label=label)
+        return open_loop_row(run, config.slo_tpot_ms)
+    except CostCurveRangeError as exc:
+        raise SimulationError(f"policy {label!r} at batch size {bs}: {exc}") from None
+    except ValueError as exc:
+        if config.graph_token_counts is None or "no captured cell" not in str(exc):
+            raise
+        raise SimulationError(f"policy {label!r} at batch size {bs}: {exc} (graph_token_counts)") from None
+
+
+def result_frame(rows: list[dict], trace: Trace, cost: CostCurve, config: SimConfig) -> pd.DataFrame:
+    """:func:`simulate`'s DataFrame from its run rows (in :func:`run_tasks` order): run details,
+    speedups over ``ar`` at each batch size, the documented column order and ``attrs``."""
+    mode = config.mode
     seed, draft_scale = config.seed, config.draft_scale
     prompt_len, prefill_ms = config.prompt_len, config.prefill_ms
     df = pd.DataFrame(rows)
