@@ -8,12 +8,13 @@ fire before), so the module costs seconds, not minutes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python, vllm_available
+from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python
+
+from .test_vllm_engine import _require_vllm
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,6 @@ register_kernels({EXPAND_KERNEL: expand_kernel})  # what every later engine's wo
 out["kernel"] = type(rs.expand_kernel).__name__
 print("RESULT " + json.dumps(out))
 """
-
-
-def _require_vllm() -> None:
-    ok, reason = vllm_available()
-    if not ok:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the vLLM tests: {reason}")
-        pytest.skip(reason)
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
