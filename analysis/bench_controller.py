@@ -37,7 +37,7 @@ from dcut_sched import CostCurve, RatioController  # noqa: E402
 from dcut_sched.tables import write_table  # noqa: E402
 
 B = 16
-H20_CURVE = Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
+H20_CURVE = Path(__file__).resolve().parents[1] / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
 
 
 def h20_curve() -> CostCurve:
@@ -135,8 +135,9 @@ def main(argv=None) -> int:
                 for calibrate in (False, True):
                     rows.append(bench(curve, policy, bs, kind, calibrate, args.number, args.repeats, args.seed))
     frame = pd.DataFrame(rows)
-    from dcut_sched.console import make_console
     from rich.table import Table
+
+    from dcut_sched.console import make_console
 
     table = Table(title=f"RatioController.plan() overhead, B={B} (best of {args.repeats} x {args.number} calls)")
     for col in frame.columns:

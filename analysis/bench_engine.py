@@ -5,9 +5,9 @@ One command (about 15 minutes on a quiet 2-core machine)::
     python analysis/bench_engine.py            # writes analysis/results/bench_engine_dflash.{csv,md}
 
 Real SmolLM2-135M-Instruct (fp32), the shipped drafter ``drafters/smollm2-135m-dflash``, greedy,
-B = 16, the first 16 prompts of ``traces/prompts.jsonl`` (held out from the drafter's training),
+B = 16, the first 16 prompts of ``dcut_sched/data/traces/prompts.jsonl`` (held out from the drafter's training),
 ``--max-new-tokens`` each. The cost-aware policies plan with the CPU curve of this drafter
-(``profiler/profiles/cpu-smollm2-135m-dflash-b16.json``, ``dcut-profile --cpu --draft dflash:...``).
+(``dcut_sched/profiler/profiles/cpu-smollm2-135m-dflash-b16.json``, ``dcut-profile --cpu --draft dflash:...``).
 Per run: decode tokens/s (decode tokens / decode wall time), accepted drafts per drafted step,
 tokens per request-step, the keep ratio (verified slots / (bs x B)), and ``cpu_share`` = the
 process's CPU time / wall time (2.0 = both cores the whole run; a run that shared the machine shows
@@ -34,8 +34,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DRAFTER = ROOT / "drafters" / "smollm2-135m-dflash"
-CURVE = ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-dflash-b16.json"
-PROMPTS = ROOT / "traces" / "prompts.jsonl"
+CURVE = ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-dflash-b16.json"
+PROMPTS = ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"
 OUT = ROOT / "analysis" / "results" / "bench_engine_dflash"
 POLICIES = ("ar", "full", "dcut", "fine", "oracle", "topk", "threshold", "uniform", "smartspec", "tetris",
             "dspark", "vllm_adaptive", "dense_fallback")

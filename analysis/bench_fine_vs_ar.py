@@ -4,7 +4,7 @@
     PYTHONPATH=. python analysis/bench_fine_vs_ar.py --steps 2000    # a quick look
     PYTHONPATH=. python analysis/bench_fine_vs_ar.py --out other.csv
 
-For every shipped trace (``traces/*.parquet``) and every shipped cost curve (``profiler/profiles/*.json``)
+For every shipped trace (``dcut_sched/data/traces/*.parquet``) and every shipped cost curve (``dcut_sched/profiler/profiles/*.json``)
 of the same block size, at every batch size the curve has verification and plain-step cells for, one
 closed-loop run of ``ar`` and one of ``fine`` (default parameters), ``--steps`` steps each (20,000 by
 default), **no warm-up left out** (the first drafted step and every probe count), seed 0. The figure
@@ -34,8 +34,8 @@ GOAL = 0.99
 
 def pairs(root: Path = ROOT) -> list[tuple[Path, Path]]:
     """Every (trace, curve) of the shipped files with the same block size, in name order."""
-    traces = sorted((root / "traces").glob("*.parquet"))
-    curves = sorted((root / "profiler" / "profiles").glob("*.json"))
+    traces = sorted((root / "dcut_sched" / "data" / "traces").glob("*.parquet"))
+    curves = sorted((root / "dcut_sched" / "profiler" / "profiles").glob("*.json"))
     out = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # v1 curves warn that their plain step is assumed; the table says so

@@ -10,7 +10,6 @@ a serving loop); confidences are random Beta draws, fixed per run.
 from __future__ import annotations
 
 import argparse
-
 import timeit
 
 import numpy as np
@@ -19,8 +18,8 @@ import torch
 from rich.table import Table
 
 import dcut_sched as d
-from dcut_sched.tables import write_table
 from dcut_sched.console import make_console
+from dcut_sched.tables import write_table
 
 
 def linear_curve(batch_sizes, block_size):

@@ -99,7 +99,7 @@ def protocol_rate() -> dict:
     from dcut_sched.simulator.protocol import simulate_benchmarks
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    df = simulate_benchmarks([str(ROOT / t) for t in d.DEFAULT_TRACES], str(ROOT / d.DEFAULT_COST),
+    df = simulate_benchmarks([str(d.default_trace_path(t)) for t in d.DEFAULT_TRACES], str(d.default_cost_path()),
                              policies=list(d.DEFAULT_BENCHMARK_POLICIES), num_steps=d.DEFAULT_BENCHMARK_STEPS,
                              warmup_steps=d.DEFAULT_BENCHMARK_WARMUP_STEPS, jobs=1)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -183,8 +183,9 @@ def main(argv=None) -> int:
     if args.main_job_only:
         return 0 if all(r["met"].values()) else 1
 
-    from dcut_sched.console import make_console
     from rich.table import Table
+
+    from dcut_sched.console import make_console
 
     trace = Trace.load(args.trace) if args.trace else synthetic_trace()
     cost = CostCurve.load(args.cost, check_hardware=False) if args.cost else analytic_curve()

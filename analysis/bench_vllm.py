@@ -4,11 +4,11 @@ Stages (``--stage all`` runs them in order; each writes under ``--out-dir``):
 
 1. ``profile``: ``dcut-profile --vllm`` of the SmolLM2-135M target with its skip-14-15 draft at
    B = 8: vLLM's own forward on dummy batches (verify, ar) and real engine steps on held-out
-   prompts (traces/prompts.jsonl rows 32..47, not the benchmark's): the real draft pass, the
+   prompts (dcut_sched/data/traces/prompts.jsonl rows 32..47, not the benchmark's): the real draft pass, the
    drafter's first forward by verified tokens (``draft_first``) and the per-step engine overhead
    of plain, drafted and undrafted steps (``step_overhead``): ``vllm-cpu-smollm2-135m-b8.json``
    and the step records ``vllm-cpu-smollm2-135m-b8.steps.jsonl``.
-2. ``engine``: for each batch size bs, ``bs`` chat prompts (traces/prompts.jsonl rows 0..bs-1)
+2. ``engine``: for each batch size bs, ``bs`` chat prompts (dcut_sched/data/traces/prompts.jsonl rows 0..bs-1)
    decoded greedily to ``--max-tokens`` tokens (EOS ignored, one wave, all admitted at t = 0) by
    vLLM without speculation, with ``full`` verification, with ``dcut`` and with ``fine`` (both
    planning with the curve of stage 1), every engine step timed. Measured: output tokens/s end to
@@ -79,7 +79,7 @@ def _load(out: Path, stage: str, when: str) -> None:
 def stage_profile(args, out: Path) -> None:
     target, draft = write_pair()
     bss = ",".join(map(str, args.batch_sizes))
-    cmd = [sys.executable, "-m", "dcut_profiler.cli", "--vllm", str(target), "--vllm-draft", str(draft),
+    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--vllm", str(target), "--vllm-draft", str(draft),
            "--block-size", str(BLOCK_SIZE), "--batch-sizes", bss, "--context-len", str(args.context_len),
            "--repeats", str(args.repeats), "--vllm-engine-steps", str(args.engine_steps), "--out", str(out / CURVE_NAME)]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -115,7 +115,7 @@ def stage_engine(args, out: Path) -> None:
                 (REPO / r["dcut"]["record_path"]).unlink(missing_ok=True)
                 (REPO / (r["dcut"]["record_path"] + ".worker.jsonl")).unlink(missing_ok=True)
         job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE,
-               "prompts": {"file": "traces/prompts.jsonl", "n": bs, "chat": True},
+               "prompts": {"file": "dcut_sched/data/traces/prompts.jsonl", "n": bs, "chat": True},
                "max_tokens": args.max_tokens, "max_num_seqs": bs, "max_model_len": 1024, "runs": runs,
                "step_timing": True}
         (out / "records").mkdir(parents=True, exist_ok=True)

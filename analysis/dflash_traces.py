@@ -7,8 +7,8 @@ One command (about 15 minutes on a quiet 2-core machine)::
 Stages:
 
 - ``record``: ``dcut-trace record --draft dflash:drafters/smollm2-135m-dflash`` on the 80 prompts of
-  ``traces/prompts.jsonl`` (held out from the drafter's training), 128 new tokens, greedy and
-  T = 0.7, B = 16 and B = 8: ``traces/smollm2-135m-dflash-b{16,8}[-t07].parquet``.
+  ``dcut_sched/data/traces/prompts.jsonl`` (held out from the drafter's training), 128 new tokens, greedy and
+  T = 0.7, B = 16 and B = 8: ``dcut_sched/data/traces/smollm2-135m-dflash-b{16,8}[-t07].parquet``.
 - ``cards``: a card per trace (``.md`` beside it): tau, per-depth acceptance and calibration (mean
   confidence against acceptance of the reached slots, ECE, over/under-confidence by depth), next to
   the synthetic presets' assumption (calibrated by construction).
@@ -54,9 +54,9 @@ BUILD = ROOT / "build" / "dflash-calibration"
 def record(args) -> None:
     for name, (b, temp) in TRACES.items():
         cmd = [sys.executable, "-m", "dcut_sched.cli.trace", "record", "--fresh", "--no-progress", "--threads",
-               str(args.threads), "--prompts", "traces/prompts.jsonl", "--dataset", "dcut-prompts-v1",
+               str(args.threads), "--prompts", "dcut_sched/data/traces/prompts.jsonl", "--dataset", "dcut-prompts-v1",
                "--max-new-tokens", str(args.max_new_tokens), "--draft", f"dflash:{DRAFTER}", "--block-size", str(b),
-               "--out", f"traces/{name}.parquet"]
+               "--out", f"dcut_sched/data/traces/{name}.parquet"]
         if temp:
             cmd += ["--temperature", str(temp), "--seed", "0"]
         t0, load0 = time.time(), os.getloadavg()[0]
@@ -78,10 +78,10 @@ def cards(args) -> None:
     from dcut_sched.traces import Trace
     from dcut_sched.traces.stats import trace_stats
 
-    preset = Trace.load(ROOT / "traces" / "dflash-qwen3-8b-gsm8k-b16.parquet")
+    preset = Trace.load(ROOT / "dcut_sched" / "data" / "traces" / "dflash-qwen3-8b-gsm8k-b16.parquet")
     ptab = depth_table(preset)
     for name, (b, temp) in TRACES.items():
-        path = ROOT / "traces" / f"{name}.parquet"
+        path = ROOT / "dcut_sched" / "data" / "traces" / f"{name}.parquet"
         tr = Trace.load(path)
         st = trace_stats(tr)
         tab = depth_table(tr)
@@ -94,7 +94,7 @@ def cards(args) -> None:
                  f"- Made by (`analysis/dflash_traces.py record`): `{rec.get('command', '')}`",
                  f"- Recording: {rec.get('seconds', '?')} s, {rec.get('threads', '?')} torch threads, 1-min load "
                  f"{rec.get('load_before', '?')} before and {rec.get('load_after', '?')} after.",
-                 "- Prompts: the 80 of `traces/prompts.jsonl` (held out from the drafter's training), chat "
+                 "- Prompts: the 80 of `dcut_sched/data/traces/prompts.jsonl` (held out from the drafter's training), chat "
                  "template, up to 128 new tokens, stopping after `<|im_end|>`.",
                  f"- Contents: {st['num_requests']} requests, {st['num_positions']} positions, {st['num_steps']} "
                  "full-verification steps.",
@@ -128,7 +128,7 @@ def fit(args) -> dict:
     from dcut_sched.atomic import atomic_write_text
     from dcut_sched.traces import Trace
 
-    tr = Trace.load(ROOT / "traces" / "smollm2-135m-dflash-b16.parquet")
+    tr = Trace.load(ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-dflash-b16.parquet")
     k = tr.block_size - 1
     a = tr.accept_len.astype(np.int64)
     remaining = np.repeat(tr.starts + tr.num_positions, tr.num_positions) - np.arange(tr.num_rows) - 1
@@ -147,7 +147,7 @@ def fit(args) -> dict:
     res = minimize(nll, x0=[1.0, 0.0, 0.0], method="L-BFGS-B", bounds=[(0.05, 20.0), (-10, 10), (-2, 2)])
     slope, bias, dep = (float(x) for x in res.x)
     base = nll([1.0, 0.0, 0.0])
-    out = {"trace": "traces/smollm2-135m-dflash-b16.parquet", "reached_slots": int(y.size),
+    out = {"trace": "dcut_sched/data/traces/smollm2-135m-dflash-b16.parquet", "reached_slots": int(y.size),
            "calibration_slope": round(slope, 4), "calibration_bias": round(bias, 4), "calibration_depth": round(dep, 4),
            "nll_fitted": round(float(res.fun), 5), "nll_as_calibrated": round(float(base), 5),
            "converged": bool(res.success),
@@ -180,7 +180,7 @@ def protocol(args) -> None:
         generate(p, num_requests=48, seed=0, dataset=ds).save(path)
         paths.append(path)
     frames = {}
-    for label, traces in (("shipped presets (calibrated)", [ROOT / f"traces/dflash-qwen3-8b-{ds}-b16.parquet" for ds in PRESETS]),
+    for label, traces in (("shipped presets (calibrated)", [ROOT / f"dcut_sched/data/traces/dflash-qwen3-8b-{ds}-b16.parquet" for ds in PRESETS]),
                           ("presets with the real drafter's calibration", paths)):
         out = BUILD / f"{'shipped' if 'shipped' in label else 'realcal'}.csv"
         trace_args = [a for t in traces for a in ("--trace", str(t))]

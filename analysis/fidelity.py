@@ -9,21 +9,21 @@ Stages (each can be run alone; ``all`` = profile, overhead, engine, timing-profi
 - ``profile``: re-measure the CPU cost curve of SmolLM2-135M with ``dcut-profile --cpu`` (B = 8,
   bs 1,2,3,4,6,8,12,16, dense grid step 8, self-speculative draft step skipping layers 14-15, one
   torch thread, context length = the engine runs' mean decode context) into
-  ``profiler/profiles/cpu-smollm2-135m-b8.json``.
+  ``dcut_sched/profiler/profiles/cpu-smollm2-135m-b8.json``.
 - ``overhead``: a held-out engine run (prompts 16..31, policies ``ar`` and ``full``, bs 1, 4, 16)
   with every model forward timed, giving the engine's per-step time *outside* the model forwards
   (Python, packing, planning, acceptance) for plain and drafted steps; written to
   ``fidelity_overhead.csv``. It is measured on other prompts than the runs it helps to predict.
 - ``engine``: the real engine (`SpecEngine`, real SmolLM2-135M-Instruct weights, greedy) for every
-  policy at bs 1, 2, 4, 8, 16 on the first 16 prompts of ``traces/prompts.jsonl`` (24 new tokens,
+  policy at bs 1, 2, 4, 8, 16 on the first 16 prompts of ``dcut_sched/data/traces/prompts.jsonl`` (24 new tokens,
   B = 8), one torch thread, forwards timed as above; per-step records to ``fidelity_engine_steps.parquet``.
 - ``timing-profile``: a second curve at every bs 1..16 and the engine's measured decode context (88)
-  into ``profiler/profiles/cpu-smollm2-135m-b8-allbs.json``; ``predict`` times the simulated steps
+  into ``dcut_sched/profiler/profiles/cpu-smollm2-135m-b8-allbs.json``; ``predict`` times the simulated steps
   with it (and plans with the engine's curve, so both take the same decisions).
 - ``predict`` (reads ``--measurements``, default analysis/results; writes ``--out-dir``, default the
   git-ignored ``build/fidelity-predict/``; ``analysis/make_report.py`` runs it into analysis/results
   so the report and the README quote one run): the engine-matched position-indexed trace (the shipped
-  ``traces/smollm2-135m-skip14-15-b8.parquet`` cut to the engine's output lengths, position 0
+  ``dcut_sched/data/traces/smollm2-135m-skip14-15-b8.parquet`` cut to the engine's output lengths, position 0
   dropped because the engine's first token comes from prefill; verified against the engine's
   ``full`` runs), one ``run_open_loop`` per (policy, bs) with every request arriving at t = 0, no
   shuffle, max batch = bs, free prefill; predicted vs measured decode tokens/s and speedup over
@@ -53,9 +53,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dcut_sched.atomic import atomic_write_text, atomic_write_with  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.cost_curve import CostCurve  # noqa: E402
 from dcut_sched.engine.observer import EngineObserver  # noqa: E402
+from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
 
 POLICIES = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
@@ -67,10 +67,10 @@ NUM_PROMPTS = 16
 HELDOUT = (16, 32)
 OVERHEAD_BATCH_SIZES = (16, 4, 1)
 OVERHEAD_MAX_NEW_TOKENS = 12
-CURVE = ROOT / "profiler/profiles/cpu-smollm2-135m-b8.json"
-TIMING_CURVE = ROOT / "profiler/profiles/cpu-smollm2-135m-b8-allbs.json"
-SHIPPED_TRACE = ROOT / "traces/smollm2-135m-skip14-15-b8.parquet"
-PROMPTS = ROOT / "traces/prompts.jsonl"
+CURVE = ROOT / "dcut_sched/profiler/profiles/cpu-smollm2-135m-b8.json"
+TIMING_CURVE = ROOT / "dcut_sched/profiler/profiles/cpu-smollm2-135m-b8-allbs.json"
+SHIPPED_TRACE = ROOT / "dcut_sched/data/traces/smollm2-135m-skip14-15-b8.parquet"
+PROMPTS = ROOT / "dcut_sched/data/traces/prompts.jsonl"
 RESULTS = ROOT / "analysis/results"
 #: ``predict``'s default output folder: git-ignored (``build/``), so it never overwrites tracked files.
 PREDICT_OUT = ROOT / "build/fidelity-predict"
@@ -392,7 +392,7 @@ def _setup(threads: int = 1):
 def stage_profile(args) -> None:
     """Re-measure the CPU cost curve (dcut-profile --cpu) at the engine runs' context length."""
     log_load("profile", "before", args.out_dir)
-    cmd = [sys.executable, "-m", "dcut_profiler.cli", "--cpu", "--model", "smollm2-135m",
+    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--cpu", "--model", "smollm2-135m",
            "--batch-sizes", ",".join(map(str, PROFILE_BATCH_SIZES)), "--block-size", str(BLOCK_SIZE),
            "--grid-step", "8", "--draft", "self-skip:14,15", "--context-len", str(args.context_len),
            "--warmups", "1", "--repeats", "5", "--rounds", "5", "--threads", "1", "--no-progress",
@@ -406,7 +406,7 @@ def stage_timing_profile(args) -> None:
     """A second CPU curve for the step-time model: every bs 1..16 (continuous batching visits them
     all and this CPU's cost is not smooth in bs) at the engine's measured decode context."""
     log_load("timing-profile", "before", args.out_dir)
-    cmd = [sys.executable, "-m", "dcut_profiler.cli", "--cpu", "--model", "smollm2-135m",
+    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--cpu", "--model", "smollm2-135m",
            "--batch-sizes", ",".join(str(b) for b in range(1, 17)), "--block-size", str(BLOCK_SIZE),
            "--grid-step", "8", "--draft", "self-skip:14,15", "--context-len", str(args.timing_context_len),
            "--warmups", "1", "--repeats", "5", "--rounds", "5", "--threads", "1", "--no-progress",

@@ -3,13 +3,13 @@
     python analysis/fidelity_dflash.py          # reads analysis/results/bench_engine_dflash.csv
 
 The simulator predicts every run of ``analysis/bench_engine.py`` (policy x bs, the first 8 prompts
-of ``traces/prompts.jsonl``, 48 new tokens, B = 16) from:
+of ``dcut_sched/data/traces/prompts.jsonl``, 48 new tokens, B = 16) from:
 
 - the recorded position-indexed trace of the same drafter on the same prompts
-  (``traces/smollm2-135m-dflash-b16.parquet``, greedy, so the target's outputs are the engine's),
+  (``dcut_sched/data/traces/smollm2-135m-dflash-b16.parquet``, greedy, so the target's outputs are the engine's),
   cut to the engine's decode steps (``fidelity.engine_matched_trace``: output length
   ``min(48, recorded)``, the prefill's token dropped);
-- the CPU cost curve the engine planned with (``profiler/profiles/cpu-smollm2-135m-dflash-b16.json``).
+- the CPU cost curve the engine planned with (``dcut_sched/profiler/profiles/cpu-smollm2-135m-dflash-b16.json``).
 
 Each run is ``run_open_loop`` with every request arriving at t = 0, max batch = bs, no shuffle, free
 prefill: the engine's own setting. The predicted decode tokens/s (simulated tokens / simulated
@@ -35,8 +35,8 @@ for p in (ROOT, ROOT / "analysis"):
         sys.path.insert(0, str(p))
 
 BENCH = ROOT / "analysis" / "results" / "bench_engine_dflash.csv"
-TRACE = ROOT / "traces" / "smollm2-135m-dflash-b16.parquet"
-CURVE = ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-dflash-b16.json"
+TRACE = ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-dflash-b16.parquet"
+CURVE = ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-dflash-b16.json"
 OUT = ROOT / "analysis" / "results" / "fidelity_dflash"
 
 

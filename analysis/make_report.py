@@ -1,6 +1,6 @@
 """Regenerate the results report (analysis/README.md, analysis/figures/*.png, analysis/results/*.csv).
 
-One command, shipped inputs only (traces/*.parquet, profiler/profiles/*.json), seeded:
+One command, shipped inputs only (dcut_sched/data/traces/*.parquet, dcut_sched/profiler/profiles/*.json), seeded:
 
     PYTHONPATH=. python analysis/make_report.py
 
@@ -39,27 +39,28 @@ for _p in (str(ROOT), str(HERE)):
         sys.path.insert(0, _p)
 
 import pandas as pd  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from dcut_sched.atomic import atomic_write_text  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
-from dcut_sched.cost_curve import CostCurveError  # noqa: E402
-from dcut_sched.policies import PEERS, names as policy_names  # noqa: E402
-from dcut_sched.traces import TraceError  # noqa: E402
+import report_reproduce  # noqa: E402
 from report_budgets import VARIANTS, budget_steps, budget_summary, plot_budgets  # noqa: E402
 from report_calibration import CONFIDENCE_POLICIES, calibrated_throughput, plot_reliability, reliability  # noqa: E402
 from report_markdown import render_report  # noqa: E402
-import report_reproduce  # noqa: E402
 from report_peers import PEER_FAMILIES, peers_commentary, peers_markdown, plot_peers, policies_run, run_peers  # noqa: E402
 from report_selection import PUBLISHED_GSM8K, plot_selection, selection_table  # noqa: E402
 from report_speedup import Family, plot_family, run_family  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
-H20 = "profiler/profiles/h20-qwen3-8b-published.json"
-CPU = "profiler/profiles/cpu-smollm2-135m-b16.json"
-DFLASH = [f"traces/dflash-qwen3-8b-{n}-b16.parquet" for n in ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")]
+from dcut_sched.atomic import atomic_write_text  # noqa: E402
+from dcut_sched.cost_curve import CostCurveError  # noqa: E402
+from dcut_sched.policies import PEERS  # noqa: E402
+from dcut_sched.policies import names as policy_names  # noqa: E402
+from dcut_sched.tables import write_table  # noqa: E402
+from dcut_sched.traces import TraceError  # noqa: E402
+
+H20 = "dcut_sched/profiler/profiles/h20-qwen3-8b-published.json"
+CPU = "dcut_sched/profiler/profiles/cpu-smollm2-135m-b16.json"
+DFLASH = [f"dcut_sched/data/traces/dflash-qwen3-8b-{n}-b16.parquet" for n in ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")]
 GSM8K = DFLASH[0]
-REAL_B16 = ["traces/smollm2-135m-skip14-15-b16.parquet", "traces/smollm2-135m-skip21-22-b16.parquet"]
-REAL_ALL = REAL_B16 + ["traces/smollm2-135m-skip14-15-b8.parquet"]
+REAL_B16 = ["dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet", "dcut_sched/data/traces/smollm2-135m-skip21-22-b16.parquet"]
+REAL_ALL = REAL_B16 + ["dcut_sched/data/traces/smollm2-135m-skip14-15-b8.parquet"]
 BATCH_SIZES = (4, 8, 16, 32, 64)
 CPU_BATCH_SIZES = (4, 8, 16)  # the CPU curve is measured at bs 1..16
 FIDELITY_MD = "analysis/results/fidelity.md"
@@ -232,7 +233,7 @@ def fidelity_sentence(summary: dict) -> str:
     """The fidelity figures the README and docs/fidelity.md quote, from ``fidelity_summary.json``."""
     before, after, sp = summary["tokens_per_s_before"], summary["tokens_per_s_after"], summary["speedup_after"]
     way = "over" if before["mean_signed"] > 0 else "under"
-    return (f"The simulator as is (timed with the curve the engine planned with, `profiler/profiles/"
+    return (f"The simulator as is (timed with the curve the engine planned with, `dcut_sched/profiler/profiles/"
             f"cpu-smollm2-135m-b8.json`; see its recorded load) {way}-predicts the engine's decode tokens/s by a "
             f"median **{100 * before['median_abs']:.1f} %** (max {100 * before['max_abs']:.0f} %); timed with the "
             "all-bs curve at the engine's context and counting the drafter's lazy prompt prefill as prefill and adding "

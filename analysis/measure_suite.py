@@ -85,10 +85,12 @@ def readme_block(r: dict) -> str:
     slow = ", ".join(f"`{s['test'].split('::')[0].removeprefix('tests/')}` {s['seconds']:.0f} s" for s in r["slowest"][:5])
     burn = (f" with {r['burners']} CPU-spinning processes beside it for the whole run"
             if r.get("burners") else "")
+    command = "python analysis/measure_suite.py" + (f" --burn {r['burners']}" if r.get("burners") else "")
+    failed = f" Failed: {', '.join(f'`{t}`' for t in r['failed_tests'])}." if r.get("failed_tests") else ""
     return (f"- Tests: `python -m pytest`: {r['wall_s'] / 60:.1f} min wall, {r['cpu_s'] / 60:.1f} min CPU "
             f"({c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, {c.get('failed', 0)} failed) on "
             f"{r['cpu_count']} cores{burn}, 1-min load {r['load_before'][0]} before and {r['load_after'][0]} after "
-            f"({r['measured_at']}; `python analysis/measure_suite.py` regenerates this line). The slowest "
+            f"({r['measured_at']}; `{command}` regenerates this line).{failed} The slowest "
             f"(marked `slow`: the real-model and real-vLLM tests): {slow}.")
 
 

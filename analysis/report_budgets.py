@@ -1,7 +1,7 @@
 """Report section: where ``fine`` beats ``dcut``, from the budgets each chooses step by step.
 
 Both policies run through :func:`dcut_sched.simulator.run_closed_loop`, whose ``steps``
-(:class:`dcut_sched.simulator.SimStepRecord`) already hold, per engine step, the verified budget
+(:class:`dcut_sched.simulator.SimulatedSteps`) already hold, per engine step, the verified budget
 ``num_tokens`` (K), whether the step drafted, the tokens produced and the step time; nothing is
 added to the simulator. Per (trace, policy, bs) the summary gives the steady-state tokens/s, the
 mean ratio rho = K / (bs*B), the number of distinct budgets used, the share of steps that skipped
@@ -15,12 +15,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from report_figures import figure_module, save_figure
 
 import dcut_sched as d
 from dcut_sched.cost_curve import CostCurve
 from dcut_sched.simulator import run_closed_loop
 from dcut_sched.traces import Trace
-from report_figures import figure_module, save_figure
 
 __all__ = ["VARIANTS", "budget_steps", "budget_summary", "plot_budgets"]
 

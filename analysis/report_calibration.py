@@ -22,12 +22,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+from report_figures import figure_module, save_figure
 from scipy.stats import binned_statistic
 
 import dcut_sched as d
 from dcut_sched.calibration import OnlineCalibrator, censored_outcomes, expected_calibration_error
 from dcut_sched.traces import Trace
-from report_figures import figure_module, save_figure
 
 __all__ = ["CONFIDENCE_POLICIES", "calibrated_throughput", "plot_reliability", "reliability"]
 

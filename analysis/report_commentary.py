@@ -7,7 +7,6 @@ where, and why) was written against the shipped inputs and says so where it depe
 from __future__ import annotations
 
 import pandas as pd
-
 from report_calibration import CONFIDENCE_POLICIES
 from report_speedup import family_table
 
@@ -200,7 +199,7 @@ CAVEATS = """\
   against the real engine on this machine's CPU.
 - **The H20 curve** holds the published D-Cut verify costs for Qwen3-8B (bs 4/8/16/32/64 at 4 ratios) and the
   published plain-decode (AR) steps at the same batch sizes; other cells and the draft step are a roofline model
-  fitted to them (`profiler/profiles/h20-qwen3-8b-published.json`, `source` field). The draft step (a 5-layer
+  fitted to them (`dcut_sched/profiler/profiles/h20-qwen3-8b-published.json`, `source` field). The draft step (a 5-layer
   DFlash-style drafter) is an assumption: section 0 shows the headline table at 0.5x and 2x of it, and it
   drives the draft-time effect of section 3.
 - **The real-trace-on-H20 rows are a what-if**: SmolLM2-135M self-speculative acceptance combined with Qwen3-8B

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import gmean
-
 from report_speedup import family_table
+from scipy.stats import gmean
 
 __all__ = ["render_report", "speedup_markdown"]
 
@@ -132,7 +131,7 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     w("![selection curve](figures/selection-curve.png)\n")
     w("Command:\n```\n" + "\n".join(
         f"{SIM} --trace {t} --selection-curve sel.csv --selection-bs 32 --selection-batches {settings.selection_batches}"
-        for t in dict.fromkeys(["traces/" + n + ".parquet" for n in sel["trace_name"]])) + "\n```\n")
+        for t in dict.fromkeys(["dcut_sched/data/traces/" + n + ".parquet" for n in sel["trace_name"]])) + "\n```\n")
     w("(`dcut-sim --selection-curve` uses every multiple of bs from 2*bs to bs*B; the table keeps 128..512.)\n")
     w(c["selection"])
 
@@ -157,7 +156,7 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     w("Chosen ratio over 150 steady-state steps (dots: `fine`'s plain steps). Per-step records come from "
       "`dcut_sched.simulator.run_closed_loop(...).steps` (`num_tokens`, `drafted`, `tokens`, `step_ms`); "
       "the simulator already returned them, so it was not changed. Command for the table rows:\n")
-    w("```\n" + f"{SIM} --trace traces/dflash-qwen3-8b-gsm8k-b16.parquet --cost profiler/profiles/h20-qwen3-8b-published.json "
+    w("```\n" + f"{SIM} --trace dcut_sched/data/traces/dflash-qwen3-8b-gsm8k-b16.parquet --cost dcut_sched/profiler/profiles/h20-qwen3-8b-published.json "
       "--policies dcut,fine --batch-sizes 4,64 --out budgets.csv   # mean_ratio, draft_frac columns\n```\n")
     w(c["budgets"])
 
@@ -177,7 +176,7 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
         {"test_slots": str, "fit_requests": str, "test_requests": str}))
     w(rtab.to_markdown(floatfmt=".3f") + "\n")
     w("![reliability](figures/reliability.png)\n")
-    w("Command: `PYTHONPATH=. python analysis/calibration_eval.py --trace traces/smollm2-135m-skip14-15-b16.parquet` "
+    w("Command: `PYTHONPATH=. python analysis/calibration_eval.py --trace dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet` "
       "(same split idea, NLL and tokens MAE too); the figure and table above come from `make_report.py`.\n")
     w(c["reliability"])
     cal = results["calibrate"]
@@ -191,9 +190,9 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
         t.columns = [f"bs {b}" for b in t.columns]
         w(f"**{trace_name}** on `{cost}`:\n")
         w(t.to_markdown() + "\n")
-    w("Command:\n```\n" + f"{SIM} --trace traces/smollm2-135m-skip14-15-b16.parquet --cost profiler/profiles/h20-qwen3-8b-published.json "
+    w("Command:\n```\n" + f"{SIM} --trace dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet --cost dcut_sched/profiler/profiles/h20-qwen3-8b-published.json "
       "--policies threshold,topk,dcut,fine --calibrate\n"
-      f"{SIM} --trace traces/smollm2-135m-skip14-15-b16.parquet --cost profiler/profiles/cpu-smollm2-135m-b16.json "
+      f"{SIM} --trace dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet --cost dcut_sched/profiler/profiles/cpu-smollm2-135m-b16.json "
       "--policies threshold,topk,dcut,fine --batch-sizes 4,8,16 --calibrate\n```\n(and the same without `--calibrate`).\n")
     w(c["calibrate"])
 

@@ -3,7 +3,7 @@
 Two families, closed loop (the published benchmark), every peer of ``dcut_sched.policies.PEERS`` with its
 default (published) parameters plus the references ``dcut`` and ``fine``:
 
-- ``h20``: the five DFlash-like presets (``traces/dflash-qwen3-8b-*-b16.parquet``) on the published
+- ``h20``: the five DFlash-like presets (``dcut_sched/data/traces/dflash-qwen3-8b-*-b16.parquet``) on the published
   H20 / Qwen3-8B curve, bs 1, 2, 4, 8, 16, 32, 64;
 - ``cpu``: the two real SmolLM2-135M B=16 traces on their own measured CPU curve, bs 1, 2, 4, 8, 16
   (the CPU curve is measured at bs 1..16).
@@ -57,12 +57,12 @@ class PeerFamily:
 
 PEER_FAMILIES = (
     PeerFamily("h20", "DFlash-like presets (5 datasets) on the published H20 Qwen3-8B curve",
-               tuple(f"traces/dflash-qwen3-8b-{n}-b16.parquet" for n in ("gsm8k", "math500", "humaneval", "mbpp",
+               tuple(f"dcut_sched/data/traces/dflash-qwen3-8b-{n}-b16.parquet" for n in ("gsm8k", "math500", "humaneval", "mbpp",
                                                                           "mt-bench")),
-               "profiler/profiles/h20-qwen3-8b-published.json", (1, 2, 4, 8, 16, 32, 64)),
+               "dcut_sched/profiler/profiles/h20-qwen3-8b-published.json", (1, 2, 4, 8, 16, 32, 64)),
     PeerFamily("cpu", "real SmolLM2-135M traces (B=16) on their own measured CPU curve",
-               ("traces/smollm2-135m-skip14-15-b16.parquet", "traces/smollm2-135m-skip21-22-b16.parquet"),
-               "profiler/profiles/cpu-smollm2-135m-b16.json", (1, 2, 4, 8, 16)),
+               ("dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet", "dcut_sched/data/traces/smollm2-135m-skip21-22-b16.parquet"),
+               "dcut_sched/profiler/profiles/cpu-smollm2-135m-b16.json", (1, 2, 4, 8, 16)),
 )
 
 

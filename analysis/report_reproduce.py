@@ -43,12 +43,8 @@ PUBLISHED_NAMES = {"full": "DFlash-B16 (`full`)", "dcut": "D-Cut-B16 (`dcut`)"}
 DRAFT_SCALES = (0.5, 1.0, 2.0)
 CALIBRATION_GAPS = (0.0, 0.25, 0.5, 1.0)
 TOLERANCE = 0.15
-#: How the shipped presets' traces were made (traces/make_synthetic.sh): 48 requests, seed 0.
+#: How the shipped presets' traces were made (scripts/traces/make_synthetic.sh): 48 requests, seed 0.
 PRESET_REQUESTS, PRESET_SEED = 48, 0
-
-
-def _root() -> Path:
-    return defaults.REPO_ROOT
 
 
 def _settings() -> dict:
@@ -72,9 +68,8 @@ def gap_traces(gap: float) -> list[Trace]:
 def compute(on_run: Callable[[], None] | None = None) -> dict[str, pd.DataFrame]:
     """Every run of the section. Returns ``rows`` (one row per draft_scale, calibration_gap, trace,
     policy, bs) and the tables derived from it (see :func:`render_section`)."""
-    root = _root()
-    traces = [root / t for t in defaults.DEFAULT_TRACES]
-    cost = CostCurve.load(root / defaults.DEFAULT_COST, check_hardware=False)
+    traces = [defaults.default_trace_path(t) for t in defaults.DEFAULT_TRACES]
+    cost = CostCurve.load(defaults.default_cost_path(), check_hardware=False)
     tick = (lambda *_: on_run()) if on_run is not None else None
     frames = []
     for scale in DRAFT_SCALES:
@@ -91,7 +86,7 @@ def compute(on_run: Callable[[], None] | None = None) -> dict[str, pd.DataFrame]
     cells = pd.DataFrame([{"batch_size": b, "draft_ms": cost.draft_ms(b), "verify_full_ms": float(cost.verify_ms(b, 16 * b)),
                            "ar_ms": cost.ar_ms(b)} for b in defaults.DEFAULT_BATCH_SIZES])
     out = {"rows": rows, "plain_step": pd.DataFrame({"ar_provenance": [cost.ar_provenance]}), "cells": cells}
-    bench = root / "analysis" / "results" / "fine_vs_ar.csv"
+    bench = Path(__file__).resolve().parent / "results" / "fine_vs_ar.csv"
     if bench.exists():  # analysis/bench_fine_vs_ar.py (minutes): quoted, not re-run here
         out["fine_vs_ar"] = pd.read_csv(bench)
     return out
@@ -149,8 +144,8 @@ def render_section(res: dict[str, pd.DataFrame], number: str = "0") -> str:
     w(f"## {number}. Reproducing the published results\n")
     w("The D-Cut publication's setting: Qwen3-8B on one H20 (TP1), B = 16, greedy, target-only verification; each "
       "batch size reports the **mean of the speedups over five benchmarks** (GSM8K, MATH-500, HumanEval, MBPP, "
-      "MT-Bench). The simulation: the five shipped DFlash presets (`traces/dflash-qwen3-8b-*-b16.parquet`) on the "
-      "shipped H20 curve (`profiler/profiles/h20-qwen3-8b-published.json`: the 20 published verify cells, the "
+      "MT-Bench). The simulation: the five shipped DFlash presets (`dcut_sched/data/traces/dflash-qwen3-8b-*-b16.parquet`) on the "
+      "shipped H20 curve (`dcut_sched/profiler/profiles/h20-qwen3-8b-published.json`: the 20 published verify cells, the "
       f"5 published plain-decode steps; plain steps cost C_ar(bs), provenance *{res['plain_step'].iat[0, 0]}*), "
       f"{defaults.DEFAULT_BENCHMARK_STEPS} steps per run, first {defaults.DEFAULT_BENCHMARK_WARMUP_STEPS} left "
       "out, seed 0. Exactly what `dcut-sim` with no arguments prints.\n")

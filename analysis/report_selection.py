@@ -6,7 +6,7 @@ them, and the registry's ``uniform`` and ``topk`` plan them at ``rho = K / (bs *
 
 The curve is set next to the published D-Cut figures for DFlash on GSM8K at bs = 32, B = 16 (tokens
 per batch step at 128/256/384/512 verified slots; the numbers this project's GSM8K preset was fitted
-to, traces/README.md).
+to, dcut_sched/data/traces/README.md).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from report_figures import figure_module, save_figure
 
 import dcut_sched as d
 from dcut_sched.traces import Trace
-from report_figures import figure_module, save_figure
 
 __all__ = ["PUBLISHED_BATCH_SIZE", "PUBLISHED_BUDGETS", "PUBLISHED_GSM8K", "plot_selection", "selection_table"]
 

@@ -34,17 +34,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "analysis"))
 
+from report_calibration import plot_reliability, reliability  # noqa: E402
+from report_figures import figure_module, save_figure  # noqa: E402
+
 import dcut_sched as d  # noqa: E402
 from dcut_sched.atomic import atomic_write_text  # noqa: E402
 from dcut_sched.calibration import OnlineCalibrator  # noqa: E402
 from dcut_sched.simulator import seed_spread  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
-from report_calibration import plot_reliability, reliability  # noqa: E402
-from report_figures import figure_module, save_figure  # noqa: E402
 
-GREEDY = "traces/smollm2-135m-skip14-15-b16.parquet"
-SAMPLED = {0.7: "traces/smollm2-135m-skip14-15-b16-t07.parquet", 1.0: "traces/smollm2-135m-skip14-15-b16-t10.parquet"}
-COST = "profiler/profiles/h20-qwen3-8b-published.json"
+GREEDY = "dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet"
+SAMPLED = {0.7: "dcut_sched/data/traces/smollm2-135m-skip14-15-b16-t07.parquet", 1.0: "dcut_sched/data/traces/smollm2-135m-skip14-15-b16-t10.parquet"}
+COST = "dcut_sched/profiler/profiles/h20-qwen3-8b-published.json"
 POLICIES = ["full", "uniform", "threshold", "topk", "dcut", "fine"]
 BATCH_SIZES = [4, 8, 16, 32, 64]
 

@@ -1,6 +1,6 @@
 """Print a Markdown summary of trace files (tau, per-depth acceptance, ECE, size, recording time).
 
-Usage: PYTHONPATH=. python analysis/trace_summary.py traces/*.parquet
+Usage: PYTHONPATH=. python analysis/trace_summary.py dcut_sched/data/traces/*.parquet
 """
 
 from __future__ import annotations

@@ -8,7 +8,5 @@
 # See docs/profiler.md, "The GPU check", and `scripts/gpu_check.sh --help`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# dcut_profiler is a symlink to profiler/ (the import name); recreate it where a copy dropped the link.
-[ -d dcut_profiler ] || ln -sfn profiler dcut_profiler
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec "${PYTHON:-python3}" scripts/gpu_check "$@"

@@ -333,7 +333,7 @@ def test_a_key_given_twice_in_a_row_is_refused(tmp_path):
 
     from dcut_sched.cost_curve import CostCurve, CostCurveError
 
-    good = (Path(__file__).resolve().parents[1] / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json").read_text()
+    good = (Path(__file__).resolve().parents[1] / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json").read_text()
     path = tmp_path / "c.json"
     path.write_text(good.replace('"median_ms": ', '"median_ms": -5, "median_ms": ', 1))
     with pytest.raises(CostCurveError, match=r"c.json: key 'median_ms' appears twice"):

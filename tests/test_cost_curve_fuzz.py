@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dcut_sched import CostCurve, CostCurveError
 from dcut_sched.cost_curve import ArRow, VerifyRow
 
 ROOT = Path(__file__).resolve().parents[1]
-GOOD_FILES = sorted((ROOT / "profiler" / "profiles").glob("*.json"))
+GOOD_FILES = sorted((ROOT / "dcut_sched" / "profiler" / "profiles").glob("*.json"))
 
 
 def _small_doc():

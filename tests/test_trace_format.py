@@ -1,5 +1,4 @@
 import numpy as np
-import pandas as pd
 import pytest
 
 from dcut_sched.traces import Trace, TraceError, check_trace_columns

@@ -42,8 +42,8 @@ def build_parser() -> CliParser:
     t.add_argument("--work-dir", default=None,
                    help="generated data and resumable checkpoint (default .cache/dcut-drafter/<out folder name>)")
     t.add_argument("--fresh", action="store_true", help="ignore a checkpoint and cached data in --work-dir")
-    t.add_argument("--eval-prompts", default="traces/prompts.jsonl",
-                   help="held-out prompt file (JSON lines id, category, prompt; default traces/prompts.jsonl)")
+    t.add_argument("--eval-prompts", default=None,
+                   help="held-out prompt file (JSON lines id, category, prompt; default dcut_sched/data/traces/prompts.jsonl)")
     t.add_argument("--seed", type=int, default=d.seed)
     t.add_argument("--steps", type=int_at_least(1), default=d.steps)
     t.add_argument("--layers", type=int_at_least(1), default=d.num_layers, help="drafter decoder layers")
@@ -61,7 +61,8 @@ def build_parser() -> CliParser:
     t.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's)")
     e = sub.add_parser("eval", help="tau of a drafter folder on the held-out prompts")
     e.add_argument("folder")
-    e.add_argument("--eval-prompts", default="traces/prompts.jsonl")
+    e.add_argument("--eval-prompts", default=None,
+                   help="held-out prompt file (default: the shipped prompt set, dcut_sched/data/traces/prompts.jsonl)")
     e.add_argument("--max-new-tokens", type=int_at_least(2), default=d.max_new_tokens)
     e.add_argument("--max-eval-prompts", type=int_at_least(1), default=None)
     return p
@@ -74,7 +75,6 @@ def _train(args) -> int:
     from ..drafters.train import TrainSettings, run_training
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
-
     from ..traces.prompts import PromptError, load_prompt_records
 
     out = _check_out_folder(args.out)
@@ -223,7 +223,7 @@ def _write_card(path: Path, meta: dict) -> None:
         f"- train: {meta['train_sequences']} continuations ({meta['train_tokens']} tokens, prompt included) of "
         f"{s['num_generated_prompts']} templated prompts (math, code, chat, rewrite) and 131 HumanEval problems, "
         f"each continued by the target greedily and at T = {s['temperature']} for up to {s['max_new_tokens']} tokens.",
-        f"- held out: {meta['eval_sequences']} continuations of traces/prompts.jsonl (80 hand-written prompts) "
+        f"- held out: {meta['eval_sequences']} continuations of dcut_sched/data/traces/prompts.jsonl (80 hand-written prompts) "
         "and the 33 HumanEval problems whose index is a multiple of 5, greedy and sampled the same way. "
         "No prompt is in both sets.",
         "",
@@ -247,15 +247,18 @@ def _write_card(path: Path, meta: dict) -> None:
 
 
 def _eval(args) -> int:
-    import torch
 
-    from ..drafters.data import continue_prompts, load_prompt_records, sequence_features
+    from ..drafters.data import (
+        HUMANEVAL_EVAL_EVERY,
+        continue_prompts,
+        humaneval_prompts,
+        load_prompt_records,
+        sequence_features,
+    )
     from ..drafters.dflash import load_checkpoint
-    from ..drafters.data import humaneval_prompts, HUMANEVAL_EVAL_EVERY
     from ..drafters.train import acceptance, tau_summary
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
-
     from ..traces.prompts import PromptError
 
     model = load_checkpoint(args.folder)
@@ -292,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError:
         return run_cli(PROG, lambda: build_parser().parse_args(argv))
     args.argv = list(sys.argv[2:] if argv is None else argv[1:])
+    if getattr(args, "eval_prompts", "") is None:
+        from ..paths import prompts_path
+
+        args.eval_prompts = str(prompts_path())
     return run_cli(f"{PROG} {args.command}", lambda: _COMMANDS[args.command](args), errors=(DraftCheckpointError,))
 
 

@@ -72,7 +72,7 @@ def build_parser() -> CliParser:
                 f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
                 "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).",
                 "run time: on a 2-core CPU a drafted step of bs 8, B 16 takes seconds (B-1 sequential drafter "
-                "forwards): --policy dcut on 8 prompts of traces/prompts.jsonl took 2 minutes, on all 80 of "
+                "forwards): --policy dcut on 8 prompts of dcut_sched/data/traces/prompts.jsonl took 2 minutes, on all 80 of "
                 "them 29 minutes, on a busy machine. The run prints its size, an estimate after the first "
                 "steps, and progress: a bar on a terminal, otherwise one status line (rate, ETA) every 30 s "
                 "(DCUT_PROGRESS_INTERVAL_S).",
@@ -89,7 +89,8 @@ def build_parser() -> CliParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("decoding")
-    g.add_argument("--policy", default="fine", choices=policies.names(), help="verification policy (default: fine)")
+    g.add_argument("--policy", default=policies.DEFAULT_POLICY, choices=policies.names(),
+                   help="verification policy (default: %(default)s, the project's default everywhere)")
     g.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
                    help="policy parameter, repeatable (e.g. rho=0.5, tau=0.3, granularity=4)")
     g.add_argument("--calibrate", action="store_true", help="learn a confidence->acceptance map online and score with it")
@@ -140,10 +141,9 @@ def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
     ``--prompts``, ``--cost`` (or the shipped default curve it falls back to) and the DFlash drafter's
     ``config.json`` and weights (``--draft dflash:PATH``)."""
     from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME
-    from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE
+    from ..engine.default_cost import default_profile_path
 
-    root = Path(__file__).resolve().parents[2]
-    cost = args.cost or str(root / DEFAULT_PROFILE_TEMPLATE.format(block_size=args.block_size))
+    cost = args.cost or str(default_profile_path(args.block_size))
     drafter = ([str(draft_spec.path / CONFIG_NAME), str(draft_spec.path / WEIGHTS_NAME)]
                if draft_spec.kind == "dflash" else None)
     check_paths({"--prompts": args.prompts, "--cost": cost, "--draft": drafter},
@@ -158,11 +158,10 @@ def run(args: argparse.Namespace) -> int:
     from .. import policies
     from ..controller import RatioController
     from ..cost_curve import CostCurve, CostCurveError
-    from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
-    from ..sampling import SamplingParams
-
     from ..drafters import load_dflash, parse_draft_spec
     from ..drafters.dflash import DraftCheckpointError
+    from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
+    from ..sampling import SamplingParams
 
     if args.batch_size < 1 or args.block_size < 2 or args.max_new_tokens < 1:
         raise UsageError("--batch-size and --max-new-tokens must be >= 1 and --block-size >= 2")
@@ -242,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from ..progress import RunProgress, format_duration
     from ..console import make_console
+    from ..progress import RunProgress, format_duration
 
     console = make_console()
     max_tokens = len(prompt_ids) * args.max_new_tokens

@@ -4,11 +4,11 @@ size and the valid range per batch size.
 
 At batch size ``bs`` a step verifies from ``bs`` tokens (each request's anchor slot) up to
 ``bs * B``, and is charged at the smallest captured count >= its tokens
-(:class:`~dcut_sched.controller.step.GraphCells`), which the curve must price: at most ``hi``, the
+(:class:`~dcut_sched.controller.step_driver.GraphCells`), which the curve must price: at most ``hi``, the
 curve's largest token count at ``bs``. So
 
 - a policy restricted to the captured counts (``fine`` without its own ``allowed_num_tokens``,
-  :func:`~dcut_sched.controller.step.restrict_to_graph_cells`) needs a count in ``bs .. hi``;
+  :func:`~dcut_sched.controller.step_driver.restrict_to_graph_cells`) needs a count in ``bs .. hi``;
 - any other drafting policy pads its budget up, so a step verifying every slot needs a count in
   ``bs * B .. hi`` (a bank that cannot hold it fails at run time, in the simulator as in the
   controller);
@@ -35,7 +35,7 @@ def check_graph_tokens(config, cost_path: str) -> None:
             and the valid range per batch size.
         CostCurveError: the curve file is invalid (the loader's one-line message).
     """
-    from ..controller.step import restrict_to_graph_cells
+    from ..controller.step_driver import restrict_to_graph_cells
     from ..cost_curve import CostCurve, CostCurveRangeError
     from ..simulator.simulate import resolve_policies
 

@@ -175,16 +175,18 @@ def build_parser() -> CliParser:
 
 
 def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: str, what: str, several: bool) -> list[str]:
-    """The files of ``flag`` (``given``), else the default file(s); ``several``: more than one is allowed."""
-    from ..simulator.defaults import default_path
+    """The files of ``flag`` (``given``), else the shipped default file(s) named ``default``;
+    ``several``: more than one is allowed."""
+    from ..simulator.defaults import default_cost_path, default_trace_path
 
     if not given:
         paths = []
-        for rel in ([default] if isinstance(default, str) else list(default)):
-            path = default_path(rel)
+        locate = default_trace_path if flag == "--trace" else default_cost_path
+        for name in ([default] if isinstance(default, str) else list(default)):
+            path = locate(name)
             if not path.is_file():
                 how = "dcut-trace makes one" if flag == "--trace" else "dcut-profile measures one"
-                raise UsageError(f"default {what} {rel} not found (looked for {path}); pass {flag} FILE ({how})")
+                raise UsageError(f"default {what} {name} not found (looked for {path}); pass {flag} FILE ({how})")
             paths.append(str(path))
         return paths
     if len(given) > 1 and not several:

@@ -53,7 +53,8 @@ def build_parser() -> CliParser:
                                      "13 minutes on a 2-core machine at load 5-6; the run prints its size, an "
                                      "estimate after the first request, and progress (use --threads 1 when the "
                                      "cores are shared).")
-    rec.add_argument("--prompts", default="traces/prompts.jsonl", help="prompt file (JSON lines: id, category, prompt)")
+    rec.add_argument("--prompts", default=None, help="prompt file (JSON lines: id, category, prompt); default: the "
+                     "shipped prompt set (dcut_sched/data/traces/prompts.jsonl)")
     rec.add_argument("--out", required=True, help="output trace (.parquet)")
     rec.add_argument("--backend", choices=("native", "hf"), default="native",
                      help="native: SmolLM2-135M-Instruct + self-speculative drafter (default); "
@@ -136,11 +137,15 @@ def build_parser() -> CliParser:
 def _cmd_record(args: argparse.Namespace) -> int:
     import torch
 
-    from dcut_sched.traces.prompts import PromptError, load_prompt_records
-    from dcut_sched.sampling import SamplingParams
     from dcut_sched.engine.trace_backends import HFBackend, NativeBackend
+    from dcut_sched.sampling import SamplingParams
+    from dcut_sched.traces.prompts import PromptError, load_prompt_records
     from dcut_sched.traces.record import RecordError, partial_path, record_trace
 
+    if args.prompts is None:
+        from ..paths import prompts_path
+
+        args.prompts = str(prompts_path())
     # the resumable OUT.partial.parquet is written too: neither it nor --out may be an input
     check_paths({"--prompts": args.prompts}, {"--out": (args.out, TRACE_SUFFIXES),
                                               "--out's resumable partial": (partial_path(args.out), None)})

@@ -5,7 +5,7 @@ See ``docs/controller.md``. Public names: :class:`RatioController` (plans over t
 simulator run), :class:`GraphCells`, :func:`restrict_to_graph_cells`, :func:`slot_layout` /
 :class:`SlotLayout`, :class:`VerifyGraphBank`, :func:`cells_from_curve`.
 
-Names are imported on first use (PEP 562): the simulator imports :mod:`.step` (numpy only) without
+Names are imported on first use (PEP 562): the simulator imports :mod:`.step_driver` (numpy only) without
 loading torch through :mod:`.controller`.
 """
 
@@ -17,9 +17,9 @@ from .._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "ControllerPlan": ".controller",
     "RatioController": ".controller",
-    "GraphCells": ".step",
-    "StepDriver": ".step",
-    "restrict_to_graph_cells": ".step",
+    "GraphCells": ".step_driver",
+    "StepDriver": ".step_driver",
+    "restrict_to_graph_cells": ".step_driver",
     "VerifyGraphBank": ".graph_bank",
     "cells_from_curve": ".graph_bank",
     "SlotLayout": ".layouts",

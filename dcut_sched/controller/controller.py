@@ -8,7 +8,7 @@
 
 What it adds to a :class:`~dcut_sched.policies.Policy` (which it calls, never re-implements). The
 per-step sequence itself (sanitise -> calibrate -> plan -> observe, and the counters) is one
-:class:`~dcut_sched.controller.step.StepDriver`, the same object the simulator runs on numpy arrays;
+:class:`~dcut_sched.controller.step_driver.StepDriver`, the same object the simulator runs on numpy arrays;
 this class adds the shape checks, the CPU-tensor fast path and the layouts:
 
 - **Sanitising on the device.** A request whose confidence row holds NaN, +-inf or a value outside
@@ -41,10 +41,11 @@ import torch
 from .. import policies as _policies
 from ..calibration import OnlineCalibrator
 from ..cost_curve import CostCurve
+from ..defaults import DEFAULT_POLICY
 from ..policies import VerifyPlan
 from ..scores import Array
 from .layouts import SlotLayout, slot_layout
-from .step import StepDriver, restrict_to_graph_cells
+from .step_driver import StepDriver, restrict_to_graph_cells
 
 __all__ = ["ControllerPlan", "RatioController"]
 
@@ -153,7 +154,7 @@ class RatioController:
         self,
         cost: CostCurve | None,
         block_size: int,
-        policy: str = "fine",
+        policy: str = DEFAULT_POLICY,
         calibrate: bool = False,
         graph_bank: Any = None,
         calibrator: OnlineCalibrator | None = None,
@@ -178,7 +179,7 @@ class RatioController:
             OnlineCalibrator(self.block_size) if self.calibrate else None
         )
         # The per-step sequence (sanitise, calibrate, plan, observe) and the counters: the same
-        # object the simulator runs (controller/step.py).
+        # object the simulator runs (controller/step_driver.py).
         self.driver = StepDriver(self.policy, cost, self.block_size, calibrator=self.calibrator,
                                  graph_cells=graph_bank)
 

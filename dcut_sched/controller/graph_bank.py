@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from .step import GraphCells
+from .step_driver import GraphCells
 
 __all__ = ["VerifyGraphBank", "cells_from_curve"]
 
@@ -132,7 +132,7 @@ class VerifyGraphBank:
         """The captured cell a request of ``(batch_size, num_tokens)`` replays.
 
         Without ``input_shapes``: the padding rule's cell
-        (:meth:`GraphCells.cell_for <dcut_sched.controller.step.GraphCells.cell_for>`: smallest
+        (:meth:`GraphCells.cell_for <dcut_sched.controller.step_driver.GraphCells.cell_for>`: smallest
         captured batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``; what
         the controller charges a plan). With them (what :meth:`__call__` passes): the first cell in
         that order whose static buffers hold inputs of those shapes, so a request whose rows are

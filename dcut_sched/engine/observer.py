@@ -17,7 +17,7 @@ call                                                   when
 ``phase_started(s, "verify")`` / ``phase_ended(...)``  around the target's verification forward of the
                                                        plan, the acceptance and the commit
 ``step_ended(record)``                                 once the step is committed, with its
-                                                       :class:`~dcut_sched.engine.StepRecord`
+                                                       :class:`~dcut_sched.engine.EngineStepRecord`
 =====================================================  =================================================
 
 ``phase_ended`` gets the phase's wall time in ms (``time.perf_counter``). The record's
@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .step import StepRecord
+    from .decode_step import EngineStepRecord
 
 __all__ = ["PHASES", "EngineObserver", "Phase"]
 
@@ -60,5 +60,5 @@ class EngineObserver:
     def phase_ended(self, step: int, phase: Phase, elapsed_ms: float) -> None:
         """Phase ``phase`` of step ``step`` ran for ``elapsed_ms`` ms of wall time."""
 
-    def step_ended(self, record: StepRecord) -> None:
-        """Step ``record.step`` is committed; ``record`` is its :class:`StepRecord`."""
+    def step_ended(self, record: EngineStepRecord) -> None:
+        """Step ``record.step`` is committed; ``record`` is its :class:`EngineStepRecord`."""

@@ -40,9 +40,9 @@ engine verifies the whole block to learn it, then plans with it (an upper bound 
 a deployable policy; its step cost is that of ``full``).
 
 Code layout (after gpt-fast's ``speculative_decode()`` beside ``generate()``): one step is the free
-function :func:`~dcut_sched.engine.step.speculative_step` (draft, plan, verify, commit, feedback),
-built from :func:`~dcut_sched.engine.step.verify_block` and
-:func:`~dcut_sched.engine.step.accepted_drafts`; :meth:`SpecEngine.generate` is the loop around it
+function :func:`~dcut_sched.engine.decode_step.speculative_step` (draft, plan, verify, commit, feedback),
+built from :func:`~dcut_sched.engine.decode_step.verify_block` and
+:func:`~dcut_sched.engine.decode_step.accepted_drafts`; :meth:`SpecEngine.generate` is the loop around it
 (prefill into free rows, step, repeat). Timing hooks: pass an
 :class:`~dcut_sched.engine.observer.EngineObserver` to ``generate`` to be called around each step
 and its draft / plan / verify phases (how ``analysis/fidelity.py`` times the engine).
@@ -58,17 +58,17 @@ import torch
 
 from ..controller import RatioController
 from ..sampling import SamplingParams, request_keys
-from .observer import EngineObserver
-from .step import (
+from .decode_step import (
     DecodeBatch,
     DecodeContext,
-    StepRecord,
+    EngineStepRecord,
     prefill_free_rows,
     speculative_step,
 )
+from .observer import EngineObserver
 from .verify_runtime import VerifyRuntime
 
-__all__ = ["EngineObserver", "EngineResult", "SpecEngine", "StepRecord"]
+__all__ = ["EngineObserver", "EngineResult", "EngineStepRecord", "SpecEngine"]
 
 
 @dataclass
@@ -77,7 +77,7 @@ class EngineResult:
 
     Attributes:
         outputs: generated token ids per prompt (prompt excluded), in input order.
-        steps: the :class:`StepRecord` of every decode step.
+        steps: the :class:`EngineStepRecord` of every decode step.
         prefill_ms: wall time of the prefills (prompt processing, including each request's first
             token); ``decode_ms``: wall time of the decode steps.
         policy, block_size, batch_size: the run's settings; ``cost_source``: which cost curve.
@@ -88,7 +88,7 @@ class EngineResult:
     """
 
     outputs: list[list[int]]
-    steps: list[StepRecord]
+    steps: list[EngineStepRecord]
     prefill_ms: float
     decode_ms: float
     policy: str
@@ -269,13 +269,13 @@ class SpecEngine:
         record_trace: bool = False,
         on_request_done: Callable[[int], None] | None = None,
         keys: Sequence[int] | None = None,
-        on_step: Callable[[StepRecord], None] | None = None,
+        on_step: Callable[[EngineStepRecord], None] | None = None,
         observer: EngineObserver | None = None,
     ) -> EngineResult:
         """Generate for every prompt.
 
         The loop is: prefill waiting requests into free cache rows, run one
-        :func:`~dcut_sched.engine.step.speculative_step` over the active requests, repeat.
+        :func:`~dcut_sched.engine.decode_step.speculative_step` over the active requests, repeat.
 
         Args:
             prompt_ids: token ids of each prompt (each non-empty).
@@ -283,7 +283,7 @@ class SpecEngine:
             on_request_done: called with the prompt index when a request finishes (progress bars).
             keys: per-request sampling keys (default ``request_keys(sampling.seed, len(prompt_ids))``);
                 a request's output depends only on its prompt and key. Ignored at T = 0.
-            on_step: called with each step's :class:`StepRecord` once the step is committed (progress).
+            on_step: called with each step's :class:`EngineStepRecord` once the step is committed (progress).
             observer: timing hooks called around each step and its draft / plan / verify phases
                 (:class:`~dcut_sched.engine.observer.EngineObserver`); ``None``: none.
 
@@ -336,7 +336,7 @@ class SpecEngine:
         batch = DecodeBatch(prompts, rows_total, self.max_new_tokens, self.eos_id, on_request_done)
         trace_rows: list[tuple] | None = [] if record_trace else None
         drafted_steps_of: dict[int, int] = {}
-        steps: list[StepRecord] = []
+        steps: list[EngineStepRecord] = []
         prefill_ms = prefill_free_rows(ctx, batch)
         decode_ms = 0.0
         draft = ctrl.policy.drafts_first_step

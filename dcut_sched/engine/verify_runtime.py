@@ -1,6 +1,6 @@
 """The engine's verification runtime: the packed target forward, replayed through a VerifyGraphBank.
 
-:func:`~dcut_sched.engine.step.verify_block` packs a step's verified slots into dense
+:func:`~dcut_sched.engine.decode_step.verify_block` packs a step's verified slots into dense
 ``input_ids / position_ids / cache_slots [rows, T]`` and ``batch_index [rows]``
 (:mod:`dcut_sched.engine.packing`) and runs them through :class:`VerifyRuntime`, which holds a
 :class:`~dcut_sched.controller.VerifyGraphBank` whose cell ``(rows, rows * T)`` has static buffers

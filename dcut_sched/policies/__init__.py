@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..defaults import DEFAULT_POLICY
 from .base import Policy, VerifyPlan, budget_from_ratio, check_params, get, names, param_defaults, param_help, register
 
 # Registration order = the order of docs/design.md §2 (the order tables list policies in), then the
@@ -27,5 +28,5 @@ for _mod in pkgutil.iter_modules(__path__):
     if _mod.name not in _ORDER and _mod.name != "base":
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["PEERS", "Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
+__all__ = ["DEFAULT_POLICY", "PEERS", "Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
            "param_help", "register"]

@@ -1,7 +1,7 @@
 """Discrete-event simulator: replays acceptance traces under every policy with a measured cost curve.
 
 >>> import dcut_sched as d
->>> df = d.simulate("traces/x.parquet", "profiler/profiles/y.json", batch_sizes=[4, 16, 64])  # doctest: +SKIP
+>>> df = d.simulate("dcut_sched/data/traces/x.parquet", "dcut_sched/profiler/profiles/y.json", batch_sizes=[4, 16, 64])  # doctest: +SKIP
 
 Modules: ``config`` (``SimConfig``, every option, validated once), ``replay`` (vectorised trace
 cursor), ``loop`` (simpy processes, closed and open
@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "Calibrator": ".loop",
     "ClosedLoopRun": ".loop",
     "OpenLoopRun": ".loop",
-    "SimStepRecord": ".loop",
+    "SimulatedSteps": ".loop",
     "run_closed_loop": ".loop",
     "run_open_loop": ".loop",
     "check_output_path": ".output",

@@ -62,7 +62,7 @@ class SimConfig:
         graph_token_counts: the token counts a CUDA-graph bank captured (at every batch size): the
             controller's policy only chooses among them (``fine``, unless given its own
             ``allowed_num_tokens``) and every drafted step is charged at its padded cell
-            (:class:`~dcut_sched.controller.step.GraphCells`). ``None``: every budget has a graph.
+            (:class:`~dcut_sched.controller.step_driver.GraphCells`). ``None``: every budget has a graph.
         rate_rps: open loop: arrival rate, requests/s (> 0; ``None``: ``load`` x the ``ar``
             capacity at each max batch size).
         load: open loop: the load used when ``rate_rps`` is None (> 0).

@@ -1,8 +1,9 @@
 """Default inputs and run lengths of the simulator, in one place.
 
-The default trace and cost curve are files shipped in the repository, given relative to its root, so
-``dcut-sim`` with no arguments runs the project's main table. A missing default file is reported by
-the CLI (exit 2) with the flag that replaces it.
+The default traces and cost curve are shipped package data, named here and found with
+:mod:`dcut_sched.paths`, so ``dcut-sim`` with no arguments runs the project's main table from a
+checkout or an installed wheel alike. A missing default file is reported by the CLI (exit 2) with the
+flag that replaces it.
 """
 
 from __future__ import annotations
@@ -20,22 +21,19 @@ __all__ = [
     "DEFAULT_TRACE",
     "DEFAULT_TRACES",
     "DEFAULT_WARMUP_STEPS",
-    "REPO_ROOT",
-    "default_path",
+    "default_cost_path",
+    "default_trace_path",
 ]
 
-#: The repository root (the folder holding ``dcut_sched/``).
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-#: Default acceptance trace, relative to :data:`REPO_ROOT`.
-DEFAULT_TRACE = "traces/dflash-qwen3-8b-gsm8k-b16.parquet"
+#: Default acceptance trace: a shipped trace's name (:func:`dcut_sched.paths.trace_path`).
+DEFAULT_TRACE = "dflash-qwen3-8b-gsm8k-b16.parquet"
 #: The published protocol's five benchmarks (mean speedup over them): the main job of ``dcut-sim``.
 DEFAULT_TRACES = tuple(
-    f"traces/dflash-qwen3-8b-{benchmark}-b16.parquet"
+    f"dflash-qwen3-8b-{benchmark}-b16.parquet"
     for benchmark in ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 )
-#: Default cost curve, relative to :data:`REPO_ROOT`.
-DEFAULT_COST = "profiler/profiles/h20-qwen3-8b-published.json"
+#: Default cost curve: a shipped curve's name (:func:`dcut_sched.paths.profile_path`).
+DEFAULT_COST = "h20-qwen3-8b-published.json"
 
 #: Batch sizes of the default table.
 DEFAULT_BATCH_SIZES = (4, 8, 16, 32, 64)
@@ -56,6 +54,15 @@ DEFAULT_BENCHMARK_WARMUP_STEPS = 100
 DEFAULT_SELECTION_BATCH_SIZE = 64
 
 
-def default_path(relative: str) -> Path:
-    """``REPO_ROOT / relative``: where a default input file lives."""
-    return REPO_ROOT / relative
+def default_trace_path(name: str = DEFAULT_TRACE) -> Path:
+    """Where shipped trace ``name`` lives (checkout or installed package)."""
+    from ..paths import trace_path
+
+    return trace_path(name)
+
+
+def default_cost_path(name: str = DEFAULT_COST) -> Path:
+    """Where shipped cost curve ``name`` lives (checkout or installed package)."""
+    from ..paths import profile_path
+
+    return profile_path(name)

@@ -1,7 +1,7 @@
 """The simulated serving loop: simpy processes with one event per engine step.
 
 A step (docs/design.md §1, issue 5) is the online controller's own step code,
-:class:`~dcut_sched.controller.step.StepDriver`, run on numpy arrays:
+:class:`~dcut_sched.controller.step_driver.StepDriver`, run on numpy arrays:
 
 1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
    previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from
@@ -42,14 +42,14 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 import numpy as np
 import simpy
 
-from ..controller.step import GraphCells, StepDriver, restrict_to_graph_cells
+from ..controller.step_driver import GraphCells, StepDriver, restrict_to_graph_cells
 from ..cost_curve import CostCurve
 from ..policies import Policy
 from ..scores import verified_prefix_tokens
+from ..step_costs import StepCosts, step_costs
 from ..traces import Trace
 from .config import SimConfig
 from .replay import ReplayBatch, RequestFeed
-from ..step_costs import StepCosts, step_costs
 
 _sum_reduce = np.add.reduce
 
@@ -57,7 +57,7 @@ __all__ = [
     "Calibrator",
     "ClosedLoopRun",
     "OpenLoopRun",
-    "SimStepRecord",
+    "SimulatedSteps",
     "run_closed_loop",
     "run_open_loop",
 ]
@@ -82,9 +82,9 @@ class Calibrator(Protocol):
 
 
 @dataclass
-class SimStepRecord:
+class SimulatedSteps:
     """Per-step arrays of one simulated run (all ``[steps]``); the engine's own per-step log is
-    :class:`dcut_sched.engine.StepRecord`.
+    :class:`dcut_sched.engine.EngineStepRecord`.
 
     Attributes:
         step_ms: duration of each step in ms.
@@ -103,7 +103,7 @@ class SimStepRecord:
     expected_tokens: np.ndarray
 
     @classmethod
-    def from_lists(cls, lists: dict[str, list]) -> "SimStepRecord":
+    def from_lists(cls, lists: dict[str, list]) -> "SimulatedSteps":
         return cls(
             step_ms=np.asarray(lists["step_ms"], dtype=np.float64),
             batch_size=np.asarray(lists["batch_size"], dtype=np.int64),
@@ -141,7 +141,7 @@ class ClosedLoopRun:
     policy: str
     batch_size: int
     block_size: int
-    steps: SimStepRecord
+    steps: SimulatedSteps
     warmup_steps: int
     finished_requests: int
     finished_tokens: int
@@ -170,7 +170,7 @@ class OpenLoopRun:
     max_batch_size: int
     block_size: int
     rate_rps: float
-    steps: SimStepRecord
+    steps: SimulatedSteps
     arrival_ms: np.ndarray
     start_ms: np.ndarray
     first_token_ms: np.ndarray
@@ -329,7 +329,7 @@ def run_closed_loop(
         policy=label or policy.name,
         batch_size=int(batch_size),
         block_size=trace.block_size,
-        steps=SimStepRecord.from_lists(stepper.lists),
+        steps=SimulatedSteps.from_lists(stepper.lists),
         warmup_steps=int(config.warmup_steps),
         finished_requests=counters["finished_requests"],
         finished_tokens=counters["finished_tokens"],
@@ -454,7 +454,7 @@ def run_open_loop(
         max_batch_size=int(max_batch_size),
         block_size=trace.block_size,
         rate_rps=float(rate_rps),
-        steps=SimStepRecord.from_lists(stepper.lists),
+        steps=SimulatedSteps.from_lists(stepper.lists),
         arrival_ms=arrival_ms,
         start_ms=start_ms,
         first_token_ms=first_token_ms,

@@ -10,13 +10,13 @@ import pandas as pd
 from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveRangeError
 from ..policies import Policy
+from ..step_costs import StepCosts, step_costs
 from ..traces import Trace, TraceError, check_trace_columns
 from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, SimulationError
 from .loop import run_closed_loop, run_open_loop
 from .parallel import run_cells
 from .replay import output_lengths
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row, open_loop_row
-from ..step_costs import StepCosts, step_costs
 
 __all__ = [
     "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
@@ -193,7 +193,7 @@ def simulate(
 
     Every run uses the same request sequence (``seed``), so differences between policies are the
     policy's. ``ar`` is always run (first) as the speedup baseline. Each run drives the online
-    controller's step code (:class:`~dcut_sched.controller.step.StepDriver`) on numpy arrays.
+    controller's step code (:class:`~dcut_sched.controller.step_driver.StepDriver`) on numpy arrays.
 
     Args:
         trace: a :class:`Trace` or a trace file path (validated on load).

@@ -28,8 +28,8 @@ import pandas as pd
 
 from ..cost_curve import CostCurve
 from ..traces import Trace
-from .results import CLOSED_COLUMNS, OPEN_COLUMNS
 from .config import SimConfig
+from .results import CLOSED_COLUMNS, OPEN_COLUMNS
 from .simulate import check_simulation, sim_config, simulate
 
 __all__ = ["dask_executor", "sweep", "sweep_job"]

@@ -1,7 +1,7 @@
 """Prompt sets for trace recording: a JSON-lines file, one prompt per line.
 
 Each line is an object ``{"id": str, "category": str, "prompt": str}``. The project's set is
-``traces/prompts.jsonl`` (80 prompts written for the project, 20 in each of the categories ``math``,
+``dcut_sched/data/traces/prompts.jsonl`` (80 prompts written for the project, 20 in each of the categories ``math``,
 ``code``, ``chat`` and ``rewrite``, interleaved so that any prefix of the file is balanced).
 """
 

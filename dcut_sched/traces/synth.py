@@ -33,7 +33,7 @@ shift structure ``accept_len[p+1] = accept_len[p] - 1`` inside accepted runs; th
 reproduce that (``dcut-trace fit`` reports how well the statistics still match).
 
 Presets (``PRESETS``) are fitted to public DFlash figures for Qwen3-8B (see each preset's ``source``
-and ``traces/README.md`` for the fit error); ``analysis/fit_presets.py`` re-runs those fits.
+and ``dcut_sched/data/traces/README.md`` for the fit error); ``analysis/fit_presets.py`` re-runs those fits.
 """
 
 from __future__ import annotations

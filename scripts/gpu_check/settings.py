@@ -67,7 +67,7 @@ class Settings:
 
 
 def settings_for(dry_run: bool) -> Settings:
-    curve = str(REPO / "profiler" / "profiles" / "h20-qwen3-8b-published.json")
+    curve = str(REPO / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json")
     if dry_run:
         return Settings(dry_run=True, device="cpu", model="tiny", dtype="float32", context_len=32, block_size=16,
                         draft="dflash:1", bucket_batch_sizes=(1, 2, 4), curve_batch_sizes=(1, 2, 4), grid_step=4,

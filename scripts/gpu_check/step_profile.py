@@ -5,7 +5,7 @@ draft step and the plain decode step at bs 4/8/16/32/64) against the 10 s goal. 
 writes the full curve (bs 1..64, every multiple of the grid step as well) and judges how well the
 coarse grid predicts the dense cells at two batch sizes (goal: median error <= 3 %).
 
-Both run ``dcut_profiler.cli.main`` in this process (the code behind the ``dcut-profile`` console script)
+Both run ``dcut_sched.profiler.cli.main`` in this process (the code behind the ``dcut-profile`` console script)
 and then check the file it wrote: schema version 2, ``ar`` rows (the plain decode step, on a GPU a
 captured full CUDA graph), ``draft`` rows, every cell measured, the hardware fingerprint.
 """
@@ -69,7 +69,7 @@ def _prepare(res: StepResult, cfg: Settings) -> bool:
 
 def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict | None:
     """Run dcut-profile; returns the written file as JSON, or ``None`` after recording the failure."""
-    from dcut_profiler.cli import main
+    from dcut_sched.profiler.cli import main
 
     argv = [*args, "--out", str(out)]
     command = "dcut-profile " + " ".join(argv)
@@ -84,7 +84,7 @@ def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict
     if rc != 0 or not out.exists():
         err = [ln for ln in tee.buf.getvalue().splitlines() if ln.strip()]
         res.check("dcut-profile exits 0 and writes the curve", False, value=rc, detail=err[-1] if err else "",
-                  hint=f"rerun: PYTHONPATH=. python3 -m dcut_profiler.cli {' '.join(argv)}"
+                  hint=f"rerun: PYTHONPATH=. python3 -m dcut_sched.profiler.cli {' '.join(argv)}"
                        + (f" --resume (measured cells are kept in {partial.name})" if partial.exists() else ""))
         return None
     res.check("dcut-profile exits 0 and writes the curve", True, value=rc)
@@ -94,7 +94,7 @@ def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict
 
 def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
     """Schema, ar/draft rows, cells, fingerprint of a profile the profiler wrote."""
-    from dcut_profiler.grid import verify_tokens
+    from dcut_sched.profiler.grid import verify_tokens
 
     schema = doc.get("schema")
     res.check("cost-curve schema v2", schema == SCHEMA_V2, value=schema,
@@ -147,7 +147,7 @@ def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
     res.figure("cells", {"verify": len(doc.get("verify", [])), "ar": len(ar), "draft": len(draft_bs)})
     by_bs = {}
     verify = {(int(r["batch_size"]), int(r["num_tokens"])): r["median_ms"] for r in doc.get("verify", [])}
-    from dcut_profiler.grid import bucket_tokens
+    from dcut_sched.profiler.grid import bucket_tokens
 
     for bs in want:
         by_bs[str(bs)] = {
@@ -213,7 +213,7 @@ def _interp(res: StepResult, cfg: Settings, path: Path) -> None:
     import numpy as np
 
     from dcut_sched import CostCurve
-    from dcut_profiler.interp_error import interpolation_points
+    from dcut_sched.profiler.interp_error import interpolation_points
 
     curve = CostCurve.load(path, check_hardware=False)
     pts = interpolation_points(curve)

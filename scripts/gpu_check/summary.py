@@ -152,6 +152,6 @@ def render_markdown(summary: dict) -> str:
         lines += ["", "## Files", ""]
         for a in curves:
             lines.append(f"- `{a}`" + ("" if summary["mode"] == "dry-run" or "-buckets" in a else
-                                       f": the curve to commit as `profiler/profiles/{a.split('/', 1)[1]}`"))
+                                       f": the curve to commit as `dcut_sched/profiler/profiles/{a.split('/', 1)[1]}`"))
     lines.append("")
     return "\n".join(lines)

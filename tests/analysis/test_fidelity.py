@@ -111,8 +111,8 @@ def test_matched_trace_replays_a_real_engine_run(make_curve):
     """Tiny random model: recorder trace -> engine-matched trace -> simulator == SpecEngine step for step."""
     from dcut_sched.controller import RatioController
     from dcut_sched.engine import SpecEngine
-    from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
     from dcut_sched.engine.trace_backends import draft_all_positions
+    from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
     from dcut_sched.simulator import run_open_loop
     from dcut_sched.traces.record import accept_lengths
 

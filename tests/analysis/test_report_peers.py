@@ -11,8 +11,7 @@ import pytest
 ANALYSIS = Path(__file__).resolve().parents[2] / "analysis"
 sys.path.insert(0, str(ANALYSIS))
 
-from report_peers import (PeerFamily, peer_wins, peers_commentary, peers_markdown, peers_table,  # noqa: E402
-                          plot_peers, run_peers)
+from report_peers import PeerFamily, peer_wins, peers_commentary, peers_markdown, peers_table, plot_peers, run_peers  # noqa: E402
 
 from dcut_sched.policies import PEERS  # noqa: E402
 from tests.sim.conftest import random_trace  # noqa: E402

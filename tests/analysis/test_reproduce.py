@@ -68,7 +68,7 @@ def test_generated_block_replaced_only_between_markers(tmp_path):
 
 def test_gap_zero_traces_are_the_shipped_ones():
     # the sensitivity's traces at gap 0 are exactly the shipped presets' (48 requests, seed 0)
-    shipped = Trace.load(defaults.REPO_ROOT / defaults.DEFAULT_TRACES[4])
+    shipped = Trace.load(defaults.default_trace_path(defaults.DEFAULT_TRACES[4]))
     made = rr.gap_traces(0.0)[4]
     np.testing.assert_array_equal(made.accept_len, shipped.accept_len)
     np.testing.assert_array_equal(made.conf, shipped.conf)

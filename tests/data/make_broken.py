@@ -8,7 +8,6 @@ A symlink loop cannot be committed portably: the test makes it in its temp folde
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

@@ -66,7 +66,7 @@ def test_observer_sees_every_phase_in_order(tiny, prompts, make_curve, policy):
     assert result.outputs == greedy_generate(tiny, prompts, MAX_NEW, eos_id=None, batch_size=1)
     calls = rec.calls
     ends = [c for c in calls if c[0] == "step_ended"]
-    assert [c[2] for c in ends] == result.steps  # the same StepRecord objects, in order
+    assert [c[2] for c in ends] == result.steps  # the same EngineStepRecord objects, in order
     for s in result.steps:
         want = (["draft"] + (["oracle_verify"] if policy == "oracle" else []) if s.drafted else []) + ["plan", "verify"]
         assert _phases_of(calls, s.step) == want

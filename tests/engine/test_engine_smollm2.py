@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from dcut_sched import RatioController, policies
 from dcut_sched.model import LlamaModel, greedy_generate, smollm2_available

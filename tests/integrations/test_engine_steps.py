@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from dcut_sched.integrations.vllm.engine_steps import StepRecord, engine_step_rows
+from dcut_sched.integrations.vllm.engine_steps import VllmStepTiming, engine_step_rows
 from dcut_sched.step_costs import StepCosts
 
 
 def _rec(kind, n, k, step, propose=0.0, first=0.0, wave=2):
-    return StepRecord(kind=kind, num_requests=n, num_tokens=k, num_drafts=0, step_ms=step, propose_ms=propose,
+    return VllmStepTiming(kind=kind, num_requests=n, num_tokens=k, num_drafts=0, step_ms=step, propose_ms=propose,
                       draft_first_ms=first, wave=wave, proposed=7 if kind == "drafted" else 0)
 
 

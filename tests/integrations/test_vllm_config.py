@@ -7,8 +7,14 @@ import json
 import pytest
 import torch
 
-from dcut_sched.integrations.vllm import (SCHEDULER_CLS, SUPPORTED_VLLM_VERSION, DCutConfigError,
-                                          DCutVllmConfig, llm_kwargs, require_vllm_version)
+from dcut_sched.integrations.vllm import (
+    SCHEDULER_CLS,
+    SUPPORTED_VLLM_VERSION,
+    DCutConfigError,
+    DCutVllmConfig,
+    llm_kwargs,
+    require_vllm_version,
+)
 from dcut_sched.integrations.vllm.checkpoint import draft_dir_name, hf_config, write_checkpoint
 from dcut_sched.model.config import LlamaConfig
 
@@ -119,7 +125,7 @@ def test_checkpoint_drops_and_renumbers_layers(tmp_path):
 
 
 def test_dcut_profile_vllm_bad_model_folder(tmp_path, capsys):
-    from dcut_profiler.cli import main
+    from dcut_sched.profiler.cli import main
 
     assert main(["--vllm", str(tmp_path), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err

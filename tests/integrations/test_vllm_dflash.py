@@ -14,13 +14,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python
+from dcut_sched.integrations.vllm.venv import cpu_env, venv_python
 
-from .test_vllm_engine import _ok, _records, _require_vllm
+from .test_vllm_engine import REPO_ROOT, _ok, _records, _require_vllm
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +27,7 @@ BLOCK_SIZE = 8
 NUM_PROMPTS = 16
 MAX_TOKENS = 24
 DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
-CURVE_B8 = REPO_ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
+CURVE_B8 = REPO_ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
 POLICIES = ("ar", "full", "dcut", "fine", "topk", "threshold")
 
 
@@ -46,7 +45,7 @@ def dflash_runs(tmp_path_factory):
             dcut["cost_curve"] = str(CURVE_B8)
         runs.append({"name": policy, "dcut": dcut})
     job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
-           "prompts": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "offset": 48,
+           "prompts": {"file": str(REPO_ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "offset": 48,
                        "chat": True},
            "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs}
     (tmp / "job.json").write_text(json.dumps(job))

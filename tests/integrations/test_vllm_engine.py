@@ -22,15 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python, vllm_available
+from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
 BLOCK_SIZE = 8
 NUM_PROMPTS = 16
 MAX_TOKENS = 24
-CURVE_B8 = REPO_ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
-CURVE_B16 = REPO_ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b16.json"
+CURVE_B8 = REPO_ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
+CURVE_B16 = REPO_ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b16.json"
 POLICIES = ("ar", "full", "dcut", "fine")
 
 
@@ -69,7 +71,7 @@ def vllm_runs(tmp_path_factory):
     runs.append({"name": "startup_profile", "max_num_seqs": 2, "num_prompts": 2,
                  "dcut": {"policy": "dcut", "profile_cache_dir": str(tmp / "profiles")}})
     job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE,
-           "prompts": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "chat": True},
+           "prompts": {"file": str(REPO_ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "chat": True},
            "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs,
            "step_timing": True, "import_first": ["numba"]}
     (tmp / "job.json").write_text(json.dumps(job))

@@ -12,7 +12,7 @@ check), token 2 given m1 and token 3 given m1 m2 (both from verification steps).
 
 The cost curve is linear in the verified tokens (``make_curve``), so ``dcut`` keeps its smallest
 bucket (rho = 0.25, 2 of 8 slots per request on average, spread by the global top-K) at every batch
-size up to the 128 requests in flight. The prompt (traces/prompts.jsonl line 40) has a likely
+size up to the 128 requests in flight. The prompt (dcut_sched/data/traces/prompts.jsonl line 40) has a likely
 first token (P(m1) = 0.82) and spread second and third tokens (P(m2 | m1) = 0.44), so both
 conditional tests keep a few hundred samples.
 
@@ -33,7 +33,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python, vllm_available
+from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +74,7 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve):
     job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE, "policy": "dcut",
            "cost_curve": str(tmp_path / "linear-b8.json"), "temperature": 1.0, "num_samples": NUM_SAMPLES,
            "max_num_seqs": 128, "logprobs": 20,
-           "prompt": {"file": str(REPO_ROOT / "traces" / "prompts.jsonl"), "n": 1, "offset": PROMPT_INDEX,
+           "prompt": {"file": str(REPO_ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"), "n": 1, "offset": PROMPT_INDEX,
                       "chat": True}}
     (tmp_path / "job.json").write_text(json.dumps(job))
     proc = subprocess.run([str(venv_python()), str(DRIVER), str(tmp_path / "job.json"), str(tmp_path / "out.json")],

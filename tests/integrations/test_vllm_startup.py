@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import REPO_ROOT, cpu_env, venv_python
+from dcut_sched.integrations.vllm.venv import cpu_env, venv_python
 
-from .test_vllm_engine import _require_vllm
+from .test_vllm_engine import REPO_ROOT, _require_vllm
 
 pytestmark = pytest.mark.slow
 

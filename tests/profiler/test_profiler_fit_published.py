@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from dcut_sched import CostCurve, CostCurveError
-from dcut_profiler.analytic import Efficiency, forward_ms, parse_draft_spec
-from dcut_profiler.devices import get_device
-from dcut_profiler.efficiency_fit import device_matches, fill_curve, fit_efficiency
-from dcut_profiler.grid import verify_tokens
-from dcut_profiler.interp_error import interpolation_error, interpolation_points
-from dcut_profiler.published import (PUBLISHED_H20_QWEN3_8B, build_h20_qwen3_8b, published_rows_curve)
-from dcut_profiler.shapes import resolve_model
+from dcut_sched.profiler.analytic import Efficiency, forward_ms, parse_draft_spec
+from dcut_sched.profiler.devices import get_device
+from dcut_sched.profiler.efficiency_fit import device_matches, fill_curve, fit_efficiency
+from dcut_sched.profiler.grid import verify_tokens
+from dcut_sched.profiler.interp_error import interpolation_error, interpolation_points
+from dcut_sched.profiler.published import PUBLISHED_H20_QWEN3_8B, build_h20_qwen3_8b, published_rows_curve
+from dcut_sched.profiler.shapes import resolve_model
 
-SHIPPED = Path(__file__).resolve().parents[2] / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
+SHIPPED = Path(__file__).resolve().parents[2] / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
 
 
 def synthetic_curve(eff, device="h100", model="qwen3-8b", batch_sizes=(4, 16, 64), ctx=2048):
@@ -138,7 +138,7 @@ def test_interpolation_error_by_hand():
 def test_joint_fit_recovers_both_paths():
     """Synthetic verify rows from one Efficiency and ar rows from another sharing eta_compute/eta_memory:
     the joint fit recovers all six factors and reports residuals per family."""
-    from dcut_profiler.analytic import ar_step_ms
+    from dcut_sched.profiler.analytic import ar_step_ms
 
     truth = Efficiency(eta_compute=0.6, eta_memory=0.85, eta_attention=0.1, overhead_ms=2.5)
     truth_ar = Efficiency(eta_compute=0.6, eta_memory=0.85, eta_attention=0.3, overhead_ms=0.8)
@@ -166,7 +166,7 @@ def test_joint_fit_recovers_both_paths():
 
 
 def test_fill_derives_a_smaller_block_size():
-    from dcut_profiler.analytic import draft_ms
+    from dcut_sched.profiler.analytic import draft_ms
 
     base = published_rows_curve()
     shape, _ = resolve_model("qwen3-8b")
@@ -192,7 +192,7 @@ def test_cli_derives_a_smaller_block_size_from_a_curve_with_engine_rows(tmp_path
     ``hardware.fit.derived_block_size``), the rest and every step_overhead row are kept."""
     import json
 
-    from dcut_profiler.cli import main
+    from dcut_sched.profiler.cli import main
 
     doc = json.loads(SHIPPED.read_text())
     doc["draft_first"] = [{"batch_size": bs, "num_tokens": k * bs, "median_ms": 1.0 + 0.1 * k * bs}

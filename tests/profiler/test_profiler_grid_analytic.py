@@ -4,14 +4,22 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dcut_sched.model.config import PRESETS
-from dcut_profiler.analytic import (DraftSpec, Efficiency, draft_ms, forward_bytes, forward_flops, forward_ms,
-                               parse_draft_spec)
-from dcut_profiler.devices import DeviceSpec, get_device
-from dcut_profiler.grid import Cell, build_cells, bucket_tokens, verify_tokens
-from dcut_profiler.shapes import ModelShape, resolve_model
+from dcut_sched.profiler.analytic import (
+    DraftSpec,
+    Efficiency,
+    draft_ms,
+    forward_bytes,
+    forward_flops,
+    forward_ms,
+    parse_draft_spec,
+)
+from dcut_sched.profiler.devices import DeviceSpec, get_device
+from dcut_sched.profiler.grid import Cell, bucket_tokens, build_cells, verify_tokens
+from dcut_sched.profiler.shapes import ModelShape, resolve_model
 
 
 # ---------------------------------------------------------------- grid

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from dcut_profiler.cuda_graphs import GraphTimer, NoCudaError, require_cuda
-from dcut_profiler.grid import Cell, build_cells
-from dcut_profiler.harness import EagerTimer, PartialMismatch, is_oom, partial_path_for, run_profile, summarise
+from dcut_sched.profiler.cuda_graphs import GraphTimer, NoCudaError, require_cuda
+from dcut_sched.profiler.grid import Cell, build_cells
+from dcut_sched.profiler.harness import EagerTimer, PartialMismatch, is_oom, partial_path_for, run_profile, summarise
 
 
 def test_summarise_percentiles_by_hand():
@@ -289,8 +289,8 @@ def test_require_cuda_message(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_real_graph_capture_on_cuda():
     from dcut_sched.model.config import PRESETS
-    from dcut_profiler.analytic import parse_draft_spec
-    from dcut_profiler.workload import ForwardWorkload
+    from dcut_sched.profiler.analytic import parse_draft_spec
+    from dcut_sched.profiler.workload import ForwardWorkload
 
     work = ForwardWorkload(PRESETS["tiny"], 4, 32, 2, parse_draft_spec("dflash:1"), dtype=torch.bfloat16, device="cuda")
     timer = GraphTimer(work)

@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dcut_sched.model.config import LlamaConfig
-from dcut_sched.model.llama import LlamaModel
-from dcut_profiler.analytic import parse_draft_spec
-from dcut_profiler.grid import Cell
-from dcut_profiler.workload import ForwardWorkload, padded_layout
+from dcut_sched.profiler.analytic import parse_draft_spec
+from dcut_sched.profiler.grid import Cell
+from dcut_sched.profiler.workload import ForwardWorkload, padded_layout
 
 CFG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                   head_dim=8, name="micro")

@@ -13,8 +13,8 @@ import pytest
 from dcut_sched.cli import sim
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = str(ROOT / "traces" / "smollm2-135m-skip14-15-b8.parquet")
-COST = str(ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json")
+TRACE = str(ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-skip14-15-b8.parquet")
+COST = str(ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json")
 FAST = ["--trace", TRACE, "--cost", COST, "--batch-sizes", "2", "--steps", "20", "--warmup", "2",
         "--policies", "ar,full"]
 
@@ -116,7 +116,9 @@ def test_work_size_flags_have_a_documented_limit(capsys, flag, limit):
 
 
 def test_seeds_print_size_estimate_and_progress(capsys):
-    assert sim.main([*FAST, "--seeds", "3"]) == 0
+    # one worker: the runs finish in order, so the last line names the last run (with --jobs 2 any
+    # of the final runs may finish last)
+    assert sim.main([*FAST, "--seeds", "3", "--jobs", "1"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "dcut-sim: size: 3 seeds x 2 policies x 1 batch sizes = 6 runs, 20 steps per run"
     assert err[1].startswith("dcut-sim: estimate: the first run took ") and "all 6 ~" in err[1]

@@ -11,8 +11,8 @@ import pytest
 from dcut_sched.cli import sim
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT / "traces" / "smollm2-135m-skip14-15-b8.parquet"
-COST = ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
+TRACE = ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-skip14-15-b8.parquet"
+COST = ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
 
 
 def _digest(p: Path) -> str:
@@ -191,7 +191,7 @@ def test_engine_outputs_never_overwrite_an_input(tmp_path, capsys, monkeypatch, 
 def test_engine_out_never_overwrites_the_default_cost_curve(capsys):
     from dcut_sched.cli import engine
 
-    default = ROOT / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
+    default = ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
     before = _digest(default)
     status = engine.main(["--policy", "fine", "--block-size", "8", "--out", str(default)])
     _refused(status, capsys.readouterr().err, "--out", "--cost")
@@ -199,10 +199,10 @@ def test_engine_out_never_overwrites_the_default_cost_curve(capsys):
 
 
 def test_profile_out_never_overwrites_the_fit_curve(tmp_path, capsys):
-    from dcut_profiler import cli
+    from dcut_sched.profiler import cli
 
     fit = tmp_path / "h20.json"
-    shutil.copy(ROOT / "profiler" / "profiles" / "h20-qwen3-8b-published.json", fit)
+    shutil.copy(ROOT / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json", fit)
     before = _digest(fit)
     status = cli.main(["--analytic", "--device", "h20", "--fit", str(fit), "--out", str(fit)])
     _refused(status, capsys.readouterr().err, "--out", "--fit")
@@ -210,9 +210,9 @@ def test_profile_out_never_overwrites_the_fit_curve(tmp_path, capsys):
 
 
 def test_profile_partial_never_overwrites_the_model_config(tmp_path, capsys, monkeypatch):
-    from dcut_profiler import cli
+    from dcut_sched.profiler import cli
 
-    monkeypatch.setattr("dcut_profiler.workload.ForwardWorkload", lambda *a, **k: pytest.fail("built the model"))
+    monkeypatch.setattr("dcut_sched.profiler.workload.ForwardWorkload", lambda *a, **k: pytest.fail("built the model"))
     config = tmp_path / "o.json.partial"  # a model config where --out's resumable partial would go
     config.write_text('{"hidden_size": 64}')
     status = cli.main(["--cpu", "--model", str(config), "--out", str(tmp_path / "o.json"), "--no-progress"])

@@ -1,9 +1,11 @@
-"""SIGINT and SIGTERM at random points of dcut-sim, dcut-profile --cpu (tiny model) and dcut-trace
-record: the exit status is 130/143 (or 0 when the run finished first), the outputs are complete or
-absent, no temp file is left, and the profiler and recorder keep a loadable resumable partial.
+"""SIGINT and SIGTERM at random points inside the work of dcut-sim, dcut-profile --cpu (tiny model)
+and dcut-trace record: the exit status is 130/143, no output is left, no temp file is left, and the
+profiler and recorder keep a loadable resumable partial.
 
-The signals are real (``os.kill`` of this process from a timer thread, or of a child process), so
-the handler path is the one a terminal or a job scheduler triggers.
+The signals are real (``os.kill`` of this process, or of a child process), so the handler path is
+the one a terminal or a job scheduler triggers. Each is sent from inside the run -- at the n-th call
+of a function the work calls repeatedly, or after the child printed "started" from a sweep worker --
+so a test cannot pass by the run finishing before the signal.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +28,12 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM]
 _WARM: set[str] = set()
 
 
-def _run_with_signal(main, argv, sig: int, delay_s: float, warm_argv=None) -> int:
-    """``main(argv)`` with ``sig`` sent to this process after ``delay_s`` (while main runs).
+def _run_with_signal(main, argv, sig: int, hook: tuple[object, str], nth: int, warm_argv=None,
+                     monkeypatch=None) -> tuple[int, int]:
+    """``main(argv)`` with ``sig`` sent to this process from inside the work: at the ``nth`` call of
+    ``hook`` (``(owner, attribute name)``, a function the run calls repeatedly), before that call runs.
+    Returns ``(exit status, calls seen)``; a run that never reaches the ``nth`` call is not an
+    interrupt test, and the callers assert it was reached (the "started" marker).
 
     ``warm_argv`` is run once per process first, uninterrupted: an in-process signal that lands in
     a lazy first import (torch, matplotlib) would leave that module half-initialised for the rest of
@@ -39,20 +43,22 @@ def _run_with_signal(main, argv, sig: int, delay_s: float, warm_argv=None) -> in
     if warm_argv is not None and key not in _WARM:
         assert main(warm_argv) == 0
         _WARM.add(key)
-    old = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}  # a late signal is harmless
-    running = threading.Event()
-    running.set()
-    timer = threading.Timer(delay_s, lambda: running.is_set() and os.kill(os.getpid(), sig))
+    owner, name = hook
+    real = getattr(owner, name)
+    calls = [0]
+
+    def hooked(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == nth:
+            os.kill(os.getpid(), sig)  # the handler runs in this (main) thread before the call proceeds
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, hooked)
     try:
-        timer.start()
         status = main(argv)
     finally:
-        running.clear()
-        timer.cancel()
-        timer.join()
-        for s, h in old.items():
-            signal.signal(s, h)
-    return status
+        monkeypatch.setattr(owner, name, real)
+    return status, calls[0]
 
 
 def _no_temp_files(folder: Path) -> None:
@@ -70,33 +76,36 @@ def _check_status(status: int, sig: int, err: str) -> bool:
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGTERM"])
-def test_dcut_sim_outputs_all_or_none(tmp_path, capsys, sig, seed):
+@pytest.mark.parametrize("phase", ["step", "write"])
+def test_dcut_sim_outputs_none_when_interrupted(tmp_path, capsys, monkeypatch, sig, seed, phase):
+    """Interrupted at a random engine step, or as the outputs are being written: exit 128 + signal,
+    one line, neither output, no temp file."""
+    from dcut_sched.atomic import OutputSet
     from dcut_sched.cli.sim import main
-    from dcut_sched.tables import read_table
+    from dcut_sched.simulator.loop import _Stepper
 
     out, plot = tmp_path / "r.parquet", tmp_path / "r.png"
     argv = ["--trace", str(TRACE), "--cost", str(COST), "--batch-sizes", "1,2,4", "--steps", "150", "--warmup", "5",
-            "--quiet", "--out", str(out), "--plot", str(plot)]
+            "--jobs", "1", "--quiet", "--out", str(out), "--plot", str(plot)]
     warm = [*argv[:-4], "--out", str(tmp_path / "warm.csv"), "--plot", str(tmp_path / "warm.png")]
-    status = _run_with_signal(main, argv, sig, random.Random(seed * 2 + sig).uniform(0.0, 1.5), warm)
+    hook, nth = (((_Stepper, "step"), random.Random(seed * 2 + sig).randint(1, 150 * 3)) if phase == "step"
+                 else ((OutputSet, "commit"), 1))
+    status, calls = _run_with_signal(main, argv, sig, hook, nth, warm, monkeypatch)
     for p in tmp_path.glob("warm.*"):
         p.unlink()
-    interrupted = _check_status(status, sig, capsys.readouterr().err)
-    assert out.exists() == plot.exists()  # both or neither (a signal after the commit leaves both)
-    if out.exists():
-        from dcut_sched import policies
-
-        assert len(read_table(out)) == len(policies.names()) * 3 and plot.stat().st_size > 0
-    else:
-        assert interrupted
+    assert calls >= nth  # started: the signal was sent inside the work
+    assert _check_status(status, sig, capsys.readouterr().err)
+    assert not out.exists() and not plot.exists()
     _no_temp_files(tmp_path)
 
 
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGTERM"])
-def test_dcut_profile_cpu_outputs_all_or_none_and_keeps_its_partial(tmp_path, capsys, sig, seed):
+def test_dcut_profile_cpu_outputs_none_when_interrupted_and_keeps_its_partial(tmp_path, capsys, monkeypatch, sig,
+                                                                              seed):
     from dcut_sched import CostCurve
-    from dcut_profiler.cli import main
+    from dcut_sched.profiler.cli import main
+    from dcut_sched.profiler.harness import EagerTimer
 
     out, report = tmp_path / "c.json", tmp_path / "rep.csv"
     partial = tmp_path / "c.json.partial"
@@ -104,24 +113,25 @@ def test_dcut_profile_cpu_outputs_all_or_none_and_keeps_its_partial(tmp_path, ca
             "--grid-step", "0", "--out", str(out), "--report", str(report), "--no-progress", "--quiet"]
     warm = [*argv[:-6], "--out", str(tmp_path / "warm.json"), "--report", str(tmp_path / "warm.csv"),
             "--no-progress", "--quiet"]
-    status = _run_with_signal(main, argv, sig, random.Random(seed * 2 + sig).uniform(0.0, 1.0), warm)
+    # the cells are timed one EagerTimer.time call each; interrupt at a random one after the first
+    nth = random.Random(seed * 2 + sig).randint(2, 4)
+    status, calls = _run_with_signal(main, argv, sig, (EagerTimer, "time"), nth, warm, monkeypatch)
     for p in tmp_path.glob("warm.*"):
         p.unlink()
-    interrupted = _check_status(status, sig, capsys.readouterr().err)
-    assert out.exists() == report.exists()  # both or neither (a signal after the commit leaves both)
-    if interrupted and not out.exists():
-        if partial.exists():  # resumable: valid JSON of the partial schema
-            assert json.loads(partial.read_text())["schema"].startswith("dcut.profile-partial/")
-            assert main(argv + ["--resume"]) == 0
-    if out.exists():
-        assert len(CostCurve.load(out, check_hardware=False).verify) > 0 and report.exists()
-        assert not partial.exists()
+    assert calls >= nth
+    assert _check_status(status, sig, capsys.readouterr().err)
+    assert not out.exists() and not report.exists()
+    # resumable: the cells timed before the signal are kept as a valid partial, and --resume finishes
+    assert json.loads(partial.read_text())["schema"].startswith("dcut.profile-partial/")
+    assert main(argv + ["--resume"]) == 0
+    assert len(CostCurve.load(out, check_hardware=False).verify) > 0 and report.exists()
+    assert not partial.exists()
     _no_temp_files(tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", SIGNALS, ids=["SIGINT", "SIGTERM"])
-def test_dcut_trace_record_output_all_or_none_and_keeps_its_partial(tmp_path, capsys, sig):
+def test_dcut_trace_record_output_none_when_interrupted_and_keeps_its_partial(tmp_path, capsys, monkeypatch, sig):
     from dcut_sched.model import smollm2_available
 
     if not smollm2_available():
@@ -135,23 +145,36 @@ def test_dcut_trace_record_output_all_or_none_and_keeps_its_partial(tmp_path, ca
     out = tmp_path / "t.parquet"
     argv = ["record", "--prompts", str(prompts), "--out", str(out), "--block-size", "4", "--max-new-tokens", "8",
             "--threads", "1", "--generate-batch", "1", "--no-progress", "--fresh"]
-    status = _run_with_signal(main, argv, sig, random.Random(sig).uniform(0.5, 8.0))
-    interrupted = _check_status(status, sig, capsys.readouterr().err)
+    from dcut_sched.engine.trace_backends import NativeBackend
+
+    # the second prompt's draft pass: the first request is recorded, the second not yet
+    status, calls = _run_with_signal(main, argv, sig, (NativeBackend, "draft_positions"), 2, monkeypatch=monkeypatch)
+    assert calls >= 2
+    assert _check_status(status, sig, capsys.readouterr().err)
     partial = tmp_path / "t.partial.parquet"
-    if out.exists():
-        assert Trace.load(out).num_requests == 3 and not partial.exists()
-    else:
-        assert interrupted
-        if partial.exists():
-            Trace.load(partial)
+    assert not out.exists()
+    assert Trace.load(partial).num_requests == 1  # the resumable partial holds the finished request
     _no_temp_files(tmp_path)
 
 
 CHILD = """
+import importlib
 import sys
 from dcut_sched.cli.sim import main
-from dcut_sched.simulator import simulate, sweep  # the lazy imports, before "ready"
-print("ready", flush=True)
+from dcut_sched.simulator import simulate  # the lazy imports, before the work
+
+sweep_module = importlib.import_module("dcut_sched.simulator.sweep")  # the module (the package's
+                                                                     # `sweep` attribute is the function)
+
+real_job = sweep_module.sweep_job
+
+
+def marked_job(*args, **kwargs):  # runs in a worker: "started" once the sweep's work is under way
+    print("started", flush=True)
+    return real_job(*args, **kwargs)
+
+
+sweep_module.sweep_job = marked_job
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -164,8 +187,7 @@ def test_dcut_sim_sweep_child_process_exits_cleanly(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-c", CHILD, "--sweep", "--jobs", "2", "--trace", str(TRACE), "--cost",
                              str(COST), "--batch-sizes", "1,2,4", "--steps", "20000", "--warmup", "5", "--quiet",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(2.0)  # in the sweep (the workers run 20000 steps each)
+    assert proc.stdout.readline().strip() == "started"  # a worker is in a cell (20000 steps each)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, err

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from dcut_profiler import cli
-from dcut_profiler.grid import build_cells
-from dcut_profiler.harness import EagerTimer, PartialMismatch, load_partial, run_profile
+from dcut_sched.profiler import cli
+from dcut_sched.profiler.grid import build_cells
+from dcut_sched.profiler.harness import EagerTimer, PartialMismatch, load_partial, run_profile
 
 GOOD = {"schema": "dcut.profile-partial/1",
         "settings": {"mode": "cpu", "backend": "cpu-eager", "block_size": 16, "seed": 0},
@@ -75,7 +75,7 @@ def test_bad_partial_is_refused_before_any_work_and_kept(tmp_path, capsys, monke
     def no_model(*a, **k):
         raise AssertionError("the model was built: the partial was not checked first")
 
-    monkeypatch.setattr("dcut_profiler.workload.ForwardWorkload", no_model)
+    monkeypatch.setattr("dcut_sched.profiler.workload.ForwardWorkload", no_model)
     out = tmp_path / "o.json"
     partial = tmp_path / "o.json.partial"
     partial.write_text(_text(doc))
@@ -139,7 +139,7 @@ def test_fresh_gets_past_a_bad_partial_to_the_model_build(tmp_path, capsys, monk
     def stop(*a, **k):
         raise ValueError("stopped at the model build")
 
-    monkeypatch.setattr("dcut_profiler.workload.ForwardWorkload", stop)
+    monkeypatch.setattr("dcut_sched.profiler.workload.ForwardWorkload", stop)
     partial = tmp_path / "o.json.partial"
     partial.write_text('{"samples_ms": 5}')
     assert cli.main(["--cpu", "--model", "tiny", "--out", str(tmp_path / "o.json"), "--fresh", "--no-progress"]) == 2

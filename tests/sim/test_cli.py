@@ -169,10 +169,10 @@ def test_failure_mid_write_leaves_old_file(files, tmp_path, capsys, monkeypatch)
 
 
 def test_missing_default_names_the_file_and_flag(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(defaults, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(defaults, "DEFAULT_TRACES", ("no-such-trace.parquet",))
     rc, _, err = run(["--quiet"], capsys)
     assert rc == 2
-    assert defaults.DEFAULT_TRACE in err and "--trace" in err
+    assert "no-such-trace.parquet not found" in err and "--trace" in err
 
 
 def test_several_traces_give_the_mean_over_benchmarks(files, tmp_path, capsys, make_curve):

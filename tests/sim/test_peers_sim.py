@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dcut_sched import policies, slot_scores, global_topk
+from dcut_sched import global_topk, policies, slot_scores
 from dcut_sched.cli import sim as cli
 from dcut_sched.simulator import RequestFeed, output_lengths, run_closed_loop, run_open_loop
 

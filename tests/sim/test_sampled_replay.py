@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from dcut_sched import policies
 from dcut_sched.cli import sim as cli

@@ -1,4 +1,4 @@
-"""The simulator runs the online controller's step code (controller/step.py: StepDriver).
+"""The simulator runs the online controller's step code (controller/step_driver.py: StepDriver).
 
 - step by step, a simulated run and a RatioController fed the same confidences and outcomes choose
   the same lengths (also with online calibration and a policy that learns from outcomes);
@@ -64,8 +64,8 @@ def test_same_lengths_on_a_shipped_trace(policy):
     from dcut_sched.simulator import defaults
     from dcut_sched.traces import Trace
 
-    trace = Trace.load(defaults.default_path(defaults.DEFAULT_TRACE))
-    curve = CostCurve.load(defaults.default_path(defaults.DEFAULT_COST), check_hardware=False)
+    trace = Trace.load(defaults.default_trace_path())
+    curve = CostCurve.load(defaults.default_cost_path(), check_hardware=False)
     cal = OnlineCalibrator(trace.block_size, refit_every=64)
     run = run_closed_loop(trace, curve, policies.get(policy), 16, num_steps=60, seed=1,
                           calibrator=copy.deepcopy(cal), record=True)

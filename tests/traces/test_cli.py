@@ -11,11 +11,11 @@ from dcut_sched.traces.synth import SynthParams, generate
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN = ROOT / "tests" / "data" / "broken_traces"
-SHIPPED = sorted(p for p in (ROOT / "traces").glob("*.parquet") if not p.name.endswith(".partial.parquet"))
+SHIPPED = sorted(p for p in (ROOT / "dcut_sched" / "data" / "traces").glob("*.parquet") if not p.name.endswith(".partial.parquet"))
 
 
 def test_shipped_traces_validate():
-    assert len(SHIPPED) >= 3, "traces/ should ship the real and synthetic traces"
+    assert len(SHIPPED) >= 3, "dcut_sched/data/traces/ should ship the real and synthetic traces"
     assert main(["validate", *map(str, SHIPPED)]) == 0
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from dcut_sched.engine.trace_backends import NativeBackend, draft_all_positions, draft_positions_reference
 from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
 from dcut_sched.traces import Trace
 from dcut_sched.traces.prompts import Prompt
-from dcut_sched.engine.trace_backends import NativeBackend, draft_all_positions, draft_positions_reference
 from dcut_sched.traces.record import RecordError, accept_lengths, partial_path, record_trace
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from dcut_sched.engine.trace_backends import NativeBackend, draft_all_positions, target_probs_all_positions
 from dcut_sched.model import LlamaConfig, LlamaModel, sample_generate
 from dcut_sched.sampling import SamplingParams, request_keys, sampling_probs
 from dcut_sched.traces import Trace
 from dcut_sched.traces.prompts import Prompt
-from dcut_sched.engine.trace_backends import NativeBackend, draft_all_positions, target_probs_all_positions
 from dcut_sched.traces.record import accept_lengths, record_trace
 
 SP = SamplingParams(temperature=0.7, top_k=50, seed=2)

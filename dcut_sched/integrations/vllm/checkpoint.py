@@ -13,7 +13,7 @@ RoPE row permutation undone) produces the weights, and this module writes them i
   it as its own model with its own KV cache, which is what the self-speculative drafter of
   :mod:`dcut_sched.model.drafter` computes (its hidden states and K/V after the first skipped layer
   differ from the target's), so its acceptance is the recorded trace's
-  (``traces/smollm2-135m-skip14-15-b16.md``: tau = 3.90 at B = 16).
+  (``dcut_sched/data/traces/smollm2-135m-skip14-15-b16.md``: tau = 3.90 at B = 16).
 
 Folders are written whole or not at all (a temporary sibling renamed into place) and reused when a
 ``dcut_checkpoint.json`` stamp with the same GGUF cache key and format version is present.
@@ -39,18 +39,18 @@ __all__ = ["CHECKPOINT_FORMAT", "DEFAULT_SKIP_LAYERS", "default_root", "draft_di
 
 #: Bump when the folder layout or config written changes.
 CHECKPOINT_FORMAT = 1
-#: The recorded drafter's skipped layers (traces/smollm2-135m-skip14-15-b16.md, DRAFTER_PRESETS).
+#: The recorded drafter's skipped layers (dcut_sched/data/traces/smollm2-135m-skip14-15-b16.md, DRAFTER_PRESETS).
 DEFAULT_SKIP_LAYERS: tuple[int, ...] = (14, 15)
 TARGET_DIR_NAME = "smollm2-135m"
 _STAMP = "dcut_checkpoint.json"
 
 
 def default_root() -> Path:
-    """``$DCUT_VLLM_MODELS`` or ``<repository>/.cache/vllm-models``."""
-    env = os.environ.get("DCUT_VLLM_MODELS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / ".cache" / "vllm-models"
+    """``$DCUT_VLLM_MODELS``, else ``.cache/vllm-models`` in the user cache or the checkout
+    (:func:`dcut_sched.paths.local_artifact`)."""
+    from ...paths import local_artifact
+
+    return local_artifact("vllm-models")
 
 
 def draft_dir_name(skip_layers: Sequence[int]) -> str:

@@ -10,7 +10,7 @@ Where it is read (first match wins):
 Keys (all optional):
 
 ===================  ==========================================================================
-``policy``           a registered policy name (``dcut_sched.policies.names()``) [``"dcut"``]
+``policy``           a registered policy name (``dcut_sched.policies.names()``) [``DEFAULT_POLICY``, ``"fine"``]
 ``policy_params``    keyword arguments of the policy (e.g. ``{"granularity": 4}`` for ``fine``)
 ``cost_curve``       path of a ``dcut.cost-curve`` JSON measured for the served block size
                      B = ``num_speculative_tokens + 1``; without one a policy that needs a curve
@@ -37,10 +37,11 @@ measured for another block size fails at start-up.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
+
+from ...defaults import DEFAULT_POLICY
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEY", "DCutConfigError", "DCutVllmConfig", "METHODS_WITH_LOGITS",
            "SUPPORTED_VLLM_VERSION", "check_engine_config", "require_vllm_version"]
@@ -74,7 +75,7 @@ def require_vllm_version(version: str) -> None:
 class DCutVllmConfig:
     """Validated plugin settings (module docstring lists the keys)."""
 
-    policy: str = "dcut"
+    policy: str = DEFAULT_POLICY
     policy_params: dict = field(default_factory=dict)
     cost_curve: str | None = None
     profile_cache_dir: str | None = None
@@ -208,7 +209,7 @@ def _typed_model():
 
         class DCutConfigModel(BaseModel):
             model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-            policy: str = "dcut"
+            policy: str = DEFAULT_POLICY
             policy_params: dict[str, Any] = Field(default_factory=dict)
             cost_curve: str | None = None
             profile_cache_dir: str | None = None

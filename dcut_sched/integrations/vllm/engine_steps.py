@@ -8,7 +8,7 @@ Two halves:
   ``Scheduler.schedule`` (the step's shape: requests, scheduled tokens, drafts verified, prefill or
   decode), the drafter's ``propose`` and its model's ``forward`` (the real draft pass, with
   attention over each request's context: the time to the end of its first forward, over the
-  step's verified tokens, and the rest). One :class:`StepRecord` per engine step.
+  step's verified tokens, and the rest). One :class:`VllmStepTiming` per engine step.
 - :func:`engine_step_rows` (pure, no vLLM): from the records of four runs on held-out prompts
   (the engine without speculation; a speculative engine drafting every step and verifying whole
   blocks, ``full``, K = bs * B; the same drafting every step but verifying anchors only,
@@ -43,11 +43,11 @@ import numpy as np
 
 from ...cost_curve import CostCurve, DraftFirstRow, DraftRow, StepOverheadRow
 
-__all__ = ["StepRecord", "StepTimer", "engine_step_rows"]
+__all__ = ["VllmStepTiming", "StepTimer", "engine_step_rows"]
 
 
 @dataclass
-class StepRecord:
+class VllmStepTiming:
     """One engine step (ms; ``kind``: ``prefill``, ``plain``, ``drafted``, ``undrafted``).
 
     ``num_requests``: requests scheduled; ``num_tokens``: tokens the target ran (the verified slots
@@ -82,7 +82,7 @@ class StepTimer:
         llm: a ``vllm.LLM`` built with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``.
 
     Attributes:
-        records: :class:`StepRecord` per engine step, in order.
+        records: :class:`VllmStepTiming` per engine step, in order.
 
     Raises:
         RuntimeError: the engine core is not in this process.
@@ -98,7 +98,7 @@ class StepTimer:
         core = getattr(engine.engine_core, "engine_core", None)
         if core is None:
             raise RuntimeError("StepTimer needs the in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-        self.records: list[StepRecord] = []
+        self.records: list[VllmStepTiming] = []
         self.wave = 0
         self._cur: dict[str, Any] | None = None
         self._speculative = core.scheduler.vllm_config.speculative_config is not None
@@ -143,7 +143,7 @@ class StepTimer:
             if shape is not None:  # a step that scheduled nothing is not an engine step
                 if shape["kind"] in ("drafted", "undrafted"):
                     shape["kind"] = "drafted" if cur["proposed"] > 0 else "undrafted"
-                self.records.append(StepRecord(step_ms=(t1 - t0) * 1e3, propose_ms=cur["propose_ms"],
+                self.records.append(VllmStepTiming(step_ms=(t1 - t0) * 1e3, propose_ms=cur["propose_ms"],
                                                proposed=cur["proposed"],
                                                draft_first_ms=cur["draft_first_ms"],
                                                draft_first_tokens=cur["draft_first_tokens"], wave=self.wave, **shape))
@@ -196,14 +196,14 @@ def _quantiles(x: np.ndarray) -> tuple[float, float, float]:
     return float(med), float(p20), float(p80)
 
 
-def engine_step_rows(curve: CostCurve, records: Iterable[StepRecord | dict], block_size: int,
+def engine_step_rows(curve: CostCurve, records: Iterable[VllmStepTiming | dict], block_size: int,
                      batch_sizes: Sequence[int]) -> tuple[list[DraftRow], list[DraftFirstRow],
                                                           list[StepOverheadRow], dict[str, Any]]:
     """The ``draft``, ``draft_first`` and ``step_overhead`` rows of real engine steps (module docstring).
 
     Args:
         curve: the dummy-batch curve (its ``verify`` and ``ar`` rows price the target's forwards).
-        records: :class:`StepRecord` (or their dicts) of the three held-out runs; only decode
+        records: :class:`VllmStepTiming` (or their dicts) of the three held-out runs; only decode
             steps of full waves (``num_requests == wave``) at ``batch_sizes`` count.
         block_size: B.
         batch_sizes: where to write rows.
@@ -215,11 +215,11 @@ def engine_step_rows(curve: CostCurve, records: Iterable[StepRecord | dict], blo
     Raises:
         ValueError: a batch size without the steps a row needs (names the kind and bs).
     """
-    recs = [r if isinstance(r, StepRecord) else StepRecord(**{k: v for k, v in r.items() if k != "extra"})
+    recs = [r if isinstance(r, VllmStepTiming) else VllmStepTiming(**{k: v for k, v in r.items() if k != "extra"})
             for r in records]
     draft, first, overhead, notes = [], [], [], {}
 
-    def pick(kind: str, bs: int) -> list[StepRecord]:
+    def pick(kind: str, bs: int) -> list[VllmStepTiming]:
         return [r for r in recs if r.kind == kind and r.wave == bs and r.num_requests == bs]
 
     def overhead_row(kind: str, bs: int, resid: np.ndarray) -> None:

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from ...cost_curve import ArRow, CostCurve, DraftRow, VerifyRow, cpu_model_name
+from ...paths import prompts_path
 
 __all__ = ["find_model_runner", "profile_runner", "startup_curve", "main"]
 
@@ -281,7 +282,7 @@ def startup_curve(cfg, vllm_config, block_size: int) -> CostCurve:
     return CostCurve.load(path, check_hardware=False)
 
 
-#: Held-out prompts for the engine-step measurement: ``traces/prompts.jsonl`` rows 32..47, distinct
+#: Held-out prompts for the engine-step measurement: ``dcut_sched/data/traces/prompts.jsonl`` rows 32..47, distinct
 #: from the benchmark's (rows 0..15, analysis/bench_vllm.py) and the project-engine fidelity check's
 #: held-out rows 16..31 (analysis/fidelity.py).
 HELDOUT_OFFSET = 32
@@ -296,7 +297,7 @@ def measure_engine_steps(llm_args: dict[str, Any], prompts: list[list[int]], bat
     shut down afterwards).
 
     Returns:
-        the :class:`~.engine_steps.StepRecord` dicts of every step.
+        the :class:`~.engine_steps.VllmStepTiming` dicts of every step.
     """
     from vllm import LLM, SamplingParams, TokensPrompt
 
@@ -350,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="with --draft: time real engine steps (no speculation, drafted with full verification, "
                          "undrafted) on waves of held-out prompts, TOKENS new tokens per request; 0 = dummy "
                          "batches only (the draft step is then vLLM's dummy pass, without attention)")
-    ap.add_argument("--prompts", default=str(Path(__file__).resolve().parents[3] / "traces" / "prompts.jsonl"),
+    ap.add_argument("--prompts", default=str(prompts_path()),
                     help="engine steps: prompt file (JSON lines with 'prompt'); rows from --prompt-offset")
     ap.add_argument("--prompt-offset", type=int, default=HELDOUT_OFFSET,
                     help="engine steps: first held-out prompt row (default %(default)s: not the benchmark's)")

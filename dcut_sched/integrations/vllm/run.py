@@ -7,7 +7,7 @@ Used by the vLLM tests and ``analysis/bench_vllm.py``; runs inside the vLLM envi
 The job (JSON object):
 
 - ``target``, ``draft``: model folders; ``block_size``: B (drafts ``B - 1`` tokens);
-- ``prompts``: ``{"file": "traces/prompts.jsonl", "n": 16, "chat": true}`` (SmolLM2 chat template
+- ``prompts``: ``{"file": "dcut_sched/data/traces/prompts.jsonl", "n": 16, "chat": true}`` (SmolLM2 chat template
   from the target's tokenizer) or a list of token-id lists;
 - ``max_tokens`` per request, ``ignore_eos`` [true], ``max_num_seqs`` (the batch size), ``max_model_len``;
 - ``step_timing`` [false]: time every engine step (:class:`.engine_steps.StepTimer`) and return the
@@ -36,6 +36,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from ...defaults import DEFAULT_POLICY
 
 __all__ = ["main", "load_prompt_token_ids"]
 
@@ -84,7 +86,7 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
         kw = {"model": job["target"], "dtype": job.get("dtype", "float32"), "enforce_eager": True}
     else:
         dcut = dict(dcut)
-        kw = llm_kwargs(job["target"], job["draft"], int(job["block_size"]), dcut.pop("policy", "dcut"),
+        kw = llm_kwargs(job["target"], job["draft"], int(job["block_size"]), dcut.pop("policy", DEFAULT_POLICY),
                         cost_curve=dcut.pop("cost_curve", None), dtype=job.get("dtype", "float32"), **dcut)
         if "raw_additional_config" in run:  # bypass llm_kwargs' own check: test the engine's start-up
             kw["additional_config"] = run["raw_additional_config"]

@@ -1,8 +1,9 @@
 """Locate the vLLM environment that ``scripts/install.sh`` builds and the settings vLLM runs with on CPU.
 
 vLLM 0.32 pins its own torch/transformers/setuptools, so it lives in a separate virtual environment
-(``DCUT_WITH_VLLM=1 bash scripts/install.sh`` or ``bash scripts/install.sh --with-vllm``), by default
-``<repo>/.venv-vllm`` (override: ``$DCUT_VLLM_VENV``). The project's tests and benchmarks drive that
+(``DCUT_WITH_VLLM=1 bash scripts/install.sh`` or ``bash scripts/install.sh --with-vllm``), found by
+:func:`dcut_sched.paths.local_artifact` (``$DCUT_VLLM_VENV``, else ``.venv-vllm`` in the user cache or
+the checkout). Outside a checkout, dcut-sched must be installed in that environment too (docs/vllm.md). The project's tests and benchmarks drive that
 environment's python in a subprocess with :func:`cpu_env`:
 
 - ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: engine core, scheduler and CPU worker in one process (the
@@ -20,13 +21,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "cpu_env", "venv_dir", "venv_python", "vllm_available"]
+from ...paths import checkout_root, local_artifact
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+__all__ = ["cpu_env", "venv_dir", "venv_python", "vllm_available"]
 
 
 def venv_dir() -> Path:
-    return Path(os.environ.get("DCUT_VLLM_VENV") or REPO_ROOT / ".venv-vllm")
+    """The vLLM environment's folder (module docstring)."""
+    return local_artifact("vllm-venv")
 
 
 def venv_python() -> Path:
@@ -50,7 +52,8 @@ def cpu_env(kv_cache_gib: int = 1, base: dict[str, str] | None = None) -> dict[s
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
     env["LD_PRELOAD"] = str(venv_dir() / "lib" / "libiomp5.so")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    root = checkout_root()  # a source tree: the vLLM environment imports dcut_sched from it
+    env["PYTHONPATH"] = os.pathsep.join(([str(root)] if root else []) + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
