@@ -59,9 +59,21 @@ def _run_suite(extra: list[str]) -> dict:
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = proc.stdout + proc.stderr
-    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", out.splitlines()[-1])}
+    return {"returncode": proc.returncode, "wall_s": round(wall, 1),
+            "cpu_s": round((ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime), 1),
+            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
+            "cpu_count": os.cpu_count(), "ci": bool(os.environ.get("CI")),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **parse_output(out)}
+
+
+def parse_output(out: str) -> dict:
+    """pytest's output (with ``--durations`` and ``-rfE``) -> counts, slowest phases, seconds per file,
+    failed tests and the summary line."""
+    lines = out.strip().splitlines() or [""]
+    summary = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed)", line)), lines[-1])
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
     slow = []
-    for line in out.splitlines():
+    for line in lines:
         m = re.match(r"\s*([\d.]+)s (call|setup|teardown)\s+(\S+)", line)
         if m:
             slow.append({"seconds": float(m.group(1)), "phase": m.group(2), "test": m.group(3)})
@@ -70,14 +82,17 @@ def _run_suite(extra: list[str]) -> dict:
         name = s["test"].split("::")[0]
         per_file[name] = round(per_file.get(name, 0.0) + s["seconds"], 1)
     slow.sort(key=lambda s: -s["seconds"])
-    return {"returncode": proc.returncode, "wall_s": round(wall, 1),
-            "cpu_s": round((ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime), 1),
-            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
-            "cpu_count": os.cpu_count(), "counts": counts, "slowest": slow[:12],
+    return {"counts": counts, "slowest": slow[:12],
             "seconds_by_file": dict(sorted(per_file.items(), key=lambda kv: -kv[1])),
-            "ci": bool(os.environ.get("CI")), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "failed_tests": [line.split()[1] for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))],
-            "last_line": out.strip().splitlines()[-1]}
+            "failed_tests": [line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))],
+            "last_line": summary}
+
+
+def _command(r: dict) -> str:
+    """The command that regenerates a result (this script, with --burn, or a fresh-clone CI timing)."""
+    if r.get("source"):
+        return "python analysis/time_ci.py"
+    return "python analysis/measure_suite.py" + (f" --burn {r['burners']}" if r.get("burners") else "")
 
 
 def readme_block(r: dict) -> str:
@@ -85,9 +100,11 @@ def readme_block(r: dict) -> str:
     slow = ", ".join(f"`{s['test'].split('::')[0].removeprefix('tests/')}` {s['seconds']:.0f} s" for s in r["slowest"][:5])
     burn = (f" with {r['burners']} CPU-spinning processes beside it for the whole run"
             if r.get("burners") else "")
-    command = "python analysis/measure_suite.py" + (f" --burn {r['burners']}" if r.get("burners") else "")
+    command = _command(r)
     failed = f" Failed: {', '.join(f'`{t}`' for t in r['failed_tests'])}." if r.get("failed_tests") else ""
-    return (f"- Tests: `python -m pytest`: {r['wall_s'] / 60:.1f} min wall, {r['cpu_s'] / 60:.1f} min CPU "
+    cpu = f", {r['cpu_s'] / 60:.1f} min CPU" if r.get("cpu_s") is not None else ""
+    where = f" in {r['source']}" if r.get("source") else ""
+    return (f"- Tests: `python -m pytest`{where}: {r['wall_s'] / 60:.1f} min wall{cpu} "
             f"({c.get('passed', 0)} passed, {c.get('skipped', 0)} skipped, {c.get('failed', 0)} failed) on "
             f"{r['cpu_count']} cores{burn}, 1-min load {r['load_before'][0]} before and {r['load_after'][0]} after "
             f"({r['measured_at']}; `{command}` regenerates this line).{failed} The slowest "
@@ -101,7 +118,7 @@ def vllm_block(r: dict) -> str:
     parts = ", ".join(f"`{f.removeprefix('tests/integrations/')}` {sec:.0f} s" for f, sec in files.items())
     return (f"The vLLM tests took {total / 60:.1f} min of the suite's {r['wall_s'] / 60:.1f} min wall ({parts}; "
             f"every test phase over 0.5 s summed per file), 1-min load {r['load_before'][0]} before the suite and "
-            f"{r['load_after'][0]} after ({r['measured_at']}; `python analysis/measure_suite.py` regenerates this "
+            f"{r['load_after'][0]} after ({r['measured_at']}; `{_command(r)}` regenerates this "
             f"line).")
 
 
