@@ -51,8 +51,8 @@ def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
     return parse
 
 
-def finite_float(minimum: float | None = None, maximum: float | None = None, *, open_low: bool = False) -> "callable":
-    """An ``argparse`` type: a finite float in ``[minimum, maximum]`` (``(minimum, ...`` with ``open_low``)."""
+def finite_float(minimum: float | None = None, *, open_low: bool = False) -> "callable":
+    """An ``argparse`` type: a finite float ``>= minimum`` (``> minimum`` with ``open_low``)."""
 
     def parse(text: str) -> float:
         try:
@@ -63,8 +63,6 @@ def finite_float(minimum: float | None = None, maximum: float | None = None, *, 
             raise argparse.ArgumentTypeError(f"{text!r} is not finite; give a finite number")
         if minimum is not None and (value <= minimum if open_low else value < minimum):
             raise argparse.ArgumentTypeError(f"{value:g} must be {'>' if open_low else '>='} {minimum:g}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{value:g} must be <= {maximum:g}")
         return value
 
     parse.__name__ = "finite number"

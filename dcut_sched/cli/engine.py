@@ -163,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
     from ..sampling import SamplingParams
 
-    if args.batch_size < 1 or args.block_size < 2 or args.max_new_tokens < 1:
-        raise UsageError("--batch-size and --max-new-tokens must be >= 1 and --block-size >= 2")
     try:
         draft_spec = parse_draft_spec(args.draft)
     except ValueError as exc:
@@ -187,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and not sampling.is_greedy and args.policy != "full":
         raise UsageError(f"--trace at --temperature {args.temperature:g} records the target's probability of every "
                          f"draft token, so every slot must be verified: use --policy full (not {args.policy})")
+    if args.trace and args.policy == "ar":
+        raise UsageError("--trace records what the drafts of drafted steps were accepted; --policy ar never drafts: "
+                         "record with --policy full (every slot verified)")
     check_json_input(args.cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     params: dict[str, Any] = {}
     for key, value in args.param:
@@ -204,9 +205,7 @@ def run(args: argparse.Namespace) -> int:
         texts = load_prompt_texts(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
     except PromptFileError as exc:
         raise UsageError(f"--prompts: {exc}") from None
-    if args.num_prompts is not None:
-        if args.num_prompts < 1:
-            raise UsageError("--num-prompts must be >= 1")
+    if args.num_prompts is not None:  # >= 1 (its argparse type)
         texts = texts[: args.num_prompts]
     policy_cls = type(policies.get(args.policy))
     curve = cost_source = None

@@ -195,13 +195,8 @@ def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: st
 
 
 def _make_calibrator():
-    try:
-        from ..calibration import OnlineCalibrator  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise UsageError(
-            f"--calibrate needs dcut_sched.calibration.OnlineCalibrator, which cannot be imported here ({exc}); "
-            f"install a version of dcut-sched that has the online controller, or drop --calibrate"
-        ) from None
+    from ..calibration import OnlineCalibrator
+
     return OnlineCalibrator()
 
 

@@ -97,7 +97,7 @@ def build_parser() -> CliParser:
     syn.add_argument("--num-requests", type=int_at_least(1), default=32, help="requests to generate (default 32)")
     syn.add_argument("--block-size", type=int_at_least(2), help="override B (default: the preset's)")
     syn.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
-    syn.add_argument("--calibration-gap", type=finite_float(-1.0, open_low=True), default=None, metavar="G",
+    syn.add_argument("--calibration-gap", type=finite_float(), default=None, metavar="G",
                      help="reported confidence = calibrated confidence ** (1 + G): G > 0 under-confident (as "
                           "real DFlash confidence is reported), -1 < G < 0 over-confident (default: the "
                           "preset's, 0 = calibrated)")
@@ -161,12 +161,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
         prompts = load_prompt_records(args.prompts)
     except PromptError as exc:
         raise UsageError(f"--prompts: {exc}") from None
-    if args.limit is not None:
-        if args.limit < 1:
-            raise UsageError(f"--limit {args.limit} must be >= 1")
+    if args.limit is not None:  # --limit >= 1 and --block-size >= 2: their argparse types
         prompts = prompts[: args.limit]
-    if args.block_size < 2:
-        raise UsageError(f"--block-size {args.block_size} must be >= 2")
     t0 = time.perf_counter()
     try:
         if args.backend == "hf":
@@ -234,9 +230,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     except (KeyError, synth.SynthParamsError) as exc:
         flag = "--preset" if args.preset else "--params"
         raise UsageError(f"{flag}: {exc.args[0] if isinstance(exc, KeyError) else exc}") from None
-    if args.block_size is not None:
-        if args.block_size < 2:
-            raise UsageError(f"--block-size {args.block_size} must be >= 2")
+    if args.block_size is not None:  # >= 2 (its argparse type)
         params = params.replace(block_size=args.block_size)
     if args.calibration_gap is not None:
         try:

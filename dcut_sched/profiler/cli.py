@@ -243,10 +243,10 @@ def _resolve(args: argparse.Namespace):
     args.dtype = args.dtype or dtype
     if args.rounds is None:
         args.rounds = args.repeats if args.mode == "cpu" else 1
-    if (args.block_size is not None and args.block_size < 1) or args.context_len < 0 or args.grid_step < 0:
-        raise UsageError("--block-size must be >= 1, --context-len and --grid-step >= 0")
-    if args.mode != "analytic" and (args.repeats < 1 or args.warmups < 0 or not 1 <= args.rounds <= args.repeats):
-        raise UsageError("--repeats must be >= 1, --warmups >= 0 and --rounds in [1, repeats]")
+    # the argparse types hold --block-size >= 1, --context-len, --grid-step, --warmups >= 0, --repeats >= 1
+    if args.mode != "analytic" and args.rounds > args.repeats:
+        raise UsageError(f"--rounds {args.rounds} is more than --repeats {args.repeats}: each round times every cell "
+                         "at least once; give --rounds <= --repeats")
     if args.mode != "analytic" and (args.device or args.fit):
         raise UsageError("--device and --fit belong to --analytic")
     if args.mode == "analytic" and not args.device:
@@ -348,9 +348,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     else:
         backend = "cpu-eager"
         device = "cpu"
-        if args.threads < 1:
-            raise UsageError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)  # >= 1 (its argparse type)
     partial = partial_path_for(args.out)
     dtype = getattr(torch, args.dtype)
     cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none",
