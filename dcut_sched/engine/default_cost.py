@@ -18,9 +18,8 @@ def default_profile_path(block_size: int) -> Path:
 
     return profile_path(DEFAULT_PROFILE_TEMPLATE.format(block_size=block_size))
 
-# Linear fit of eager fp32 SmolLM2-135M forwards ([8, T] tokens, T = 1, 4, 8, 16; kv_len 64) on the
-# project's 2-core development machine, one torch thread, while other jobs ran: 196, 354, 543,
-# 967 ms for 8, 32, 64, 128 tokens  ->  about 130 ms + 6.4 ms per token.
+# A linear fit to eager fp32 SmolLM2-135M forwards; the measurements it fits are in docs/profiler.md,
+# "The engine's built-in CPU estimate".
 _BASE_MS = 130.0
 _PER_TOKEN_MS = 6.4
 _DRAFTER_LAYER_FRACTION = 28 / 30  # self-speculative drafter: 28 of the 30 layers
