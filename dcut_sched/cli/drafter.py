@@ -33,7 +33,7 @@ def build_parser() -> CliParser:
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
                   formatter_class=argparse.RawDescriptionHelpFormatter,
                   epilog=("examples:\n"
-                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (~1 h on 2 cores)\n"
+                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (40-50 min on 2 cores)\n"
                           "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4\n"
                           f"  dcut-drafter eval {DEFAULT_OUT}\n"))
     sub = p.add_subparsers(dest="command", required=True)

@@ -47,7 +47,7 @@ def _paragraphs(*texts: str) -> str:
 
 def build_parser() -> CliParser:
     from .. import policies
-    from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE
+    from ..engine.default_cost import DEFAULT_PROFILE_TEMPLATE, DFLASH_PROFILE_TEMPLATE
 
     p = CliParser(
         prog=PROG,
@@ -68,18 +68,19 @@ def build_parser() -> CliParser:
             "  dcut-engine --policy full --trace out/recorded.parquet --num-prompts 64\n"
             "  dcut-engine --policy dcut --temperature 0.7 --top-p 0.9 --seed 1 --check\n"
             + _paragraphs(
-                "cost curve: --cost FILE, else the recorded CPU profile "
-                f"{DEFAULT_PROFILE_TEMPLATE} when present, else a built-in linear CPU estimate "
-                "(130 ms + 6.4 ms per verified token; draft = B-1 one-token forwards).",
-                "run time: on a 2-core CPU a drafted step of bs 8, B 16 takes seconds (B-1 sequential drafter "
-                "forwards): --policy dcut on 8 prompts of dcut_sched/data/traces/prompts.jsonl took 2 minutes, on all 80 of "
-                "them 29 minutes, on a busy machine. The run prints its size, an estimate after the first "
+                "cost curve: --cost FILE, else the shipped CPU profile of the drafter "
+                f"({DEFAULT_PROFILE_TEMPLATE}, or {DFLASH_PROFILE_TEMPLATE} with --draft dflash:PATH) when it "
+                "covers the block and batch size, else a built-in linear CPU estimate (130 ms + 6.4 ms per "
+                "verified token; draft = B-1 one-token forwards).",
+                "run time: on a 2-core CPU a drafted step of bs 8, B 16 takes seconds with the self-speculative "
+                "drafter (B-1 sequential drafter forwards), so a run over many prompts takes minutes to tens of "
+                "minutes. The run prints its size, an estimate after the first "
                 "steps, and progress: a bar on a terminal, otherwise one status line (rate, ETA) every 30 s "
                 "(DCUT_PROGRESS_INTERVAL_S).",
                 "sampling: request i draws with key (seed, i), so its output depends only on its prompt and the "
                 "seed, not on the policy or the batch; --check compares with plain sampled decoding.",
                 "busy machine: pass --threads 1 when other jobs share the cores (two torch threads that wait "
-                "on each other made single forwards 10-100x slower here).",
+                "on each other slow single forwards many times over).",
             )
             + "policy parameters (--param KEY=VALUE for the chosen --policy), with their defaults:\n"
             + f"{policies.param_help()}\n"
@@ -143,7 +144,7 @@ def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
     from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME
     from ..engine.default_cost import default_profile_path
 
-    cost = args.cost or str(default_profile_path(args.block_size))
+    cost = args.cost or str(default_profile_path(args.block_size, draft_spec.kind))
     drafter = ([str(draft_spec.path / CONFIG_NAME), str(draft_spec.path / WEIGHTS_NAME)]
                if draft_spec.kind == "dflash" else None)
     check_paths({"--prompts": args.prompts, "--cost": cost, "--draft": drafter},
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--cost: {exc}") from None
             cost_source = args.cost
         else:
-            curve, cost_source = default_cost_curve(args.block_size, args.batch_size)
+            curve, cost_source = default_cost_curve(args.block_size, args.batch_size, draft_spec.kind)
     try:
         ctrl = RatioController(curve, args.block_size, policy=args.policy, calibrate=args.calibrate, **params)
     except (TypeError, ValueError) as exc:

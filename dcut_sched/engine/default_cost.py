@@ -6,17 +6,21 @@ from pathlib import Path
 
 from ..cost_curve import CostCurve
 
-__all__ = ["DEFAULT_PROFILE_TEMPLATE", "builtin_cpu_curve", "default_cost_curve", "default_profile_path"]
+__all__ = ["DEFAULT_PROFILE_TEMPLATE", "DFLASH_PROFILE_TEMPLATE", "builtin_cpu_curve", "default_cost_curve", "default_profile_path"]
 
-#: Recorded CPU profile of the engine's own forward: a shipped curve's name (dcut_sched.paths).
+#: Recorded CPU profiles of the engine's own forward, by drafter kind (``self``: the self-speculative
+#: drafter, ``dflash``: the DFlash block drafter): shipped curves' names (dcut_sched.paths).
 DEFAULT_PROFILE_TEMPLATE = "cpu-smollm2-135m-b{block_size}.json"
+DFLASH_PROFILE_TEMPLATE = "cpu-smollm2-135m-dflash-b{block_size}.json"
 
 
-def default_profile_path(block_size: int) -> Path:
-    """Where the shipped CPU profile for ``block_size`` is (it may not exist for that block size)."""
+def default_profile_path(block_size: int, drafter: str = "self") -> Path:
+    """Where the shipped CPU profile for ``block_size`` and ``drafter`` (``self`` or ``dflash``) is (it
+    may not exist for that block size)."""
     from ..paths import profile_path
 
-    return profile_path(DEFAULT_PROFILE_TEMPLATE.format(block_size=block_size))
+    template = DFLASH_PROFILE_TEMPLATE if drafter == "dflash" else DEFAULT_PROFILE_TEMPLATE
+    return profile_path(template.format(block_size=block_size))
 
 # A linear fit to eager fp32 SmolLM2-135M forwards; the measurements it fits are in docs/profiler.md,
 # "The engine's built-in CPU estimate".
@@ -58,13 +62,17 @@ def builtin_cpu_curve(block_size: int, max_batch_size: int) -> CostCurve:
     )
 
 
-def default_cost_curve(block_size: int, max_batch_size: int) -> tuple[CostCurve, str]:
-    """``(curve, description)``: the shipped CPU profile ``cpu-smollm2-135m-b{B}.json``
-    (:func:`default_profile_path`) when it exists and covers ``max_batch_size``, else
-    :func:`builtin_cpu_curve`."""
-    path = default_profile_path(block_size)
+def default_cost_curve(block_size: int, max_batch_size: int, drafter: str = "self") -> tuple[CostCurve, str]:
+    """``(curve, description)``: the shipped CPU profile of ``drafter`` (``self``:
+    ``cpu-smollm2-135m-b{B}.json``, ``dflash``: ``cpu-smollm2-135m-dflash-b{B}.json``;
+    :func:`default_profile_path`) when it exists and covers ``max_batch_size``, else
+    :func:`builtin_cpu_curve`, whose draft step is the self-speculative drafter's (the description
+    says so for a DFlash drafter: pass a DFlash profile to price its one-pass draft)."""
+    path = default_profile_path(block_size, drafter)
     if path.is_file():
         curve = CostCurve.load(path, check_hardware=False)
         if curve.block_size == block_size and curve.batch_sizes[0] <= 1 and curve.batch_sizes[-1] >= max_batch_size:
             return curve, f"recorded CPU profile {path.name}"
-    return builtin_cpu_curve(block_size, max_batch_size), "built-in linear CPU estimate (130 ms + 6.4 ms/token)"
+    why = (f" (no shipped DFlash profile {path.name} for this block size and batch size: the draft step is "
+           "priced as the self-speculative drafter's; pass --cost with a DFlash profile)" if drafter == "dflash" else "")
+    return builtin_cpu_curve(block_size, max_batch_size), "built-in linear CPU estimate (130 ms + 6.4 ms/token)" + why
