@@ -59,8 +59,8 @@ def read_text(path: str | os.PathLike, what: str = "a text file") -> str:
         what: what it should be, for messages (``"a JSON-lines prompt file"``).
 
     Raises:
-        InputFileError: missing, a symlink loop, a folder, too large, binary (by magic bytes or a NUL
-            byte) or not UTF-8.
+        InputFileError: missing, a symlink loop, a folder, not a regular file (a pipe or device: it
+            could block or never end), too large, binary (by magic bytes or a NUL byte) or not UTF-8.
     """
     p = Path(path)
     if is_symlink_loop(p):
@@ -69,6 +69,8 @@ def read_text(path: str | os.PathLike, what: str = "a text file") -> str:
         raise InputFileError(f"{path}: no such file; give {what}")
     if p.is_dir():
         raise InputFileError(f"{path}: is a folder; give {what}")
+    if not p.is_file():  # a FIFO would block the read forever, /dev/zero would fill memory
+        raise InputFileError(f"{path}: is not a regular file (a pipe, device or socket); give {what}")
     try:
         size = p.stat().st_size
         if size > MAX_TEXT_BYTES:

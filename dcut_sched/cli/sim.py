@@ -28,6 +28,8 @@ PROG = "dcut-sim"
 MAX_SEEDS = 1_000
 MAX_STEPS = 1_000_000
 MAX_REQUESTS = 100_000
+#: The most worker processes --jobs may ask for (docs/reliability.md): far above any machine's cores.
+MAX_JOBS = 1024
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
@@ -157,7 +159,7 @@ def build_parser() -> CliParser:
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", action="store_true",
                    help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
-    g.add_argument("--jobs", type=int_at_least(1), default=None,
+    g.add_argument("--jobs", type=int_at_least(1, MAX_JOBS), default=None,
                    help="worker processes for the independent (trace, policy, batch size) runs of the main job, "
                         "--trace runs, --seeds and --sweep; rows are identical for any value (default: the usable "
                         "cores; 1 runs everything in this process)")

@@ -131,6 +131,9 @@ class CurveIO:
         """
         path_str = str(path)
         try:
+            if Path(path).exists() and not Path(path).is_file():  # a FIFO blocks, /dev/zero never ends
+                raise CostCurveError(f"cost curve {path_str}: is not a regular file (a folder, pipe or device); "
+                                     "pass the file dcut-profile --out wrote")
             raw = Path(path).read_bytes()
         except OSError as exc:
             raise CostCurveError(f"cost curve {path_str}: cannot read: {exc.strerror or exc}") from None

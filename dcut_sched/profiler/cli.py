@@ -448,9 +448,9 @@ def _main(argv: list[str], console) -> int:
 
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)
-    model_file = args.model if args.model and os.path.exists(args.model) else None
     # the measured modes also write OUT.partial: it is an output like --out and --report
-    check_paths({"--fit": args.fit, "--model": model_file},
+    check_paths({"--fit": args.fit, "--model": _config_inputs(args.model),
+                 "--draft-config" if args.draft_config else "--draft": _config_inputs(_draft_config_path(args))},
                 {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES),
                  "--out's resumable partial": (str(partial) if args.mode != "analytic" else None, None)})
     check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
@@ -485,9 +485,26 @@ def _main(argv: list[str], console) -> int:
     return 0
 
 
+def _config_inputs(path: str | None) -> list[str] | None:
+    """The files an input given as a file or a model folder stands for: the file itself, or the folder
+    and the ``config.json`` in it (an output may be neither)."""
+    if not path or not os.path.exists(path):
+        return None
+    return [path, os.path.join(path, "config.json")] if os.path.isdir(path) else [path]
+
+
+def _draft_config_path(args: argparse.Namespace) -> str | None:
+    """The file or folder of ``--draft-config`` / ``--draft dflash:CONFIG`` (None for presets and counts)."""
+    text = args.draft_config or (args.draft.removeprefix("dflash:") if args.draft.startswith("dflash:") else None)
+    return text if text and os.path.exists(text) else None
+
+
 def _main_vllm(args: argparse.Namespace) -> int:
     """``--vllm MODEL``: the in-engine profile (dcut_sched/profiler/vllm_engine.py)."""
     from .vllm_engine import VllmProfileError, profile_vllm
+
+    check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": _config_inputs(args.vllm_draft)},
+                {"--out": (args.out, None)})
 
     try:
         curve = profile_vllm(args.vllm, args.out, draft=args.vllm_draft, block_size=args.block_size or 8,

@@ -22,11 +22,13 @@ class VllmProfileError(RuntimeError):
 
 
 def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, batch_sizes: list[int],
-                 context_len: int, warmups: int, repeats: int, dtype: str, engine_steps: int = 40) -> CostCurve:
+                 context_len: int, warmups: int, repeats: int, dtype: str, engine_steps: int = 40,
+                 timeout_s: float = 3600.0) -> CostCurve:
     """Run the in-engine profile and return the curve it wrote to ``out``.
 
     ``engine_steps``: with a draft, also time real engine steps on held-out prompts with that many
     new tokens per request (``draft``, ``draft_first`` and ``step_overhead`` rows); 0 = dummy batches only.
+    ``timeout_s``: the most the profile process may run (start-up included; a hung engine is an error).
 
     Raises:
         VllmProfileError: no vLLM environment, or the profile process failed (its last output lines).
@@ -45,11 +47,15 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
            "--dtype", dtype, "--engine-steps", str(int(engine_steps)), "--out", str(out)]
     if draft:
         cmd += ["--draft", str(draft)]
-    proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise VllmProfileError(f"the vLLM profile run did not finish in {timeout_s:g} s (a hung engine?); "
+                               "rerun on a quieter machine or with fewer --batch-sizes") from None
     for line in proc.stdout.splitlines():
         if line.startswith(("bs ", "wrote ", "engine steps")):
             print(line, flush=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-        raise VllmProfileError(f"vLLM profile run failed (exit {proc.returncode}):\n{tail}")
+        last = next((line for line in reversed((proc.stdout + proc.stderr).splitlines()) if line.strip()), "")
+        raise VllmProfileError(f"vLLM profile run failed (exit {proc.returncode}): {last.strip()[:300]}")
     return CostCurve.load(out, check_hardware=False)

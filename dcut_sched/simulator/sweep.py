@@ -192,7 +192,8 @@ def sweep(
         check_simulation(_load_trace(t), _load_cost(c), config)
     cells = list(itertools.product(traces, costs, config.batch_sizes))
     own = executor is None
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_ignores_signals) if own else executor
+    pool = (ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cells))), initializer=_worker_ignores_signals)
+            if own else executor)  # never more workers than cells
     frames: dict[int, pd.DataFrame] = {}
     try:
         futures = {pool.submit(sweep_job, t, c, int(bs), config): n for n, (t, c, bs) in enumerate(cells)}

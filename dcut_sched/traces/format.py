@@ -300,6 +300,8 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
     if is_symlink_loop(path):
         raise TraceError(f"{path_str}: is a symlink loop (the link leads back to itself); give a trace file")
     if not Path(path).is_file():
+        if Path(path).exists():  # a folder, pipe or device: reading it could block or never end
+            raise TraceError(f"{path_str}: is not a regular file (a folder, pipe or device); give a trace file")
         raise TraceError(f"{path_str}: no such trace file")
     try:
         table = pq.read_table(path)

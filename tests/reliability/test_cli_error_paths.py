@@ -91,6 +91,8 @@ CASES = [
     ("sim-prompt-len-and-prefill-ms", "sim", [*SIM, "--mode", "open", "--prompt-len", "8", "--prefill-ms", "5"],
      ["give --prompt-len or --prefill-ms, not both"]),
     ("sim-plot-with-sweep", "sim", [*SIM, "--sweep", "--plot", "{T}/p.png"], ["--plot draws one trace and curve"]),
+    ("sim-jobs-above-limit", "sim", [*SIM, "--jobs", "2000"], ["--jobs", "2,000 is above the limit 1,024"]),
+    ("sim-jobs-huge", "sim", [*SIM, "--jobs", "9" * 30], ["--jobs", "above the limit 1,024"]),
     ("sim-address-without-dask", "sim", [*SIM, "--scheduler-address", "tcp://127.0.0.1:1"],
      ["--scheduler-address is for --scheduler dask"]),
     ("profile-rounds-above-repeats", "profile",
@@ -233,3 +235,42 @@ def test_an_unexpected_exception_is_not_swallowed(capsys):
     with pytest.raises(RuntimeError, match="a bug"):
         run_cli("prog", bug)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flag", ["--cost", "--trace"])
+def test_a_pipe_as_input_is_refused_not_read(files, capsys, flag):
+    """A FIFO (or a device such as /dev/zero) would block the read forever or never end."""
+    import os
+
+    fifo = files / ("fifo.json" if flag == "--cost" else "fifo.parquet")
+    os.mkfifo(fifo)
+    argv = [a.replace("{T}/good-cost.json" if flag == "--cost" else "{T}/good.parquet", str(fifo))
+            .replace("{T}", str(files)) for a in SIM]
+    status = _main("sim")(argv)
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "fifo" in err and "not a regular file" in err, err
+
+
+def test_dev_zero_as_cost_is_refused(files, capsys):
+    argv = [a.replace("{T}/good-cost.json", "/dev/zero") for a in SIM]
+    err = _run("sim", argv, files, capsys)
+    assert "/dev/zero: is not a regular file" in err
+
+
+def test_profile_never_writes_over_its_config_inputs(files, capsys):
+    """``--draft-config FILE`` and the ``config.json`` inside a ``--model`` folder are inputs too."""
+    from dcut_sched.profiler.shapes import resolve_model  # noqa: F401 (the presets exist)
+
+    draft = files / "draft.json"
+    draft.write_text(json.dumps({"num_hidden_layers": 1}) + "\n")
+    err = _run("profile", ["--analytic", "--device", "h200", "--model", "smollm2-135m", "--draft-config",
+                           str(draft), "--out", str(draft)], files, capsys)
+    assert "--out" in err and "--draft-config" in err
+    model = files / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}\n")
+    err = _run("profile", ["--analytic", "--device", "h200", "--model", str(model), "--out",
+                           str(model / "config.json")], files, capsys)
+    assert "--out" in err and "--model" in err
+    assert (model / "config.json").read_text() == "{}\n" and json.loads(draft.read_text()) == {"num_hidden_layers": 1}
+
