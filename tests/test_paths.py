@@ -78,3 +78,17 @@ def test_no_module_resolves_paths_from_its_own_location():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "dcut_sched").rglob("*.py")
                  if "parents[" in p.read_text() or "Path(__file__)" in p.read_text()]
     assert offenders == []
+
+
+def test_a_bare_drafter_name_is_found_under_dcut_drafters(no_env, monkeypatch):
+    from dcut_sched.drafters import parse_draft_spec
+
+    shelf = no_env / "shelf"
+    (shelf / "my-drafter").mkdir(parents=True)
+    (shelf / "my-drafter" / "config.json").write_text("{}\n")
+    monkeypatch.setenv("DCUT_DRAFTERS", str(shelf))
+    monkeypatch.chdir(no_env)
+    assert parse_draft_spec("dflash:my-drafter").path == shelf / "my-drafter"
+    with pytest.raises(ValueError, match="no DFlash drafter folder there"):
+        parse_draft_spec("dflash:other-drafter")
+

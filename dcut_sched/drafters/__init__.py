@@ -31,6 +31,10 @@ class DraftSpec:
 def parse_draft_spec(text: str) -> DraftSpec:
     """``greedy`` / ``sampled`` (the self-speculative drafter's draft tokens) or ``dflash:PATH``.
 
+    ``PATH`` is a drafter folder, or a bare drafter name (``dflash:smollm2-135m-dflash``) looked up in
+    the drafters folder of :func:`dcut_sched.paths.drafter_dir` (``$DCUT_DRAFTERS``, the user cache, the
+    checkout) when no such folder is in the current one.
+
     Raises:
         ValueError: anything else, or ``dflash:`` without a folder that holds a config.json.
     """
@@ -39,6 +43,11 @@ def parse_draft_spec(text: str) -> DraftSpec:
     kind, sep, path = text.partition(":")
     if kind == "dflash" and sep and path:
         p = Path(path)
+        if not (p / "config.json").is_file() and len(p.parts) == 1:
+            from ..paths import drafter_dir
+
+            if (drafter_dir(path) / "config.json").is_file():  # a drafter's name, under $DCUT_DRAFTERS & co
+                p = drafter_dir(path)
         if not (p / "config.json").is_file():
             raise ValueError(f"dflash:{path}: no DFlash drafter folder there (it holds config.json and "
                              "model.safetensors; the shipped one is drafters/smollm2-135m-dflash)")
