@@ -98,15 +98,14 @@ def ci_block(r: dict) -> str:
 
 
 def write_blocks(r: dict) -> None:
-    from measure_suite import readme_block, vllm_block
+    """The ``ci-time`` line, then the suite's lines as :func:`measure_suite.write_readme` writes them."""
+    from measure_suite import write_readme
     from readme_blocks import replace_block
 
     replace_block("ci-time", ci_block(r))
     fig = suite_figures(r)
     if fig is not None:
-        replace_block("test-suite", readme_block(fig))
-        if fig.get("seconds_by_file"):
-            replace_block("vllm-test-time", vllm_block(fig), ROOT / "docs" / "vllm.md")
+        write_readme(fig)
 
 
 def main(argv=None) -> int:
