@@ -30,6 +30,7 @@ class OutputSet:
 
     def __init__(self) -> None:
         self.staged: list[tuple[Path, Path]] = []  # (temp file, destination)
+        self.created: list[Path] = []  # folders made for the outputs, removed again on discard
 
     def commit(self) -> None:
         """Rename every staged file over its destination (signals held back meanwhile)."""
@@ -43,6 +44,8 @@ class OutputSet:
         for tmp, _ in self.staged:
             tmp.unlink(missing_ok=True)
         self.staged.clear()
+        _remove_folders(self.created)
+        self.created.clear()
 
 
 _CURRENT: contextvars.ContextVar[OutputSet | None] = contextvars.ContextVar("dcut_output_set", default=None)
@@ -99,13 +102,16 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     path = Path(path)
     outputs = _CURRENT.get()
     tmp_path: Path | None = None
+    created: list[Path] = []
     try:
         # Signals are held from the temp file's creation until its name is known, so an interrupt
         # can never leave a nameless temp file behind; one that arrives meanwhile is raised right
         # after, inside this try, and the file is removed.
         with _signals_held():
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                created = _make_folders(path.parent)
+                if outputs is not None:
+                    outputs.created += created
                 fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
             except OSError as exc:
                 raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
@@ -123,7 +129,31 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     except BaseException:
         if tmp_path is not None and (outputs is None or (tmp_path, path) not in outputs.staged):
             tmp_path.unlink(missing_ok=True)
+        if outputs is None:
+            _remove_folders(created)
         raise
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """``folder.mkdir(parents=True, exist_ok=True)``; returns the folders it made, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    folder_made: list[Path] = []
+    for f in reversed(missing):
+        f.mkdir(exist_ok=True)
+        folder_made.insert(0, f)
+    return folder_made
+
+
+def _remove_folders(folders: list[Path]) -> None:
+    """Remove folders this module made for a write that did not complete, deepest first, while empty."""
+    for f in sorted(set(folders), key=lambda p: len(p.parts), reverse=True):
+        try:
+            f.rmdir()
+        except OSError:  # not empty (another writer's file) or already gone
+            pass
 
 
 def _umask() -> int:
@@ -147,17 +177,34 @@ def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None], s
 def check_writable(path: str | os.PathLike) -> None:
     """Raise ``OSError`` naming ``path`` unless a file can be written there (before long work).
 
-    Creates missing parent folders, as the atomic writers do, and probes the folder with a temp
-    file that is removed again: an existing file at ``path`` is left untouched (it is replaced only
-    when the new result is complete). A ``path`` that is a folder is refused.
+    Changes nothing on disk that outlives the call: an existing folder is probed with a temp file
+    that is removed again (an existing file at ``path`` is left untouched: it is replaced only when
+    the new result is complete); missing parent folders are not made here (the writer makes them
+    when the result is written, and removes them again if that fails), so the nearest existing
+    folder above must be a writable folder. A ``path`` that is a folder is refused.
     """
     path = Path(path)
     if path.is_dir():
         raise OSError(f"cannot write {path}: it is a folder, give a file name")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OSError(f"cannot write {path}: {folder} is a file, not a folder")
+    if folder != path.parent:
+        if not os.access(folder, os.W_OK | os.X_OK) or _read_only(folder):
+            raise OSError(f"cannot write {path}: cannot make folders in {folder} (permission denied or read-only)")
+        return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe.tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe.tmp", dir=folder)
     except OSError as exc:
         raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False

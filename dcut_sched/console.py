@@ -11,13 +11,23 @@ import os
 
 from rich.console import Console
 
+
+class _Console(Console):
+    """rich's console, whose closed output pipe is a ``BrokenPipeError`` for
+    :func:`dcut_sched.cli.errors.run_cli` (quiet, exit 141) instead of rich's ``SystemExit(1)``."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError("the output pipe was closed")
+
+
 #: Width of a console that is not a terminal and has no ``COLUMNS``: wider than any table here.
 PIPE_WIDTH = 250
 
 
 def make_console(*, stderr: bool = False) -> Console:
     """A ``rich.console.Console`` on stdout (or stderr) that does not wrap tables when piped."""
-    console = Console(stderr=stderr)
+    console = _Console(stderr=stderr)
     if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console = Console(stderr=stderr, width=PIPE_WIDTH)
+        console = _Console(stderr=stderr, width=PIPE_WIDTH)
     return console

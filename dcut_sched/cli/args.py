@@ -28,8 +28,11 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["check_json_input", "check_paths", "finite_float", "int_at_least", "param_value", "read_text_input",
-           "same_file", "short_value"]
+__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "int_at_least", "param_value",
+           "read_text_input", "same_file", "seed_type", "short_value", "torch_device"]
+
+#: The largest ``--seed`` any tool takes: seeds are stored as int64 in result files.
+MAX_SEED = 2**63 - 1
 
 
 def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
@@ -39,11 +42,11 @@ def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{value:,} is above the limit {maximum:,} (docs/reliability.md); "
+            raise argparse.ArgumentTypeError(f"{short_value(f'{value:,}')} is above the limit {maximum:,} (docs/reliability.md); "
                                              f"split the work into several runs")
         return value
 
@@ -51,22 +54,59 @@ def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
     return parse
 
 
-def finite_float(minimum: float | None = None, *, open_low: bool = False) -> "callable":
-    """An ``argparse`` type: a finite float ``>= minimum`` (``> minimum`` with ``open_low``)."""
+def finite_float(minimum: float | None = None, maximum: float | None = None, *, open_low: bool = False) -> "callable":
+    """An ``argparse`` type: a finite float ``>= minimum`` (``> minimum`` with ``open_low``) and
+    ``<= maximum`` (a documented limit, when given: e.g. a time that would overflow a sum)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a number") from None
         if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not finite; give a finite number")
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not finite; give a finite number")
         if minimum is not None and (value <= minimum if open_low else value < minimum):
             raise argparse.ArgumentTypeError(f"{value:g} must be {'>' if open_low else '>='} {minimum:g}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value:g} is above the limit {maximum:g} (docs/reliability.md)")
         return value
 
     parse.__name__ = "finite number"
     return parse
+
+
+def seed_type(text: str) -> int:
+    """An ``argparse`` type for ``--seed``: an integer in ``[0, MAX_SEED]``."""
+    return int_at_least(0, MAX_SEED)(text)
+
+
+seed_type.__name__ = "seed"
+
+
+def torch_device(text: str) -> str:
+    """An ``argparse`` type for ``--device`` (a torch model's device): ``cpu``, or ``cuda``/``cuda:N``
+    when torch sees that GPU. Anything else (a typo, ``meta``, a GPU this machine lacks) is refused
+    at parse time, naming the devices there are, instead of failing inside the model build."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a torch device; give cpu or cuda[:N]") from None
+    if device.type == "cpu":
+        return text
+    if device.type != "cuda":
+        raise argparse.ArgumentTypeError(f"{text!r}: the model runs on cpu or cuda[:N], not {device.type}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: torch sees no CUDA GPU on this machine"
+                                         f"{'' if torch.version.cuda else ' (this torch is a CPU build)'}; use cpu")
+    if device.index is not None and device.index >= count:
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s), cuda:0..cuda:{count - 1}")
+    return text
+
+
+torch_device.__name__ = "torch device"
 
 
 def _resolved(path: str | os.PathLike, flag: str) -> Path:

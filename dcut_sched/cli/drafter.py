@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, finite_float, int_at_least
+from .args import check_paths, finite_float, int_at_least, seed_type
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-drafter"
@@ -44,7 +44,7 @@ def build_parser() -> CliParser:
     t.add_argument("--fresh", action="store_true", help="ignore a checkpoint and cached data in --work-dir")
     t.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default dcut_sched/data/traces/prompts.jsonl)")
-    t.add_argument("--seed", type=int, default=d.seed)
+    t.add_argument("--seed", type=seed_type, default=d.seed)
     t.add_argument("--steps", type=int_at_least(1), default=d.steps)
     t.add_argument("--layers", type=int_at_least(1), default=d.num_layers, help="drafter decoder layers")
     t.add_argument("--draft-vocab", type=int_at_least(0), default=d.draft_vocab_size,

@@ -13,10 +13,24 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_json_input, check_paths, int_at_least, param_value, short_value
+from .args import (
+    check_json_input,
+    check_paths,
+    int_at_least,
+    param_value,
+    seed_type,
+    short_value,
+    torch_device,
+)
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-engine"
+#: Documented limits (docs/reliability.md), enforced at parse time: the KV cache is allocated for
+#: the batch up front, and SmolLM2-135M was trained for 8,192 positions.
+MAX_NEW_TOKENS = 8192
+MAX_BATCH_SIZE = 1024
+MAX_BLOCK_SIZE = 256
+MAX_THREADS = 1024
 TABLE_SUFFIXES = (".csv", ".json", ".parquet")
 #: Steps after which the run-time estimate is printed (the first steps include the model warm-up).
 ESTIMATE_AFTER_STEPS = 5
@@ -95,9 +109,9 @@ def build_parser() -> CliParser:
     g.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
                    help="policy parameter, repeatable (e.g. rho=0.5, tau=0.3, granularity=4)")
     g.add_argument("--calibrate", action="store_true", help="learn a confidence->acceptance map online and score with it")
-    g.add_argument("--batch-size", type=int_at_least(1), default=8, help="requests decoded at a time (default: 8)")
-    g.add_argument("--block-size", type=int_at_least(2), default=16, help="B: slots per block, B-1 drafts (default: 16)")
-    g.add_argument("--max-new-tokens", type=int_at_least(1), default=32, help="tokens generated per request (default: 32)")
+    g.add_argument("--batch-size", type=int_at_least(1, MAX_BATCH_SIZE), default=8, help="requests decoded at a time (default: 8)")
+    g.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: slots per block, B-1 drafts (default: 16)")
+    g.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=32, help="tokens generated per request (default: 32)")
     g.add_argument("--skip-layers", type=_int_list, default=[14, 15], metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
     g = p.add_argument_group("sampling")
@@ -105,7 +119,7 @@ def build_parser() -> CliParser:
                    help="target sampling temperature (default 0 = greedy)")
     g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default 1 = off)")
     g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (default 0 = off)")
-    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed; request i uses key (S, i) (default 0)")
+    g.add_argument("--seed", type=seed_type, default=0, metavar="S", help="sampling seed; request i uses key (S, i) (default 0)")
     g.add_argument("--draft", default="greedy", metavar="greedy|sampled|dflash:PATH",
                    help="the drafter: greedy (default) or sampled drafts of the self-speculative drafter (sampled "
                         "drafts are refused at T > 0: they make length rules biased, docs/sampling.md), or "
@@ -116,9 +130,9 @@ def build_parser() -> CliParser:
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
     g.add_argument("--num-prompts", type=int_at_least(1), metavar="N", help="use the first N prompts only")
     g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")
-    g.add_argument("--threads", type=int_at_least(1), metavar="N",
+    g.add_argument("--threads", type=int_at_least(1, MAX_THREADS), metavar="N",
                    help="torch CPU threads (default: torch's choice; use 1 on a busy shared machine)")
-    g.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
+    g.add_argument("--device", type=torch_device, default="cpu", help="torch device of the model (default: cpu)")
     g = p.add_argument_group("outputs")
     g.add_argument("--check", action="store_true",
                    help="also run plain greedy (or, at T > 0, sampled, same keys) decoding and compare token for token")

@@ -7,6 +7,9 @@ dcut-profile).
 - SIGINT (Ctrl-C) and SIGTERM are handled alike: the running command unwinds (temp files are
   removed by the atomic writers, resumable partial files are kept), one line
   ``PROG: interrupted (SIGINT)`` is printed and the status is 128 + signal number (130 / 143).
+- An allocation that fails (``MemoryError``, torch's out-of-memory errors) is one line naming the
+  sizes to lower, exit 2; a closed output pipe (``dcut-trace stats | head``) ends quietly with
+  128 + SIGPIPE (141).
 - Anything else is a bug and keeps its traceback.
 
 - A flag argparse rejects (a bad number, an unknown choice) is reported the same way by
@@ -29,9 +32,11 @@ import sys
 import threading
 from typing import Callable
 
-__all__ = ["EXIT_USAGE", "CliParser", "Interrupted", "UsageError", "exit_status_of", "handle_signals", "run_cli"]
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_USAGE", "CliParser", "Interrupted", "UsageError", "exit_status_of", "handle_signals", "run_cli"]
 
 EXIT_USAGE = 2
+#: A closed output pipe ends the command quietly with 128 + SIGPIPE, as shell tools do.
+EXIT_BROKEN_PIPE = 128 + 13
 
 
 class UsageError(ValueError):
@@ -115,6 +120,11 @@ def run_cli(prog: str, body: Callable[[], int | None], *, errors: tuple[type[Bas
         print(f"{prog}: error: an input file is nested too deeply to read (RecursionError); check the files given",
               file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # stdout's reader went away (``dcut-trace stats | head``): stop quietly, as a shell tool does;
+        # stdout is pointed at /dev/null so the interpreter's final flush cannot raise again.
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         # A signal that lands inside a C extension's import or a library's except-and-reraise comes
         # back as another exception (ImportError: initialization failed, ValueError ... from None)
@@ -123,11 +133,37 @@ def run_cli(prog: str, body: Callable[[], int | None], *, errors: tuple[type[Bas
         if interrupt is not None:
             print(f"{prog}: interrupted ({signal.Signals(exit_status_of(interrupt) - 128).name})", file=sys.stderr)
             return exit_status_of(interrupt)
+        if _out_of_memory(exc):
+            print(f"{prog}: error: not enough memory for this run ({_one_line(exc)[:200]}); lower the sizes given "
+                  f"(batch size, tokens, context length, requests)", file=sys.stderr)
+            return EXIT_USAGE
         if not isinstance(exc, bad_input):
             raise
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     return 0 if status is None else int(status)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation that failed: ``MemoryError``, torch's ``OutOfMemoryError`` (CUDA), or torch's CPU
+    allocator failure (a plain ``RuntimeError`` whose message says it cannot allocate memory)."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _silence_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _interrupt_in_chain(exc: BaseException) -> KeyboardInterrupt | None:

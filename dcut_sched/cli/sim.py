@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_json_input, check_paths, finite_float, int_at_least, param_value, short_value
+from .args import check_json_input, check_paths, finite_float, int_at_least, param_value, seed_type, short_value
 from .errors import CliParser, UsageError, run_cli
 from .graph_tokens import check_graph_tokens
 
@@ -30,6 +30,20 @@ MAX_STEPS = 1_000_000
 MAX_REQUESTS = 100_000
 #: The most worker processes --jobs may ask for (docs/reliability.md): far above any machine's cores.
 MAX_JOBS = 1024
+MAX_SELECTION_BATCHES = 100_000
+MAX_SELECTION_BS = 65_536
+#: The most sampled requests of a selection curve, --selection-bs x --selection-batches (arrays of
+#: that many rows x B per budget; the default is 64 x 200 = 12,800).
+MAX_SELECTION_SAMPLES = 1_000_000
+#: Time and scale flags are capped where a sum over a run could overflow to inf and turn the table
+#: into NaN (``--overhead-ms 1e308``): far above any real step time.
+MAX_MS = 1e6
+MAX_DRAFT_SCALE = 1e6
+MAX_RATE_RPS = 1e9
+MAX_LOAD = 1e3
+MAX_PROMPT_LEN = 1_000_000
+#: The longest wait for a Dask scheduler; a wait that must stay bounded has a bound (docs/reliability.md).
+MAX_SCHEDULER_TIMEOUT_S = 3600.0
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
@@ -38,9 +52,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a comma-separated list of integers") from None
     if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: need positive integers, e.g. 4,8,16,32,64")
+        raise argparse.ArgumentTypeError(f"{short_value(text)!r}: need positive integers, e.g. 4,8,16,32,64")
     return values
 
 
@@ -111,15 +125,15 @@ def build_parser() -> CliParser:
     g.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
                         "arrivals with continuous batching, latency percentiles (default: %(default)s)")
-    g.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the request order and arrivals (default: %(default)s)")
+    g.add_argument("--seed", type=seed_type, default=0, help="seeds the request order and arrivals (default: %(default)s)")
     g.add_argument("--seeds", type=int_at_least(1, MAX_SEEDS), default=1, metavar="N",
                    help="run seeds SEED..SEED+N-1 and report the mean and spread (std, min-max) over them; on a "
                         "sampled trace each seed also redraws the acceptance from p1..p{B-1}; at most "
                         f"{MAX_SEEDS:,} (default: %(default)s)")
     g.add_argument("--no-shuffle", action="store_true", help="admit requests in the trace's order instead of a seeded shuffle")
-    g.add_argument("--overhead-ms", type=finite_float(0.0), default=0.0,
+    g.add_argument("--overhead-ms", type=finite_float(0.0, MAX_MS), default=0.0,
                    help="fixed controller overhead added to every drafted step, ms (default: %(default)s)")
-    g.add_argument("--draft-scale", type=float, default=1.0, metavar="X",
+    g.add_argument("--draft-scale", type=finite_float(0.0, MAX_DRAFT_SCALE, open_low=True), default=1.0, metavar="X",
                    help="multiply the cost curve's draft step by X (what-if: a cheaper or dearer drafter) (default: %(default)s)")
     g.add_argument("--calibrate", action="store_true",
                    help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
@@ -136,15 +150,15 @@ def build_parser() -> CliParser:
                    help=f"leading steps left out of the figures (default: {defaults.DEFAULT_WARMUP_STEPS} for one "
                         f"trace, {defaults.DEFAULT_BENCHMARK_WARMUP_STEPS} per benchmark for several)")
     g = p.add_argument_group("open loop")
-    g.add_argument("--rate", type=finite_float(0.0, open_low=True), default=None, metavar="RPS",
+    g.add_argument("--rate", type=finite_float(0.0, MAX_RATE_RPS, open_low=True), default=None, metavar="RPS",
                    help="arrival rate, requests/s (default: --load times the ar capacity at each max batch size)")
-    g.add_argument("--load", type=finite_float(0.0, open_low=True), default=0.7, help="arrival rate as a fraction of ar capacity (default: %(default)s)")
+    g.add_argument("--load", type=finite_float(0.0, MAX_LOAD, open_low=True), default=0.7, help="arrival rate as a fraction of ar capacity (default: %(default)s)")
     g.add_argument("--requests", type=int_at_least(1, MAX_REQUESTS), default=400,
                    help=f"arrivals per run; at most {MAX_REQUESTS:,} (default: %(default)s)")
-    g.add_argument("--prompt-len", type=int_at_least(1), default=None,
+    g.add_argument("--prompt-len", type=int_at_least(1, MAX_PROMPT_LEN), default=None,
                    help="prefill k admitted requests at C_verify(k, k*PROMPT_LEN) (default: prefill is free)")
-    g.add_argument("--prefill-ms", type=finite_float(0.0), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
-    g.add_argument("--slo-tpot-ms", type=finite_float(0.0, open_low=True), default=None, help="TPOT objective: goodput counts only requests that meet it")
+    g.add_argument("--prefill-ms", type=finite_float(0.0, MAX_MS), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
+    g.add_argument("--slo-tpot-ms", type=finite_float(0.0, MAX_MS, open_low=True), default=None, help="TPOT objective: goodput counts only requests that meet it")
     g = p.add_argument_group("output")
     g.add_argument("--out", metavar="FILE", help="detail results, one row per (policy, batch size): .csv, .parquet or .json")
     g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
@@ -153,9 +167,9 @@ def build_parser() -> CliParser:
     g.add_argument("--selection-curve", metavar="FILE",
                    help="accepted tokens vs verification budget for uniform and topk; FILE: .csv/.parquet/.json "
                         "(data) or .png/.svg/.pdf (plot). Needs only the trace")
-    g.add_argument("--selection-bs", type=int_at_least(1), default=defaults.DEFAULT_SELECTION_BATCH_SIZE,
+    g.add_argument("--selection-bs", type=int_at_least(1, MAX_SELECTION_BS), default=defaults.DEFAULT_SELECTION_BATCH_SIZE,
                    help="batch size of the selection curve (default: %(default)s)")
-    g.add_argument("--selection-batches", type=int_at_least(1), default=200, help="sampled batches per point (default: %(default)s)")
+    g.add_argument("--selection-batches", type=int_at_least(1, MAX_SELECTION_BATCHES), default=200, help="sampled batches per point (default: %(default)s)")
     g = p.add_argument_group("sweeps")
     g.add_argument("--sweep", action="store_true",
                    help="run every (trace, cost, batch size) in parallel processes (repeat --trace/--cost)")
@@ -169,7 +183,7 @@ def build_parser() -> CliParser:
     g.add_argument("--scheduler-address", metavar="ADDR",
                    help="Dask scheduler address for --scheduler dask, e.g. tcp://10.0.0.5:8786; the workers "
                         "must import dcut_sched and see the --trace/--cost paths")
-    g.add_argument("--scheduler-timeout", type=finite_float(0.0, open_low=True), default=None, metavar="SECONDS",
+    g.add_argument("--scheduler-timeout", type=finite_float(0.0, MAX_SCHEDULER_TIMEOUT_S, open_low=True), default=None, metavar="SECONDS",
                    help="the most seconds to wait for the Dask scheduler to connect and answer; an address where "
                         "nothing answers (or another kind of server) is an error naming it, exit 2 (default: "
                         f"{DEFAULT_SCHEDULER_TIMEOUT_S:g})")
@@ -328,6 +342,10 @@ def _run_selection_curve(args, console) -> None:
     suffix = Path(args.selection_curve).suffix.lower()
     if args.trace and len(args.trace) > 1:
         raise UsageError("--selection-curve takes one --trace")
+    if args.selection_bs * args.selection_batches > MAX_SELECTION_SAMPLES:
+        raise UsageError(f"--selection-bs {args.selection_bs:,} x --selection-batches {args.selection_batches:,} = "
+                         f"{args.selection_bs * args.selection_batches:,} sampled requests is above the limit "
+                         f"{MAX_SELECTION_SAMPLES:,} (docs/reliability.md); lower either")
     trace = _input_paths(args.trace, _defaults().DEFAULT_TRACE, "--trace", "trace", False)[0]
     check_paths({"--trace": trace, "--cost": args.cost},
                 {"--selection-curve": (args.selection_curve, TABLE_SUFFIXES + PLOT_SUFFIXES)})
@@ -502,6 +520,52 @@ def _defaults():
     return defaults
 
 
+#: Which flags each kind of run reads (by ``argparse`` dest). A flag given with a value other than its
+#: default to a run that does not read it is refused (:func:`check_flags_used`) rather than ignored.
+SELECTION_FLAGS = frozenset({"trace", "selection_curve", "selection_bs", "selection_batches", "seed", "quiet"})
+RUN_FLAGS = frozenset({"trace", "cost", "policies", "param", "batch_sizes", "mode", "seed", "seeds", "no_shuffle",
+                       "overhead_ms", "draft_scale", "calibrate", "graph_tokens", "out", "plot", "quiet", "jobs",
+                       "sweep", "scheduler", "scheduler_address", "scheduler_timeout"})
+CLOSED_FLAGS = frozenset({"steps", "warmup"})
+OPEN_FLAGS = frozenset({"rate", "load", "requests", "prompt_len", "prefill_ms", "slo_tpot_ms"})
+DASK_FLAGS = ("scheduler", "scheduler_address", "scheduler_timeout")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_flags_used(args, parser) -> None:
+    """Refuse a flag the run would silently ignore: ``--rate`` in a closed loop, ``--steps`` in an
+    open one, run flags with ``--selection-curve``, ``--scheduler`` with ``--seeds``, ``--jobs`` on
+    a Dask sweep.
+
+    Raises:
+        UsageError: naming the flag, what it is for and the fix.
+    """
+    given = [dest for dest, value in vars(args).items() if value != parser.get_default(dest)]
+    if args.selection_curve:
+        for dest in given:
+            if dest not in SELECTION_FLAGS:
+                raise UsageError(f"{_flag(dest)} has no effect with --selection-curve (it reads one --trace, "
+                                 f"--selection-bs, --selection-batches and --seed); drop {_flag(dest)}")
+        return
+    for dest in given:
+        if dest in ("selection_bs", "selection_batches"):
+            raise UsageError(f"{_flag(dest)} is for --selection-curve FILE; add it or drop {_flag(dest)}")
+        if args.mode == "closed" and dest in OPEN_FLAGS:
+            raise UsageError(f"{_flag(dest)} is an open-loop flag and the run is closed-loop: add --mode open or "
+                             f"drop {_flag(dest)}")
+        if args.mode == "open" and dest in CLOSED_FLAGS:
+            raise UsageError(f"{_flag(dest)} sizes a closed-loop run and --mode open runs --requests arrivals: "
+                             f"drop {_flag(dest)} (or use --requests)")
+        if args.seeds != 1 and dest in DASK_FLAGS:
+            raise UsageError(f"{_flag(dest)} is for --sweep, and --seeds runs here (in --jobs processes): "
+                             f"drop {_flag(dest)}")
+    if args.scheduler == "dask" and "jobs" in given:
+        raise UsageError("--jobs has no effect with --scheduler dask (the cluster's workers run the jobs): drop --jobs")
+
+
 def _run(args, console) -> None:
     from ..atomic import all_or_none
     from ..simulator import plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
@@ -674,7 +738,9 @@ def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-sim``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
     def body() -> None:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        check_flags_used(args, parser)
         from ..console import make_console  # after parsing: --help answers without importing rich
 
         _run(args, make_console())

@@ -21,13 +21,23 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, finite_float, int_at_least
+from .args import check_paths, finite_float, int_at_least, seed_type, torch_device
 from .errors import CliParser, UsageError, run_cli
 
 __all__ = ["build_parser", "main"]
 
 TRACE_SUFFIXES = (".parquet",)
 
+
+#: Documented limits of the size flags (docs/reliability.md), enforced at parse time: each keeps one
+#: invocation within hours on a 2-core machine and its arrays within memory.
+MAX_BLOCK_SIZE = 256
+MAX_NEW_TOKENS = 8192
+MAX_THREADS = 1024
+MAX_GENERATE_BATCH = 1024
+MAX_SYNTH_REQUESTS = 20_000
+MAX_BINS = 10_000
+MAX_FIT_EVALS = 100_000
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -59,8 +69,8 @@ def build_parser() -> CliParser:
     rec.add_argument("--backend", choices=("native", "hf"), default="native",
                      help="native: SmolLM2-135M-Instruct + self-speculative drafter (default); "
                           "hf: a local Hugging Face checkpoint pair (--target, --draft)")
-    rec.add_argument("--block-size", type=int_at_least(2), default=16, help="B: draft slots per block incl. anchor (default 16)")
-    rec.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="longest target output per prompt (default 256)")
+    rec.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: draft slots per block incl. anchor (default 16)")
+    rec.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=256, help="longest target output per prompt (default 256)")
     rec.add_argument("--skip-layers", type=_ints, default=(14, 15),
                      help="native: decoder layers the self-speculative drafter skips, e.g. 14,15 (default)")
     rec.add_argument("--target", help="hf: local checkpoint directory of the target model")
@@ -68,11 +78,11 @@ def build_parser() -> CliParser:
                                      "the DFlash block drafter in that folder instead of the self-speculative one "
                                      "(e.g. dflash:drafters/smollm2-135m-dflash)")
     rec.add_argument("--dtype", default="float32", help="hf: torch dtype (float32, bfloat16, float16)")
-    rec.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    rec.add_argument("--threads", type=int_at_least(1), help="torch CPU threads (use 1 on a busy shared machine)")
+    rec.add_argument("--device", type=torch_device, default="cpu", help="cpu or cuda[:i] (default cpu)")
+    rec.add_argument("--threads", type=int_at_least(1, MAX_THREADS), help="torch CPU threads (use 1 on a busy shared machine)")
     rec.add_argument("--limit", type=int_at_least(1), help="use only the first N prompts")
     rec.add_argument("--max-positions", type=int_at_least(1), help="stop after the request that reaches this many positions")
-    rec.add_argument("--generate-batch", type=int_at_least(1), default=16, help="native: prompts the target decodes together")
+    rec.add_argument("--generate-batch", type=int_at_least(1, MAX_GENERATE_BATCH), default=16, help="native: prompts the target decodes together")
     rec.add_argument("--dataset", help="dataset label for the metadata (default: the prompt file's name)")
     rec.add_argument("--fresh", action="store_true", help="discard a partial recording instead of resuming it")
     rec.add_argument("--no-progress", action="store_true",
@@ -83,7 +93,7 @@ def build_parser() -> CliParser:
                           "default 0 = greedy)")
     rec.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     rec.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
-    rec.add_argument("--seed", type=int, default=0, help="sampling seed; request i uses key (seed, i) (default 0)")
+    rec.add_argument("--seed", type=seed_type, default=0, help="sampling seed; request i uses key (seed, i) (default 0)")
 
     # ---------------------------------------------------------------- synth
     syn = sub.add_parser("synth", help="generate a synthetic trace (preset or fitted parameters)",
@@ -94,9 +104,9 @@ def build_parser() -> CliParser:
     src.add_argument("--params", help="JSON file of generator parameters (as written by `fit --out`)")
     src.add_argument("--list", action="store_true", help="list presets with their source figures and exit")
     syn.add_argument("--out", help="output trace (.parquet)")
-    syn.add_argument("--num-requests", type=int_at_least(1), default=32, help="requests to generate (default 32)")
-    syn.add_argument("--block-size", type=int_at_least(2), help="override B (default: the preset's)")
-    syn.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default 0)")
+    syn.add_argument("--num-requests", type=int_at_least(1, MAX_SYNTH_REQUESTS), default=32, help="requests to generate (default 32)")
+    syn.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), help="override B (default: the preset's)")
+    syn.add_argument("--seed", type=seed_type, default=0, help="random seed (default 0)")
     syn.add_argument("--calibration-gap", type=finite_float(), default=None, metavar="G",
                      help="reported confidence = calibrated confidence ** (1 + G): G > 0 under-confident (as "
                           "real DFlash confidence is reported), -1 < G < 0 over-confident (default: the "
@@ -117,7 +127,7 @@ def build_parser() -> CliParser:
                                     "table and expected calibration error.")
     st.add_argument("file", help="trace file (.parquet)")
     st.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    st.add_argument("--bins", type=int_at_least(1), default=10, help="confidence bins of the reliability table (default 10)")
+    st.add_argument("--bins", type=int_at_least(1, MAX_BINS), default=10, help="confidence bins of the reliability table (default 10)")
     st.add_argument("--out", help="also write the JSON to this file")
 
     # ---------------------------------------------------------------- fit
@@ -128,8 +138,8 @@ def build_parser() -> CliParser:
     ft.add_argument("file", help="trace file (.parquet)")
     ft.add_argument("--out", help="write the fitted parameters as JSON (usable with `synth --params`)")
     ft.add_argument("--json", action="store_true", help="print the result as JSON")
-    ft.add_argument("--seed", type=int_at_least(0), default=0, help="random seed of the simulated moments (default 0)")
-    ft.add_argument("--max-evals", type=int_at_least(1), default=400, help="objective evaluations (default 400)")
+    ft.add_argument("--seed", type=seed_type, default=0, help="random seed of the simulated moments (default 0)")
+    ft.add_argument("--max-evals", type=int_at_least(1, MAX_FIT_EVALS), default=400, help="objective evaluations (default 400)")
     return parser
 
 

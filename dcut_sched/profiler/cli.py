@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dcut_sched import CostCurve, CostCurveError
-from dcut_sched.cli.args import check_json_input, check_paths, int_at_least
+from dcut_sched.cli.args import check_json_input, check_paths, int_at_least, seed_type, short_value
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 from dcut_sched.cost_curve import AssumedArWarning
 
@@ -45,13 +45,32 @@ DEFAULTS = {
 }
 
 
+#: Documented limits of the profiler's size flags (docs/reliability.md), enforced at parse time: each
+#: keeps one profile within hours on a 2-core machine and its tensors within a machine's memory.
+MAX_BLOCK_SIZE = 256
+MAX_CONTEXT_LEN = 131_072
+MAX_REPEATS = 10_000
+MAX_THREADS = 1024
+MAX_ENGINE_STEP_TOKENS = 4096
+MAX_BATCH_SIZE = 4096
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; give a model folder")
+    return text
+
+
 def _int_list(text: str) -> list[int]:
     try:
         vals = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {short_value(text)!r}") from None
     if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {short_value(text)!r}")
+    if max(vals) > MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"batch size {short_value(str(max(vals)))} is above the limit "
+                                         f"{MAX_BATCH_SIZE:,} (docs/reliability.md)")
     return vals
 
 
@@ -59,9 +78,9 @@ def _ratio_list(text: str) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ratios, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated ratios, got {short_value(text)!r}") from None
     if not vals or any(not 0 < v <= 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1], got {short_value(text)!r}")
     return vals
 
 
@@ -96,11 +115,11 @@ def build_parser() -> CliParser:
                       help="time the forward eagerly on this CPU (numbers describe this CPU only)")
     mode.add_argument("--analytic", action="store_const", dest="mode", const="analytic",
                       help="roofline model from FLOPs/bytes and a device's public peaks")
-    mode.add_argument("--vllm", metavar="MODEL",
+    mode.add_argument("--vllm", type=_nonempty, metavar="MODEL",
                       help="time vLLM's own forward on dummy batches for the Hugging Face model folder MODEL, in "
                            "the vLLM environment (.venv-vllm; docs/vllm.md); with --vllm-draft also the draft step")
-    ap.add_argument("--vllm-draft", metavar="DIR", help="vllm: the draft model folder (vLLM method draft_model)")
-    ap.add_argument("--vllm-engine-steps", type=int, default=40, metavar="TOKENS",
+    ap.add_argument("--vllm-draft", type=_nonempty, metavar="DIR", help="vllm: the draft model folder (vLLM method draft_model)")
+    ap.add_argument("--vllm-engine-steps", type=int_at_least(0, MAX_ENGINE_STEP_TOKENS), default=40, metavar="TOKENS",
                     help="vllm with --vllm-draft: also time real engine steps on held-out prompts (dcut_sched/data/traces/prompts.jsonl "
                          "rows 32..), TOKENS new tokens per request, for the step_overhead, draft_first and real draft "
                          "rows (docs/vllm.md); 0 = dummy batches only (default: %(default)s)")
@@ -116,8 +135,8 @@ def build_parser() -> CliParser:
                                                   "size's curve (verify cells up to bs*B, the B-slot draft step)")
     ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated [gpu/analytic: 1,2,4,8,16,32,64; "
                                                           "cpu: 1,2,4,8]")
-    ap.add_argument("--block-size", type=int_at_least(1), help="B, slots per request [16; with --fit: the fitted file's]")
-    ap.add_argument("--context-len", type=int_at_least(0), help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
+    ap.add_argument("--block-size", type=int_at_least(1, MAX_BLOCK_SIZE), help="B, slots per request [16; with --fit: the fitted file's]")
+    ap.add_argument("--context-len", type=int_at_least(0, MAX_CONTEXT_LEN), help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
     ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho (default: 0.25,0.5,0.75,1.0)")
     ap.add_argument("--grid-step", type=int_at_least(0), default=16,
                     help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
@@ -127,18 +146,18 @@ def build_parser() -> CliParser:
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
                          "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4)) (default: auto)")
     ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
-    ap.add_argument("--warmups", type=int_at_least(0), help="untimed calls per cell [gpu: 5, cpu: 1]")
-    ap.add_argument("--repeats", type=int_at_least(1), help="timed calls per cell [gpu: 20, cpu: 5]")
-    ap.add_argument("--rounds", type=int_at_least(1),
+    ap.add_argument("--warmups", type=int_at_least(0, MAX_REPEATS), help="untimed calls per cell [gpu: 5, cpu: 1]")
+    ap.add_argument("--repeats", type=int_at_least(1, MAX_REPEATS), help="timed calls per cell [gpu: 20, cpu: 5]")
+    ap.add_argument("--rounds", type=int_at_least(1, MAX_REPEATS),
                     help="passes over the shuffled cells, each taking repeats/rounds samples per cell; "
                          "rounds = repeats spreads each cell's samples over the whole run, so load drift on a "
                          "shared machine hits all cells alike [gpu: 1, cpu: repeats]")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32]")
-    ap.add_argument("--threads", type=int_at_least(1), default=1,
+    ap.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=1,
                     help="cpu: torch threads; 1 keeps timings stable on a shared machine (several threads "
                          "spin-wait on each other when cores are busy) (default: %(default)s)")
     ap.add_argument("--eager", action="store_true", help="gpu: time eager forwards instead of graph replays")
-    ap.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the weights, inputs and cell order (default: %(default)s)")
+    ap.add_argument("--seed", type=seed_type, default=0, help="seeds the weights, inputs and cell order (default: %(default)s)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from OUT.partial of an interrupted run; a partial whose fields have the wrong "
                          "types, or of other settings, is refused (exit 2) and left as it is")
@@ -501,10 +520,11 @@ def _draft_config_path(args: argparse.Namespace) -> str | None:
 
 def _main_vllm(args: argparse.Namespace) -> int:
     """``--vllm MODEL``: the in-engine profile (dcut_sched/profiler/vllm_engine.py)."""
-    from .vllm_engine import VllmProfileError, profile_vllm
+    from .vllm_engine import VllmProfileError, profile_vllm, steps_path_for
 
     check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": _config_inputs(args.vllm_draft)},
-                {"--out": (args.out, None)})
+                {"--out": (args.out, None),
+                 "--out's engine-step records": (str(steps_path_for(args.out)) if args.vllm_draft else None, None)})
 
     try:
         curve = profile_vllm(args.vllm, args.out, draft=args.vllm_draft, block_size=args.block_size or 8,

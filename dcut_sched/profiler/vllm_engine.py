@@ -9,12 +9,15 @@ docs/vllm.md.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
+from dcut_sched.atomic import all_or_none, atomic_path
 from dcut_sched.cost_curve import CostCurve
 
-__all__ = ["profile_vllm"]
+__all__ = ["profile_vllm", "steps_path_for"]
 
 
 class VllmProfileError(RuntimeError):
@@ -41,21 +44,43 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
     if not Path(model, "config.json").is_file():
         raise VllmProfileError(f"--vllm {model}: not a Hugging Face model folder (no config.json); "
                                "write the SmolLM2 pair with `python -m dcut_sched.integrations.vllm.checkpoint`")
-    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(model),
-           "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
-           "--context-len", str(context_len), "--warmups", str(warmups), "--repeats", str(repeats),
-           "--dtype", dtype, "--engine-steps", str(int(engine_steps)), "--out", str(out)]
-    if draft:
-        cmd += ["--draft", str(draft)]
-    try:
-        proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise VllmProfileError(f"the vLLM profile run did not finish in {timeout_s:g} s (a hung engine?); "
-                               "rerun on a quieter machine or with fewer --batch-sizes") from None
-    for line in proc.stdout.splitlines():
-        if line.startswith(("bs ", "wrote ", "engine steps")):
-            print(line, flush=True)
-    if proc.returncode != 0:
-        last = next((line for line in reversed((proc.stdout + proc.stderr).splitlines()) if line.strip()), "")
-        raise VllmProfileError(f"vLLM profile run failed (exit {proc.returncode}): {last.strip()[:300]}")
-    return CostCurve.load(out, check_hardware=False)
+    out = Path(out)
+    # The profile process writes into a private folder beside --out; the curve (and its engine-step
+    # records) reach their places together, only after the curve loads: a failed run leaves nothing.
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".vllm-profile", dir=_existing(out.parent)) as tmp:
+        staged = Path(tmp) / out.name
+        cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(model),
+               "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
+               "--context-len", str(context_len), "--warmups", str(warmups), "--repeats", str(repeats),
+               "--dtype", dtype, "--engine-steps", str(int(engine_steps)), "--out", str(staged)]
+        if draft:
+            cmd += ["--draft", str(draft)]
+        try:
+            proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise VllmProfileError(f"the vLLM profile run did not finish in {timeout_s:g} s (a hung engine?); "
+                                   "rerun on a quieter machine or with fewer --batch-sizes") from None
+        for line in proc.stdout.splitlines():
+            if line.startswith(("bs ", "wrote ", "engine steps")):
+                print(line.replace(str(staged), str(out)), flush=True)
+        if proc.returncode != 0:
+            last = next((line for line in reversed((proc.stdout + proc.stderr).splitlines()) if line.strip()), "")
+            raise VllmProfileError(f"vLLM profile run failed (exit {proc.returncode}): {last.strip()[:300]}")
+        curve = CostCurve.load(staged, check_hardware=False)
+        with all_or_none():
+            for produced in sorted(Path(tmp).iterdir()):
+                dest = out.parent / produced.name  # OUT and OUT.steps.jsonl (steps_path_for)
+                with atomic_path(dest) as part:
+                    shutil.copyfile(produced, part)
+    return curve
+
+
+def steps_path_for(out: str | Path) -> Path:
+    """The engine-step records the profile writes beside its curve (``OUT.steps.jsonl``)."""
+    return Path(out).with_suffix(".steps.jsonl")
+
+
+def _existing(folder: Path) -> Path:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder

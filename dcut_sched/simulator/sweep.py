@@ -100,6 +100,26 @@ def _connect_client(address: str, timeout_s: float):
     return box["client"]
 
 
+def _check_address(address: str) -> None:
+    """Refuse an address ``distributed`` cannot parse (``tcp://::::``, a missing port, an unknown
+    protocol) before connecting: a malformed one otherwise fails inside the client's constructor,
+    whose half-built client then blocks interpreter exit on its own close."""
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        protocol, location = parse_address(address)  # no scheme: tcp, as the client does
+        if protocol in ("tcp", "tls"):
+            _host, port = parse_host_port(location)
+            if not 0 < port < 65536:
+                raise ValueError(f"port {port} is not in 1..65535")
+        elif protocol not in registry.backends:
+            raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(registry.backends))})")
+    except ValueError as exc:
+        raise ValueError(f"--scheduler-address {address[:80]!r} is not a Dask scheduler address ({exc}); "
+                         f"give e.g. tcp://10.0.0.5:8786") from None
+
+
 @contextlib.contextmanager
 def dask_executor(address: str, *, timeout_s: float = DEFAULT_SCHEDULER_TIMEOUT_S) -> Iterator[Executor]:
     """A :class:`concurrent.futures.Executor` on the Dask cluster at ``address``, for :func:`sweep`.
@@ -130,6 +150,7 @@ def dask_executor(address: str, *, timeout_s: float = DEFAULT_SCHEDULER_TIMEOUT_
             "--scheduler dask needs the 'distributed' package: pip install 'dcut-sched[cluster]' "
             "(or pip install distributed)"
         ) from None
+    _check_address(address)
     client = _connect_client(address, float(timeout_s))
     try:
         yield client.get_executor()

@@ -88,7 +88,7 @@ CASES = [
     ("sim-cost-twice-without-sweep", "sim", [*SIM, "--cost", "{T}/good-cost.json"],
      ["--cost given 2 times; add --sweep"]),
     ("sim-seeds-with-sweep", "sim", [*SIM, "--seeds", "2", "--sweep"], ["--seeds runs one --trace and one --cost"]),
-    ("sim-prompt-len-and-prefill-ms", "sim", [*SIM, "--mode", "open", "--prompt-len", "8", "--prefill-ms", "5"],
+    ("sim-prompt-len-and-prefill-ms", "sim", [*SIM[:4], "--mode", "open", "--prompt-len", "8", "--prefill-ms", "5"],
      ["give --prompt-len or --prefill-ms, not both"]),
     ("sim-plot-with-sweep", "sim", [*SIM, "--sweep", "--plot", "{T}/p.png"], ["--plot draws one trace and curve"]),
     ("sim-jobs-above-limit", "sim", [*SIM, "--jobs", "2000"], ["--jobs", "2,000 is above the limit 1,024"]),

@@ -1,0 +1,235 @@
+"""The third hostile pass: documented limits on every size flag, devices, flags a run would ignore,
+Dask addresses, allocations that fail, closed pipes and output folders (docs/reliability.md).
+
+Each bad input exits 2 with one line naming the flag (and never echoes a 5,000-digit value back);
+nothing is written and no folder is left behind.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .test_cli_error_paths import SIM, _main, _run, files  # noqa: F401 (fixture)
+
+HUGE = "9" * 5000
+
+# (id, cli, argv, needles)
+CASES = [
+    # work sizes with a documented limit
+    ("profile-repeats", "profile", ["--cpu", "--repeats", "1000000000", "--out", "{T}/c.json"],
+     ["--repeats", "above the limit 10,000"]),
+    ("profile-warmups", "profile", ["--cpu", "--warmups", "20000", "--out", "{T}/c.json"], ["--warmups", "10,000"]),
+    ("profile-block-size", "profile", ["--cpu", "--block-size", "100000", "--out", "{T}/c.json"],
+     ["--block-size", "above the limit 256"]),
+    ("profile-context-len", "profile", ["--cpu", "--context-len", "100000000", "--out", "{T}/c.json"],
+     ["--context-len", "above the limit 131,072"]),
+    ("profile-batch-size", "profile", ["--cpu", "--batch-sizes", "1,100000000", "--out", "{T}/c.json"],
+     ["--batch-sizes", "above the limit 4,096"]),
+    ("profile-engine-steps", "profile", ["--vllm", "{T}", "--vllm-engine-steps", "-1", "--out", "{T}/c.json"],
+     ["--vllm-engine-steps", "must be >= 0"]),
+    ("profile-vllm-empty", "profile", ["--vllm", "", "--out", "{T}/c.json"], ["--vllm: empty; give a model folder"]),
+    ("engine-max-new-tokens", "engine", ["--max-new-tokens", "100000000"], ["--max-new-tokens", "above the limit 8,192"]),
+    ("engine-batch-size", "engine", ["--batch-size", "100000"], ["--batch-size", "above the limit 1,024"]),
+    ("record-max-new-tokens", "trace", ["record", "--max-new-tokens", "100000000", "--out", "{T}/r.parquet"],
+     ["--max-new-tokens", "8,192"]),
+    ("synth-num-requests", "trace",
+     ["synth", "--preset", "dflash-qwen3-8b-gsm8k", "--num-requests", "100000000000", "--out", "{T}/s.parquet"],
+     ["--num-requests", "above the limit 20,000"]),
+    ("fit-max-evals", "trace", ["fit", "{T}/good.parquet", "--max-evals", "100000000000"],
+     ["--max-evals", "above the limit 100,000"]),
+    ("sim-selection-batches", "sim", ["--selection-curve", "{T}/s.csv", "--selection-batches", "100000000000"],
+     ["--selection-batches", "above the limit 100,000"]),
+    ("sim-selection-samples", "sim",
+     ["--selection-curve", "{T}/s.csv", "--trace", "{T}/good.parquet", "--selection-bs", "4096",
+      "--selection-batches", "1000"], ["--selection-bs 4,096 x --selection-batches 1,000", "above the limit 1,000,000"]),
+    # times and scales that would overflow a sum to inf (and the table to NaN)
+    ("sim-overhead-ms", "sim", [*SIM, "--overhead-ms", "1e308"], ["--overhead-ms", "above the limit 1e+06"]),
+    ("sim-prefill-ms", "sim", [*SIM, "--mode", "open", "--prefill-ms", "1e308"], ["--prefill-ms", "above the limit"]),
+    ("sim-draft-scale", "sim", [*SIM, "--draft-scale", "1e308"], ["--draft-scale", "above the limit"]),
+    ("sim-draft-scale-nan", "sim", [*SIM, "--draft-scale", "nan"], ["--draft-scale", "is not finite"]),
+    ("sim-scheduler-timeout-huge", "sim", [*SIM, "--scheduler-timeout", "1e300"],
+     ["--scheduler-timeout", "above the limit 3600"]),
+    ("sim-scheduler-timeout-1e9", "sim", [*SIM, "--scheduler-timeout", "1e9"], ["--scheduler-timeout", "3600"]),
+    # numbers too long to echo
+    ("sim-requests-5000-digits", "sim", [*SIM, "--requests", HUGE], ["--requests", "is not an integer"]),
+    ("sim-seed-huge", "sim", [*SIM, "--seed", "9" * 100], ["--seed", "above the limit 9,223,372,036,854,775,807"]),
+    ("engine-seed-negative", "engine", ["--seed", "-1"], ["--seed", "must be >= 0"]),
+    ("record-seed-huge", "trace", ["record", "--seed", HUGE, "--out", "{T}/r.parquet"], ["--seed", "is not an integer"]),
+    ("sim-float-5000-digits", "sim", [*SIM, "--overhead-ms", "x" + HUGE], ["--overhead-ms", "is not a number"]),
+    # devices
+    ("engine-device-bogus", "engine", ["--device", "bogus"], ["--device", "'bogus' is not a torch device"]),
+    ("engine-device-meta", "engine", ["--device", "meta"], ["--device", "runs on cpu or cuda[:N], not meta"]),
+    ("record-device-bogus", "trace", ["record", "--device", "bogus", "--out", "{T}/r.parquet"],
+     ["--device", "is not a torch device"]),
+    # flags the run would silently ignore
+    ("sim-rate-closed-loop", "sim", [*SIM, "--rate", "5"], ["--rate is an open-loop flag", "add --mode open"]),
+    ("sim-requests-closed-loop", "sim", [*SIM, "--requests", "5"], ["--requests is an open-loop flag"]),
+    ("sim-steps-open-loop", "sim", ["--trace", "{T}/good.parquet", "--cost", "{T}/good-cost.json", "--mode", "open",
+                                    "--steps", "5"], ["--steps sizes a closed-loop run"]),
+    ("sim-seeds-with-scheduler", "sim", [*SIM, "--seeds", "2", "--scheduler", "dask"],
+     ["--scheduler is for --sweep, and --seeds runs here"]),
+    ("sim-selection-with-policies", "sim", ["--selection-curve", "{T}/s.csv", "--policies", "dcut"],
+     ["--policies has no effect with --selection-curve"]),
+    ("sim-selection-with-out", "sim", ["--selection-curve", "{T}/s.csv", "--out", "{T}/x.csv"],
+     ["--out has no effect with --selection-curve"]),
+    ("sim-selection-bs-alone", "sim", [*SIM, "--selection-bs", "8"], ["--selection-bs is for --selection-curve FILE"]),
+    ("sim-jobs-on-dask", "sim", [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://127.0.0.1:1",
+                                 "--jobs", "2"], ["--jobs has no effect with --scheduler dask"]),
+    # Dask addresses refused before connecting
+    ("sim-dask-address-malformed", "sim",
+     [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://::::", "--scheduler-timeout", "1"],
+     ["--scheduler-address 'tcp://::::' is not a Dask scheduler address", "brackets"]),
+    ("sim-dask-address-no-port", "sim",
+     [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "foo", "--scheduler-timeout", "1"],
+     ["missing port number"]),
+    ("sim-dask-address-protocol", "sim",
+     [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "http://x:1", "--scheduler-timeout", "1"],
+     ["unknown protocol 'http'"]),
+    ("sim-dask-address-port", "sim",
+     [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://a:99999", "--scheduler-timeout", "1"],
+     ["port 99999 is not in 1..65535"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_refused_in_one_line(case, files, capsys):  # noqa: F811 (fixture)
+    _id, cli, argv, needles = case
+    if cli == "sim" and "dask" in argv:
+        pytest.importorskip("distributed")
+    err = _run(cli, argv, files, capsys)
+    assert len(err) < 400, err  # a 5,000-digit value is never echoed back
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_every_sim_flag_has_a_run_that_reads_it():
+    """check_flags_used's tables name every flag of dcut-sim: a new flag must say which runs read it."""
+    from dcut_sched.cli import sim
+
+    parser = sim.build_parser()
+    dests = set(vars(parser.parse_args([])))
+    known = sim.SELECTION_FLAGS | sim.RUN_FLAGS | sim.CLOSED_FLAGS | sim.OPEN_FLAGS | {"selection_bs", "selection_batches"}
+    assert dests <= known, dests - known
+
+
+def test_flags_that_a_run_reads_are_accepted():
+    from dcut_sched.cli import sim
+
+    parser = sim.build_parser()
+    for argv in (["--mode", "open", "--rate", "5", "--requests", "10", "--prompt-len", "4"],
+                 ["--steps", "10", "--warmup", "2", "--seeds", "2", "--jobs", "1"],
+                 ["--selection-curve", "x.csv", "--selection-bs", "8", "--selection-batches", "3", "--seed", "4"],
+                 ["--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://h:1", "--scheduler-timeout", "2"]):
+        sim.check_flags_used(parser.parse_args(argv), parser)
+
+
+@pytest.mark.parametrize("text, ok", [("cpu", True), ("cuda", False), ("cuda:7", False), ("meta", False),
+                                      ("bogus", False), ("", False)])
+def test_torch_device_type(text, ok):
+    import argparse
+
+    import torch
+
+    from dcut_sched.cli.args import torch_device
+
+    if text.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("a CUDA machine: cuda is a valid device here")
+    if ok:
+        assert torch_device(text) == text
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            torch_device(text)
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: "
+                                                             "can't allocate memory: you tried to allocate 9 bytes")])
+def test_an_allocation_that_fails_is_one_line(exc, capsys):
+    from dcut_sched.cli.errors import run_cli
+
+    def body():
+        raise exc
+
+    assert run_cli("dcut-x", body) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dcut-x: error: not enough memory for this run") and err.count("\n") == 1, err
+
+
+def test_any_other_runtime_error_keeps_its_traceback():
+    from dcut_sched.cli.errors import run_cli
+
+    def body():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_cli("dcut-x", body)
+
+
+def test_a_closed_pipe_ends_quietly(files):  # noqa: F811 (fixture)
+    """``dcut-sim ... | head -1``: exit 141 (128 + SIGPIPE) and nothing on stderr, as shell tools do."""
+    argv = [a.replace("{T}", str(files)) for a in SIM if a != "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "dcut_sched.cli.sim", *argv, "--policies", "dcut"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader goes away before the table is printed
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "error" not in err, err
+
+
+def test_no_output_folder_is_left_after_an_error(files, capsys):  # noqa: F811 (fixture)
+    out = files / "new" / "sub" / "x.csv"
+    err = _run("sim", [*SIM, "--trace", "{T}/missing.parquet", "--out", str(out)], files, capsys)
+    assert "missing.parquet" in err
+    assert not (files / "new").exists()
+
+
+def test_check_writable_makes_no_folder(tmp_path):
+    from dcut_sched.atomic import check_writable
+
+    check_writable(tmp_path / "a" / "b" / "c.json")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OSError, match="is a file, not a folder"):
+        check_writable(tmp_path / "f" / "g" / "c.json")
+
+
+def test_folders_made_for_a_failed_write_are_removed(tmp_path):
+    from dcut_sched.atomic import all_or_none, atomic_write_text
+
+    with pytest.raises(KeyError):
+        with all_or_none():
+            atomic_write_text(tmp_path / "a" / "b" / "one.txt", "1")
+            atomic_write_text(tmp_path / "c" / "two.txt", "2")
+            raise KeyError("late failure")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "keep").mkdir()
+    with all_or_none():
+        atomic_write_text(tmp_path / "keep" / "x" / "one.txt", "1")
+    assert (tmp_path / "keep" / "x" / "one.txt").read_text() == "1"
+
+
+def test_failed_vllm_profile_leaves_no_file(tmp_path, monkeypatch):
+    """``dcut-profile --vllm``: the profile process writes into a private folder; a curve that does not
+    load (or a failed run) leaves neither --out nor its engine-step records, nor the folder."""
+    from dcut_sched.integrations.vllm import venv
+    from dcut_sched.profiler import vllm_engine
+
+    fake = tmp_path / "fake_python"
+    # writes a steps file and a curve that is not a curve, then exits 0
+    fake.write_text("#!/bin/sh\nwhile [ \"$1\" != --out ]; do shift; done\nout=\"$2\"\n"
+                    "echo '{}' > \"${out%.json}.steps.jsonl\"\necho '{\"schema\": 1}' > \"$out\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(venv, "vllm_available", lambda: (True, ""))
+    monkeypatch.setattr(venv, "venv_python", lambda: fake)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = tmp_path / "out" / "c.json"
+    with pytest.raises(Exception):
+        vllm_engine.profile_vllm(str(model), str(out), draft="d", block_size=8, batch_sizes=[1], context_len=8,
+                                 warmups=0, repeats=1, dtype="float32")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake_python", "model"]
+    assert Path(vllm_engine.steps_path_for(out)).name == "c.steps.jsonl"
