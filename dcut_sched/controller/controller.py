@@ -44,6 +44,7 @@ from ..cost_curve import CostCurve
 from ..defaults import DEFAULT_POLICY
 from ..policies import VerifyPlan
 from ..scores import Array
+from ..step_costs import StepCosts
 from .layouts import SlotLayout, slot_layout
 from .step_driver import StepDriver, restrict_to_graph_cells
 
@@ -163,8 +164,9 @@ class RatioController:
         self.block_size = int(block_size)
         if self.block_size < 1:
             raise ValueError(f"RatioController: block_size={block_size} must be >= 1")
-        if cost is not None:
-            cost.require_block_size(self.block_size)
+        # the one StepCosts of this controller: every step time its policy reads (CostCurveError on
+        # a curve measured for another block size)
+        self.costs = None if cost is None else StepCosts(cost, self.block_size)
         self.graph_bank = graph_bank
         self.policy = _policies.get(policy, **policy_params)
         if graph_bank is not None and "allowed_num_tokens" not in policy_params:
@@ -180,7 +182,7 @@ class RatioController:
         )
         # The per-step sequence (sanitise, calibrate, plan, observe) and the counters: the same
         # object the simulator runs (controller/step_driver.py).
-        self.driver = StepDriver(self.policy, cost, self.block_size, calibrator=self.calibrator,
+        self.driver = StepDriver(self.policy, self.costs, self.block_size, calibrator=self.calibrator,
                                  graph_cells=graph_bank)
 
     # ------------------------------------------------------------------ state

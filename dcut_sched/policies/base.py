@@ -8,10 +8,10 @@ account, ``FineState``; the peers' lagged confidences and rates), replaced by :m
 the decision itself is a pure function of arrays (e.g. ``fine.choose_budget``). The same objects
 serve the simulator and the online controller: there is no second implementation of any policy.
 
-Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`: a policy is given a
-:class:`CostCurve` (the controller) or the simulator's :class:`StepCosts` (so it sees exactly the
-times the simulator charges: draft scale and controller overhead included), and reads every step
-time through :meth:`Policy._step_costs`.
+Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`, the only cost type a
+policy takes: the controller builds it once from its cost curve, the simulator once per run (so a
+policy sees exactly the times the simulator charges: draft scale and controller overhead included).
+A policy never reads the cost curve itself.
 
 Inputs may be numpy arrays or torch tensors (CPU or CUDA); ``lengths`` in the plan is of the same kind
 and on the same device. A policy syncs with the host at most once per step (the budget decision).
@@ -23,19 +23,15 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ..cost_curve import CostCurve
 from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores
-from ..step_costs import StepCosts, step_costs
+from ..step_costs import StepCosts
 
-__all__ = ["CostLike", "Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
+__all__ = ["Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
            "param_help", "register"]
-
-#: What a policy accepts as its cost model: a cost curve or the step costs built from one.
-CostLike = Union[CostCurve, StepCosts]
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,7 @@ class Policy(ABC):
 
     Class attributes:
         name: registry key.
-        needs_cost: :meth:`plan` needs a :class:`CostCurve`.
+        needs_cost: :meth:`plan` needs :class:`~dcut_sched.step_costs.StepCosts`.
         needs_accept_len: :meth:`plan` needs the true acceptance lengths (only the oracle).
         drafts_first_step: whether the first step of a run drafts.
         speculative: whether the policy runs on a speculative engine (its steps without a draft
@@ -129,7 +125,7 @@ class Policy(ABC):
     def plan(
         self,
         conf: Array,
-        cost: CostLike | None = None,
+        cost: StepCosts | None = None,
         *,
         accept_len: Array | None = None,
         validate: bool = True,
@@ -138,7 +134,8 @@ class Policy(ABC):
 
         Args:
             conf: ``[bs, B-1]`` float draft confidences in [0, 1] (numpy or torch, any device).
-            cost: the cost curve, or the :class:`StepCosts` built from it (required when ``needs_cost``).
+            cost: the step times (:class:`~dcut_sched.step_costs.StepCosts` for this block size;
+                required when ``needs_cost``).
             accept_len: ``[bs]`` ints in ``[0, B-1]``, the drafts each request would get accepted
                 (required when ``needs_accept_len``; ignored otherwise).
             validate: check ``conf`` (the controller sanitises on the device and passes False).
@@ -147,11 +144,13 @@ class Policy(ABC):
             The :class:`VerifyPlan`.
 
         Raises:
-            ValueError: bad confidences (shape, NaN/inf, range), a missing cost curve or accept_len.
+            ValueError: bad confidences (shape, NaN/inf, range), missing step costs or accept_len, step
+                costs for another block size.
+            TypeError: ``cost`` is not a :class:`~dcut_sched.step_costs.StepCosts` (e.g. a bare curve).
             CostCurveRangeError: the batch size or a budget is outside the cost curve's range.
         """
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
         """Plan a step that ran no draft: every request verifies its anchor only (plain decoding).
 
         The default asks for a draft again on the next step.
@@ -163,39 +162,24 @@ class Policy(ABC):
     def _scores(self, conf: Array, validate: bool) -> Array:
         return slot_scores(conf, validate=validate)
 
-    def _step_costs(self, cost: CostLike | None, conf: Array) -> StepCosts:
-        """The step times for this batch's block size (:func:`~dcut_sched.step_costs.step_costs`): what
-        a policy asks for every "what does this step cost" question (verify, draft, plain step).
+    def _check_costs(self, cost: StepCosts | None, block_size: int) -> StepCosts:
+        """``cost`` itself, checked: present, a :class:`~dcut_sched.step_costs.StepCosts`, and for
+        ``block_size`` (no conversion: the caller built it once where the curve entered).
 
         Raises:
-            ValueError: no cost given; CostCurveError: the curve is for another block size.
+            ValueError: no cost given, or step costs for another block size.
+            TypeError: anything but a StepCosts (a bare :class:`~dcut_sched.CostCurve` included).
         """
-        if cost is None:
-            raise ValueError(f"policy {self.name!r} needs a cost curve (cost=CostCurve.load(...))")
-        return step_costs(cost, conf.shape[1] + 1)
-
-    def _require_cost(self, cost: CostLike | None, conf: Array) -> CostCurve:
-        """The cost curve itself (unwrapped from a :class:`StepCosts`), block size checked.
-
-        For policies that read the curve directly; new code should use :meth:`_step_costs`, which
-        also carries the simulator's draft scale and controller overhead.
-        """
-        return self._step_costs(cost, conf).cost
-
-    def _per_shape(self, batch_size: int, block_size: int, cost: CostLike, build: Callable[[], Any]) -> Any:
-        """``build()``'s result, cached per (batch size, block size, cost curve) on this instance.
-
-        Kept for policies that tabulate straight from the curve; :class:`StepCosts` already caches
-        every step time per batch size, so policies that use :meth:`_step_costs` need no cache of
-        their own.
-        """
-        curve = cost.cost if isinstance(cost, StepCosts) else cost
-        cache = self.__dict__.setdefault("_shape_cache", {})
-        key = (int(batch_size), int(block_size), id(curve))
-        hit = cache.get(key)
-        if hit is None or hit[0] is not curve:
-            hit = cache[key] = (curve, build())
-        return hit[1]
+        if not isinstance(cost, StepCosts):
+            if cost is None:
+                raise ValueError(f"policy {self.name!r} needs a cost curve, as step costs: "
+                                 f"StepCosts(CostCurve.load(...), block_size)")
+            raise TypeError(f"policy {self.name!r} plans with StepCosts, got {type(cost).__name__}; build "
+                            f"StepCosts(curve, block_size) once where the curve is loaded and pass that")
+        if cost.block_size != block_size:
+            raise ValueError(f"policy {self.name!r}: the step costs are for block size {cost.block_size}, not "
+                             f"{block_size} (the block size of the confidences)")
+        return cost
 
     def _make_plan(
         self,

@@ -55,8 +55,8 @@ from typing import Sequence
 import numpy as np
 
 from ..scores import Array, ScoreRanking
-from ..step_costs import StepCosts, step_costs
-from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, check_conf_shape, register
 
 OBJECTIVES = ("ratio", "marginal")
 
@@ -197,9 +197,9 @@ class Fine(Policy):
     def reset(self) -> None:
         self.state = FineState()
 
-    def candidates(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
-        """Candidate budgets (ascending int64) for this batch shape and cost model."""
-        first, last = step_costs(cost, block_size).token_range(batch_size)
+    def candidates(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
+        """Candidate budgets (ascending int64) for this batch shape and step costs."""
+        first, last = self._check_costs(costs, block_size).token_range(batch_size)
         return self._candidates(batch_size, block_size, first, last)
 
     def _candidates(self, bs: int, block: int, first: int, last: int) -> np.ndarray:
@@ -212,10 +212,10 @@ class Fine(Policy):
         return ks
 
     def plan(
-        self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
+        self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         ks = self._candidates(bs, block, *costs.token_range(bs))
         verify_ms = costs.budget_ms_at(bs, ks)  # C_verify(K) (+ the drafter's first pass beyond anchors)
         plain_rate = costs.undrafted_tokens_per_ms(bs)  # the step it would run instead of drafting
@@ -233,15 +233,13 @@ class Fine(Policy):
             scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
         )
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
         """A step without draft (``StepCosts.undrafted_ms``: ``C_ar(bs)`` where the engine truly skips); asks for a probe when the probe budget allows (module docstring).
 
         Raises:
             ValueError: no cost given (the probe budget is kept in time).
         """
-        if cost is None:
-            raise ValueError("policy 'fine' needs a cost curve for its plain steps (the probe budget is in ms)")
-        costs: StepCosts = step_costs(cost, block_size)
+        costs = self._check_costs(cost, block_size)
         probe = self.state.plain(costs.undrafted_ms(batch_size), self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)

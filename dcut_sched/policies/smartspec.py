@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..scores import Array, is_tensor
-from ..step_costs import step_costs
-from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
 def geometric_expected_tokens(acceptance_rate: float, draft_len: np.ndarray | int) -> np.ndarray:
@@ -125,18 +125,18 @@ class SmartSpec(Policy):
     def reset(self) -> None:
         self.state = SmartSpecState()
 
-    def step_ms(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
+    def step_ms(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
         """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.undrafted_ms`` for ``k = 0`` (the step a
         speculative engine runs without a draft), ``drafted_ms(bs, bs (k+1))`` after (the times the
         simulator charges, draft scale and overheads included)."""
-        costs = step_costs(cost, block_size)
+        costs = self._check_costs(costs, block_size)
         n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
         verify = costs.budget_ms_at(batch_size, batch_size * np.arange(2, n + 2))
         return np.concatenate([[costs.undrafted_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
 
-    def _choose(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[int, bool]:
+    def _choose(self, batch_size: int, block_size: int, costs: StepCosts) -> tuple[int, bool]:
         """(draft length for a drafted step, whether drafting beats plain decoding) from the state."""
-        step = self.step_ms(batch_size, block_size, cost)
+        step = self.step_ms(batch_size, block_size, costs)
         rate = self.state.acceptance_rate
         if rate is None:
             return len(step) - 1, True  # no outcome yet: verify the whole block to measure a
@@ -144,19 +144,18 @@ class SmartSpec(Policy):
         k = 1 + int(np.argmax(goodput[1:]))
         return k, bool(goodput[k] > goodput[0])
 
-    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         k, draft_next = self._choose(bs, block, costs)
         scores = self._scores(conf, validate=False)
         return self._make_plan(scores, constant_lengths(bs, k + 1, like=conf), num_tokens=bs * (k + 1),
                                draft_next=draft_next)
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
-        plan = super().plan_without_draft(batch_size, block_size, cost)
-        if cost is None:
-            raise ValueError("policy 'smartspec' needs a cost curve (cost=CostCurve.load(...))")
-        _, draft_next = self._choose(batch_size, block_size, cost)
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
+        costs = self._check_costs(cost, block_size)
+        plan = super().plan_without_draft(batch_size, block_size, costs)
+        _, draft_next = self._choose(batch_size, block_size, costs)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, draft_next, False)
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:

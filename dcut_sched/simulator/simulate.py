@@ -10,7 +10,7 @@ import pandas as pd
 from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveRangeError
 from ..policies import Policy
-from ..step_costs import StepCosts, step_costs
+from ..step_costs import StepCosts
 from ..traces import Trace, TraceError, check_trace_columns
 from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, SimulationError
 from .loop import run_closed_loop, run_open_loop
@@ -130,7 +130,7 @@ def default_rate_rps(trace: Trace, cost: CostCurve, max_batch_size: int, load: f
 
     ``ar`` capacity = ``1000 * bs / C_ar(bs)`` tokens/s divided by the trace's mean output length.
     """
-    tokens_per_s = 1000.0 * step_costs(cost, trace.block_size).plain_tokens_per_ms(max_batch_size)
+    tokens_per_s = 1000.0 * StepCosts(cost, trace.block_size).plain_tokens_per_ms(max_batch_size)
     return float(load * tokens_per_s / output_lengths(trace).mean())
 
 
@@ -152,18 +152,17 @@ def _prepare(trace, cost, config: SimConfig) -> tuple[Trace, CostCurve, list[tup
     """Load and check everything :func:`simulate` needs before it runs anything (the options were
     validated by :class:`SimConfig`; here what needs the trace and the cost curve)."""
     trace, cost = _load(trace, cost)
-    cost.require_block_size(trace.block_size)
     runs = resolve_policies(config.policies, config.policy_params)
     drafting = any(p.name != "ar" for _, p in runs)
-    _check_batch_sizes(step_costs(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale),
-                       config.batch_sizes,
-                       drafting, config.mode)
+    # the step costs every run will build (StepCosts checks the block size)
+    costs = StepCosts(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)
+    _check_batch_sizes(costs, config.batch_sizes, drafting, config.mode)
     if config.mode == "open" and config.prompt_len is not None:
         prompt_len = config.prompt_len
         for bs in config.batch_sizes:
             for k in range(1, bs + 1):
                 try:
-                    cost.verify_ms(k, k * int(prompt_len))
+                    costs.prefill_ms(k, prompt_len)
                 except CostCurveRangeError as exc:
                     raise SimulationError(
                         f"prefill of prompt_len={prompt_len} is outside the cost curve: {exc}. Give a fixed "
