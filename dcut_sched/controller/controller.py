@@ -136,7 +136,8 @@ class RatioController:
         cost: the cost curve (required by ``dcut``/``fine``; may be ``None`` for policies that do
             not need one). Must have been measured for ``block_size``.
         block_size: B, slots per request (confidences are ``[bs, B-1]``).
-        policy: a registered policy name (``dcut_sched.policies.names()``).
+        policy: a registered policy name (``dcut_sched.policies.names()``), or a policy already
+            built by :func:`dcut_sched.policies.get` (then no ``policy_params``).
         calibrate: learn a confidence-to-acceptance map online and score calibrated confidences.
         graph_bank: a :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank`; plans then carry
             the cell to replay, and ``fine`` (unless given ``allowed_num_tokens``) only considers
@@ -155,7 +156,7 @@ class RatioController:
         self,
         cost: CostCurve | None,
         block_size: int,
-        policy: str = DEFAULT_POLICY,
+        policy: str | _policies.Policy = DEFAULT_POLICY,
         calibrate: bool = False,
         graph_bank: Any = None,
         calibrator: OnlineCalibrator | None = None,
@@ -168,9 +169,17 @@ class RatioController:
         # a curve measured for another block size)
         self.costs = None if cost is None else StepCosts(cost, self.block_size)
         self.graph_bank = graph_bank
-        self.policy = _policies.get(policy, **policy_params)
-        if graph_bank is not None and "allowed_num_tokens" not in policy_params:
-            self.policy = restrict_to_graph_cells(self.policy, graph_bank.token_counts())
+        if isinstance(policy, _policies.Policy):  # built (and validated) by the caller: used as it is
+            if policy_params:
+                raise ValueError(f"RatioController: policy {policy.name!r} is already built; pass its "
+                                 f"parameters to dcut_sched.policies.get, not here ({sorted(policy_params)})")
+            self.policy = policy if graph_bank is None else restrict_to_graph_cells(policy, graph_bank.token_counts())
+        else:  # validated and built once (dcut_sched.policies.get), with the bank's cells when it takes them
+            if (graph_bank is not None and "allowed_num_tokens" not in policy_params
+                    and "allowed_num_tokens" in _policies.param_defaults(policy)):
+                policy_params = {**policy_params, "allowed_num_tokens": [int(k) for k in graph_bank.token_counts()]}
+            self.policy = _policies.get(policy, **policy_params)
+        policy = self.policy.name
         if self.policy.needs_cost and cost is None:
             raise ValueError(
                 f"RatioController: policy {policy!r} needs a cost curve (CostCurve.load(...)); got cost=None"
