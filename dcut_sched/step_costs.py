@@ -1,25 +1,20 @@
 """Engine step times from a cost curve: the one owner of "what does this step cost".
 
-Three kinds of step (docs/design.md §1), with ``K`` the step's verified tokens:
+Three kinds of step, with ``K`` the step's verified tokens; the sums, what each term is and why an
+undrafted step of vLLM 0.32 is not a plain step are in docs/design.md §1:
 
-- a **drafted** step (:meth:`StepCosts.drafted_ms`) costs
-  ``draft_scale * (C_draft(bs) + C_draft_first(bs, K) - C_draft_first(bs, bs)) + C_verify(bs, K)
-  + O_drafted(bs) + overhead_ms``
-  (``overhead_ms``: optional per-step controller overhead, default 0; ``draft_scale``: a what-if
-  multiplier on the draft step, default 1, used by the sensitivity analysis; ``C_draft_first`` the
-  drafter's first forward over the K verified tokens, so the draft step ``C_draft(bs)`` is priced
-  at the anchor-only budget and the excess grows with K; 0 without ``draft_first`` rows);
-- a **plain** step (:meth:`StepCosts.plain_ms`: the engine without speculation, the ``ar``
-  baseline) costs ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the plain autoregressive decode step
-  (:meth:`CostCurve.ar_ms`). It is *not* ``C_verify(bs, bs)``: plain decode runs another engine path;
-- an **undrafted** step (:meth:`StepCosts.undrafted_ms`: a speculative engine's step that verifies
-  anchors only, when a policy skips drafting) costs ``C_ar(bs) + C_draft_first(bs, bs) +
-  O_undrafted(bs)`` where the curve has ``undrafted`` overhead rows (an engine whose drafter still
-  runs its first forward to keep its KV cache in sync, as vLLM 0.32 does), else exactly the plain
-  step (an engine that truly skips the drafter, as the project's own).
+- a **drafted** step (:meth:`StepCosts.drafted_ms`): ``draft_scale * (C_draft(bs) + C_draft_first(bs, K)
+  - C_draft_first(bs, bs)) + C_verify(bs, K) + O_drafted(bs) + overhead_ms``;
+- a **plain** step (:meth:`StepCosts.plain_ms`, the engine without speculation, ``ar``):
+  ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the curve's plain decode step (not ``C_verify(bs, bs)``);
+- an **undrafted** step (:meth:`StepCosts.undrafted_ms`, a speculative engine's anchor-only step):
+  ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) + O_undrafted(bs)`` where the curve has
+  ``undrafted`` rows, else the plain step.
 
-``O_kind`` are the curve's ``step_overhead`` rows (0 where absent), so a curve without the optional
-rows prices every step as ``C_draft + C_verify + overhead_ms`` and ``C_ar``.
+``O_kind`` are the curve's ``step_overhead`` rows and ``C_draft_first`` its ``draft_first`` rows (0
+where absent), so a curve without the optional rows prices every step as ``C_draft + C_verify +
+overhead_ms`` and ``C_ar``. ``overhead_ms`` (default 0) is a per-step controller overhead and
+``draft_scale`` (default 1) a what-if multiplier on the draft terms (the sensitivity analysis).
 
 The simulator charges these times, and the policies (``ar``, ``dcut``, ``fine``, ...) read them from
 the same object, so a policy's objective and the time the simulator charges cannot drift apart.
