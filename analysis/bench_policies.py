@@ -19,6 +19,7 @@ from rich.table import Table
 
 import dcut_sched as d
 from dcut_sched.console import make_console
+from dcut_sched.step_costs import StepCosts
 from dcut_sched.tables import write_table
 
 
@@ -48,6 +49,7 @@ def main() -> None:
     torch.set_num_threads(1)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     curve = linear_curve(sizes, args.block_size)
+    costs = StepCosts(curve, args.block_size)  # what a policy plans with (built once, as the controller does)
     rng = np.random.default_rng(0)
     rows = []
     for bs in sizes:
@@ -56,10 +58,10 @@ def main() -> None:
         for name in args.policies.split(","):
             for backend, conf in (("numpy", conf_np), ("torch-cpu", conf_t)):
                 policy = d.policies.get(name)
-                policy.plan(conf, curve)  # warm the per-shape caches
+                policy.plan(conf, costs)  # warm the per-shape caches
                 rows.append({"policy": name, "batch_size": bs, "backend": backend,
-                             "us_per_plan": time_us(lambda: policy.plan(conf, curve)),
-                             "us_per_plan_unvalidated": time_us(lambda: policy.plan(conf, curve, validate=False))})
+                             "us_per_plan": time_us(lambda: policy.plan(conf, costs)),
+                             "us_per_plan_unvalidated": time_us(lambda: policy.plan(conf, costs, validate=False))})
     table = Table(title=f"plan() time, B={args.block_size}, 1 thread (best of 7 x 200 calls)")
     for col in ("policy", "batch size", "backend", "us / plan", "us / plan (validate=False)"):
         table.add_column(col, justify="right")

@@ -1,34 +1,32 @@
 """Engine step times from a cost curve: the one owner of "what does this step cost".
 
-Three kinds of step (docs/design.md §1), with ``K`` the step's verified tokens:
+Three kinds of step, with ``K`` the step's verified tokens; the sums, what each term is and why an
+undrafted step of vLLM 0.32 is not a plain step are in docs/design.md §1:
 
-- a **drafted** step (:meth:`StepCosts.drafted_ms`) costs
-  ``draft_scale * (C_draft(bs) + C_draft_first(bs, K) - C_draft_first(bs, bs)) + C_verify(bs, K)
-  + O_drafted(bs) + overhead_ms``
-  (``overhead_ms``: optional per-step controller overhead, default 0; ``draft_scale``: a what-if
-  multiplier on the draft step, default 1, used by the sensitivity analysis; ``C_draft_first`` the
-  drafter's first forward over the K verified tokens, so the draft step ``C_draft(bs)`` is priced
-  at the anchor-only budget and the excess grows with K; 0 without ``draft_first`` rows);
-- a **plain** step (:meth:`StepCosts.plain_ms`: the engine without speculation, the ``ar``
-  baseline) costs ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the plain autoregressive decode step
-  (:meth:`CostCurve.ar_ms`). It is *not* ``C_verify(bs, bs)``: plain decode runs another engine path;
-- an **undrafted** step (:meth:`StepCosts.undrafted_ms`: a speculative engine's step that verifies
-  anchors only, when a policy skips drafting) costs ``C_ar(bs) + C_draft_first(bs, bs) +
-  O_undrafted(bs)`` where the curve has ``undrafted`` overhead rows (an engine whose drafter still
-  runs its first forward to keep its KV cache in sync, as vLLM 0.32 does), else exactly the plain
-  step (an engine that truly skips the drafter, as the project's own).
+- a **drafted** step (:meth:`StepCosts.drafted_ms`): ``draft_scale * (C_draft(bs) + C_draft_first(bs, K)
+  - C_draft_first(bs, bs)) + C_verify(bs, K) + O_drafted(bs) + overhead_ms``;
+- a **plain** step (:meth:`StepCosts.plain_ms`, the engine without speculation, ``ar``):
+  ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the curve's plain decode step (not ``C_verify(bs, bs)``);
+- an **undrafted** step (:meth:`StepCosts.undrafted_ms`, a speculative engine's anchor-only step):
+  ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) + O_undrafted(bs)`` where the curve has
+  ``undrafted`` rows, else the plain step.
 
-``O_kind`` are the curve's ``step_overhead`` rows (0 where absent), so a curve without the optional
-rows prices every step as ``C_draft + C_verify + overhead_ms`` and ``C_ar``.
+``O_kind`` are the curve's ``step_overhead`` rows and ``C_draft_first`` its ``draft_first`` rows (0
+where absent), so a curve without the optional rows prices every step as ``C_draft + C_verify +
+overhead_ms`` and ``C_ar``. ``overhead_ms`` (default 0) is a per-step controller overhead and
+``draft_scale`` (default 1) a what-if multiplier on the draft terms (the sensitivity analysis).
 
 The simulator charges these times, and the policies (``ar``, ``dcut``, ``fine``, ...) read them from
 the same object, so a policy's objective and the time the simulator charges cannot drift apart.
 Each batch size's table (every budget ``bs..bs*B`` the curve covers) is built once, so a step is
 answered by an array index and never calls the interpolator in an inner loop.
 
-:func:`step_costs` turns what a caller passes to a policy (a :class:`CostCurve` or a
-:class:`StepCosts`) into a :class:`StepCosts`; the default one of a curve is built once per block
-size and kept with the curve.
+:class:`StepCosts` is the only cost type a policy sees. It is built once where a cost curve enters:
+:class:`~dcut_sched.controller.RatioController` (and with it the vLLM plugin and ``dcut-engine``),
+and the simulator's run set-up (with the run's ``overhead_ms`` and ``draft_scale``). It also
+prices what is not a decode step but is read from the same curve: an open-loop prefill
+(:meth:`StepCosts.prefill_ms`) and the curve's measured cells read as a profiled table, without
+interpolation (:meth:`StepCosts.measured_verify`, what ``vllm_adaptive`` reads).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ import numpy as np
 
 from .cost_curve import CostCurve, CostCurveRangeError
 
-__all__ = ["StepCosts", "step_costs"]
+__all__ = ["StepCosts"]
 
 
 class StepCosts:
@@ -47,9 +45,18 @@ class StepCosts:
 
     Args:
         cost: the cost curve.
-        block_size: B.
+        block_size: B (the curve must have been measured for it).
         overhead_ms: fixed time added to every drafted step (>= 0).
         draft_scale: multiplier on ``C_draft`` (> 0; 1 = the curve's draft step).
+
+    Caches (explicit, per instance; a lookup is computed at most once): ``_verify`` (per batch size,
+    the verify table), ``_at`` and ``_drafted_at`` (per batch size and budget tuple), ``_draft``,
+    ``_plain``, ``_undrafted``, ``_drafted_overhead`` (per batch size), ``_measured`` (per measured
+    batch size, :meth:`measured_verify`).
+
+    Raises:
+        CostCurveError: the curve was measured for another block size.
+        ValueError: a negative ``overhead_ms`` or a ``draft_scale`` that is not a finite number > 0.
 
     Raises (from the lookups):
         CostCurveRangeError: a batch size or budget outside the curve's measured range, or a drafted
@@ -57,6 +64,7 @@ class StepCosts:
     """
 
     def __init__(self, cost: CostCurve, block_size: int, overhead_ms: float = 0.0, draft_scale: float = 1.0):
+        cost.require_block_size(block_size)
         if not (overhead_ms >= 0.0):
             raise ValueError(f"overhead_ms={overhead_ms} must be >= 0")
         if not (draft_scale > 0.0 and np.isfinite(draft_scale)):
@@ -72,6 +80,7 @@ class StepCosts:
         self._undrafted: dict[int, float] = {}
         self._drafted_overhead: dict[int, float] = {}
         self._drafted_at: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        self._measured: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ verification
     def verify_table(self, batch_size: int) -> tuple[int, np.ndarray]:
@@ -230,6 +239,35 @@ class StepCosts:
         that truly skips)."""
         return batch_size / self.undrafted_ms(batch_size)
 
+    # ------------------------------------------------------------------ beside decode steps
+    def prefill_ms(self, num_requests: int, prompt_len: int) -> float:
+        """An open-loop prefill of ``num_requests`` prompts of ``prompt_len`` tokens, batched:
+        ``C_verify(k, k * prompt_len)`` (the curve's verify forward at that shape; no draft, no
+        overhead, no draft scale).
+
+        Raises:
+            CostCurveRangeError: the shape is outside the curve's measured range.
+        """
+        return self.cost.verify_ms(num_requests, num_requests * int(prompt_len))
+
+    @property
+    def measured_batch_sizes(self) -> list[int]:
+        """The batch sizes the curve measured verification at (ascending)."""
+        return self.cost.batch_sizes
+
+    def measured_verify(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(token counts ascending, C_verify ms at each)``: the verify cells measured at
+        ``batch_size`` (one of :attr:`measured_batch_sizes`), read without interpolation as a
+        profiled table is (cached per batch size; read-only arrays)."""
+        hit = self._measured.get(batch_size)
+        if hit is None:
+            qs = np.asarray(self.cost.token_counts(batch_size), dtype=np.int64)
+            ms = np.asarray(self.cost.verify_ms(batch_size, qs), dtype=np.float64)
+            qs.setflags(write=False)
+            ms.setflags(write=False)
+            hit = self._measured[batch_size] = (qs, ms)
+        return hit
+
     def _where(self) -> str:
         return f"cost curve {self.cost.path}" if self.cost.path else "cost curve"
 
@@ -240,28 +278,3 @@ class StepCosts:
         )
         return f"StepCosts({self.cost!r}, block_size={self.block_size}{extra})"
 
-
-def step_costs(cost: CostCurve | StepCosts, block_size: int, *, overhead_ms: float = 0.0,
-               draft_scale: float = 1.0) -> StepCosts:
-    """The :class:`StepCosts` for ``cost`` at ``block_size`` (and the what-if ``overhead_ms``, ``draft_scale``).
-
-    A :class:`StepCosts` is returned as is (its block size must match; the what-ifs are its own); for
-    a :class:`CostCurve` one is built per (block size, overhead_ms, draft_scale) and kept with the
-    curve, so a serving loop pays the curve lookups once per batch shape and a simulation's checks and
-    runs share one set of tables.
-
-    Raises:
-        CostCurveError: the curve (or the StepCosts' curve) was measured for another block size.
-        ValueError: a StepCosts built for another block size; a bad ``overhead_ms`` or ``draft_scale``.
-    """
-    if isinstance(cost, StepCosts):
-        if cost.block_size != int(block_size):
-            raise ValueError(f"step costs are for block size {cost.block_size}, the batch has B={block_size}")
-        return cost
-    cost.require_block_size(block_size)
-    cache = cost.__dict__.setdefault("_step_costs_cache", {})
-    key = (int(block_size), float(overhead_ms), float(draft_scale))
-    hit = cache.get(key)
-    if hit is None:
-        hit = cache[key] = StepCosts(cost, block_size, overhead_ms, draft_scale)
-    return hit

@@ -21,6 +21,7 @@ from dcut_sched.policies.dspark import padded_num_tokens, vllm_capture_sizes
 from dcut_sched.policies.smartspec import geometric_expected_tokens, smartspec_goodput
 from dcut_sched.policies.tetris import tetris_budget
 from dcut_sched.policies.vllm_adaptive import best_query_len, profiled_level
+from dcut_sched.step_costs import StepCosts
 
 CONF = np.array([[0.9, 0.8, 0.5], [0.2, 0.9, 0.9]])
 HALF = np.full((2, 3), 0.5)  # scores [1, .5, .25, .125] for both requests
@@ -32,6 +33,12 @@ def curve(make_curve):
     """C_verify(bs, K) = 2 + K, C_draft(2) = 1 + 0.5 * 2 = 2 ms; bs 1, 2, 4; B = 4."""
     return make_curve(batch_sizes=(1, 2, 4), block_size=4, base_ms=2.0, per_token_ms=1.0,
                       draft_base_ms=1.0, draft_per_request_ms=0.5)
+
+
+@pytest.fixture
+def costs(curve):
+    """The step costs of ``curve`` (B = 4): what a policy plans with."""
+    return StepCosts(curve, 4)
 
 
 def test_registry_lists_the_peers_after_the_design_policies():
@@ -69,29 +76,29 @@ def test_geometric_expected_tokens():
         geometric_expected_tokens(1.5, 1)
 
 
-def test_smartspec_hand_computed(curve):
+def test_smartspec_hand_computed(curve, costs):
     pol = d.policies.get("smartspec")
     # no outcome yet: the whole block, to measure the acceptance rate unbiased
-    plan = pol.plan(CONF, curve)
+    plan = pol.plan(CONF, costs)
     assert plan.lengths.tolist() == [4, 4] and plan.num_tokens == 8 and plan.draft_next
     assert plan.expected_tokens == pytest.approx(4.522)
     # accepted 3 of 3 and 1 of 3: trials 3 + 2 (the first rejection counts) -> a = 4 / 5
     pol.observe(np.array([4, 4]), np.array([3, 1]))
     assert pol.state.acceptance_rate == pytest.approx(0.8)
     # T(k) = C_draft + C_verify(2, 2(k+1)) = 2 + 4 + 2k; E = (1 - .8^(k+1)) / .2
-    step = pol.step_ms(2, 4, curve)
+    step = pol.step_ms(2, 4, costs)
     assert step[1:].tolist() == [8.0, 10.0, 12.0] and step[0] == curve.ar_ms(2)
     goodput = smartspec_goodput(0.8, 2, step)
     assert goodput[1:] == pytest.approx([2 * 1.8 / 8, 2 * 2.44 / 10, 2 * 2.952 / 12])  # .45, .488, .492
-    plan = pol.plan(HALF, curve)
+    plan = pol.plan(HALF, costs)
     assert plan.lengths.tolist() == [4, 4]  # k = 3 is the best drafted length
     assert plan.draft_next is bool(2 * 2.952 / 12 > 2 / curve.ar_ms(2))
     # a bad outcome: every first draft rejected -> a = 0 -> plain decoding, and it stays there
     pol.observe(np.array([4, 4]), np.array([0, 0]))
     assert pol.state.acceptance_rate == pytest.approx(0.9 * 4 / (0.9 * 5 + 2))
     pol.state.accepted = 0.0
-    assert pol.plan(HALF, curve).lengths.tolist() == [2, 2]  # k = 1 if it must draft
-    plain = pol.plan_without_draft(2, 4, curve)
+    assert pol.plan(HALF, costs).lengths.tolist() == [2, 2]  # k = 1 if it must draft
+    plain = pol.plan_without_draft(2, 4, costs)
     assert plain.draft_next is False and plain.lengths.tolist() == [1, 1] and not plain.drafted
 
 
@@ -117,22 +124,22 @@ def test_profiled_level_rounds_up():
 
 def test_vllm_adaptive_hand_computed(make_curve):
     # profiled at bs 1 and 4 only, every 4th token count: bs = 2 rounds up to 4, Q in {4, 8}
-    curve = make_curve(batch_sizes=(1, 4), block_size=4, base_ms=2.0, per_token_ms=1.0, step=4)
+    costs = StepCosts(make_curve(batch_sizes=(1, 4), block_size=4, base_ms=2.0, per_token_ms=1.0, step=4), 4)
     pol = d.policies.get("vllm_adaptive")
-    level, qs, itl = pol.table(2, 4, curve)
+    level, qs, itl = pol.table(2, 4, costs)
     assert level == 4 and qs.tolist() == [4, 8] and itl.tolist() == [6.0, 10.0]
-    first = pol.plan(CONF, curve)  # nothing cached yet: the scheduled full block
+    first = pol.plan(CONF, costs)  # nothing cached yet: the scheduled full block
     assert first.lengths.tolist() == [4, 4] and first.num_tokens == 8
     # decided on the previous step's CONF: U(4) = 3.62 / 6 = .603 > U(8) = 4.522 / 10 -> Q = 4, [3, 1];
     # applied to this step's drafts (HALF): expected 1 + .5 + .25 + 1
-    plan = pol.plan(HALF, curve)
+    plan = pol.plan(HALF, costs)
     assert plan.lengths.tolist() == [3, 1] and plan.num_tokens == 4
     assert plan.expected_tokens == pytest.approx(2.75)
     # without the lag the same step would split the budget evenly (ties: lower slot, lower request)
     now = d.policies.get("vllm_adaptive", lag_steps=0)
-    assert now.plan(HALF, curve).lengths.tolist() == [2, 2]
+    assert now.plan(HALF, costs).lengths.tolist() == [2, 2]
     # a batch of another shape has no cached decision: full again
-    assert pol.plan(np.full((1, 3), 0.5), curve).lengths.tolist() == [4]
+    assert pol.plan(np.full((1, 3), 0.5), costs).lengths.tolist() == [4]
 
 
 # ---------------------------------------------------------------- DSpark-style
@@ -144,33 +151,34 @@ def test_capture_sizes_and_padding():
     assert padded_num_tokens(np.array([3, 9, 256, 257]), sizes).tolist() == [4, 16, 256, 272]
 
 
-def test_dspark_hand_computed(curve):
+def test_dspark_hand_computed(costs):
     pol = d.policies.get("dspark")
-    ks, step = pol.table(2, 4, curve)
+    ks, step = pol.table(2, 4, costs)
     assert ks.tolist() == [2, 4, 8] and step.tolist() == [6.0, 8.0, 12.0]  # 2 + (2 + K)
     # first step, no history: E = [2, 3.62, 4.522] / T -> .333, .4525, .377 -> K = 4
-    assert pol.plan(CONF, curve).lengths.tolist() == [3, 1]
+    assert pol.plan(CONF, costs).lengths.tolist() == [3, 1]
     # the budget comes from the average (CONF), the allocation from the current drafts (HALF)
-    plan = pol.plan(HALF, curve)
+    plan = pol.plan(HALF, costs)
     assert plan.num_tokens == 4 and plan.lengths.tolist() == [2, 2] and plan.expected_tokens == pytest.approx(3.0)
     assert pol.state.ema == pytest.approx(0.8 * np.array([2, 3, 3.75]) + 0.2 * np.array([2, 3.62, 4.522]))
     # stale: the average says K = 4 (3.124 / 8 = .39 > 3.904 / 12); the current SURE drafts alone would say K = 8
-    assert pol.plan(SURE, curve).num_tokens == 4
-    assert d.policies.get("dspark").plan(SURE, curve).num_tokens == 8
+    assert pol.plan(SURE, costs).num_tokens == 4
+    assert d.policies.get("dspark").plan(SURE, costs).num_tokens == 8
 
 
 def test_dspark_capture_limit_and_staircase(make_curve):
     curve = make_curve(batch_sizes=(3,), block_size=4, base_ms=2.0, per_token_ms=1.0)
+    costs = StepCosts(curve, 4)
     pol = d.policies.get("dspark")
-    ks, step = pol.table(3, 4, curve)
+    ks, step = pol.table(3, 4, costs)
     # 3 and 12 are not capture sizes: 3 replays the graph of 4; 12 that of 16, clipped to the curve's 12
     assert ks.tolist() == [3, 4, 8, 12]
     assert step.tolist() == pytest.approx(np.array([4, 4, 8, 12]) + 2.0 + curve.draft_ms(3))
     capped = d.policies.get("dspark", capture_limit=4)
-    assert capped.table(3, 4, curve)[0].tolist() == [3, 4]
-    assert capped.plan(np.full((3, 3), 0.999), curve).num_tokens == 4
+    assert capped.table(3, 4, costs)[0].tolist() == [3, 4]
+    assert capped.plan(np.full((3, 3), 0.999), costs).num_tokens == 4
     with pytest.raises(CostCurveRangeError, match="capture limit"):
-        d.policies.get("dspark", capture_limit=2).plan(np.full((3, 3), 0.5), curve)
+        d.policies.get("dspark", capture_limit=2).plan(np.full((3, 3), 0.5), costs)
 
 
 # ---------------------------------------------------------------- dense fallback
@@ -186,15 +194,15 @@ def test_eligible_buckets():
     (0.5, [1, 1]),    # only K = 2 (saves 60 %) and full: U .5 > .4522
     (0.7, [4, 4]),    # nothing saves 70 %: dense
 ])
-def test_dense_fallback_hand_computed(curve, min_saving, lengths):
-    plan = d.policies.get("dense_fallback", min_saving=min_saving).plan(CONF, curve)
+def test_dense_fallback_hand_computed(costs, min_saving, lengths):
+    plan = d.policies.get("dense_fallback", min_saving=min_saving).plan(CONF, costs)
     assert plan.lengths.tolist() == lengths
 
 
 def test_dense_fallback_on_a_flat_curve_stays_dense(make_curve):
     # C = 10 + 0.8 K: K 2/4/6/8 -> 11.6/13.2/14.8/16.4 ms, savings 29/20/10/0 %;
     # U = .172/.2742/.2824/.2757: dcut takes K = 6, which saves under 12 %; of the rest full is best
-    flat = make_curve(batch_sizes=(2,), block_size=4, base_ms=10.0, per_token_ms=0.8)
+    flat = StepCosts(make_curve(batch_sizes=(2,), block_size=4, base_ms=10.0, per_token_ms=0.8), 4)
     assert d.policies.get("dcut").plan(CONF, flat).num_tokens == 6
     assert d.policies.get("dense_fallback").plan(CONF, flat).lengths.tolist() == [4, 4]
     zero = d.policies.get("dense_fallback", min_saving=0.0)
@@ -202,13 +210,13 @@ def test_dense_fallback_on_a_flat_curve_stays_dense(make_curve):
 
 
 # ---------------------------------------------------------------- invariants of all five
-def _run(name, confs, curve, kind):
+def _run(name, confs, costs, kind):
     """Plan a sequence of steps (with observe after each), numpy or torch; returns the plans."""
     pol = d.policies.get(name)
     plans = []
     for c in confs:
         x = torch.as_tensor(c) if kind == "torch" else c
-        plan = pol.plan(x, curve)
+        plan = pol.plan(x, costs)
         plans.append(plan)
         accepted = np.minimum(np.asarray(plan.lengths) - 1, 1)
         pol.observe(plan.lengths, torch.as_tensor(accepted) if kind == "torch" else accepted)
@@ -223,10 +231,10 @@ def test_invariants_numpy_torch_determinism(bs, block, seed, name):
 
     rng = np.random.default_rng(seed)
     confs = [rng.uniform(size=(bs, block - 1)) ** rng.uniform(0.2, 3) for _ in range(3)]
-    curve = linear_curve(batch_sizes=(bs,), block_size=block, step=1)
-    p_np = _run(name, confs, curve, "numpy")
-    p_again = _run(name, confs, curve, "numpy")
-    p_t = _run(name, confs, curve, "torch")
+    costs = StepCosts(linear_curve(batch_sizes=(bs,), block_size=block, step=1), block)
+    p_np = _run(name, confs, costs, "numpy")
+    p_again = _run(name, confs, costs, "numpy")
+    p_t = _run(name, confs, costs, "torch")
     for t, (a, b, c) in enumerate(zip(p_np, p_again, p_t)):
         assert a.lengths.tolist() == b.lengths.tolist() == c.lengths.tolist()  # deterministic, kinds agree
         assert isinstance(c.lengths, torch.Tensor) and c.lengths.dtype == torch.int64
@@ -245,12 +253,12 @@ def test_invariants_numpy_torch_determinism(bs, block, seed, name):
             assert a.num_tokens == tetris_budget(bs, block, 7)
 
 
-def test_reset_and_deepcopy_isolate_state(curve):
+def test_reset_and_deepcopy_isolate_state(costs):
     for name in ("smartspec", "vllm_adaptive", "dspark"):
         pol = d.policies.get(name)
         empty = dict(vars(pol.state))
         assert all(v is None or v == 0 for v in empty.values())
-        pol.plan(CONF, curve)
+        pol.plan(CONF, costs)
         pol.observe(np.array([4, 4]), np.array([1, 0]))
         clone = copy.deepcopy(pol)
         assert any(v is not None and not np.all(v == 0) for v in vars(pol.state).values())

@@ -59,17 +59,20 @@ def test_oracle_hand_computed():
 
 def test_dcut_hand_computed(make_curve):
     # C_verify = 2 + K: K in {2, 4, 6, 8} -> E {2, 3.62, 4.18, 4.522}, U {.5, .603, .5225, .4522}
-    curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0)
+    curve = StepCosts(make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0), 4)
     plan = d.policies.get("dcut").plan(CONF, curve)
     assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
     assert plan.expected_tokens == pytest.approx(3.62)
     # verification nearly free beyond a fixed cost -> the largest bucket
-    flat = make_curve(batch_sizes=(2,), base_ms=10.0, per_token_ms=0.01)
+    flat = StepCosts(make_curve(batch_sizes=(2,), base_ms=10.0, per_token_ms=0.01), 4)
     assert d.policies.get("dcut").plan(CONF, flat).num_tokens == 8
     with pytest.raises(ValueError, match="needs a cost curve"):
         d.policies.get("dcut").plan(CONF)
     with pytest.raises(ValueError, match="block size 4, not 3"):
         d.policies.get("dcut").plan(CONF[:, :2], curve)
+    # a policy takes only StepCosts: a bare curve is refused with the fix, never converted
+    with pytest.raises(TypeError, match=r"plans with StepCosts, got CostCurve; build StepCosts\(curve, block_size\)"):
+        d.policies.get("dcut").plan(CONF, curve.cost)
 
 
 def test_fine_hand_computed_and_skips_drafting(make_curve):
@@ -79,7 +82,7 @@ def test_fine_hand_computed_and_skips_drafting(make_curve):
     costs = StepCosts(curve, 4)
     assert costs.plain_ms(2) == pytest.approx(4.0)
     fine = d.policies.get("fine", granularity=1, probe_interval=3, probe_budget=0.01)
-    plan = fine.plan(CONF, curve)
+    plan = fine.plan(CONF, costs)
     assert plan.num_tokens == 4 and plan.lengths.tolist() == [3, 1]
     assert fine.state.rate == pytest.approx(3.62 / 8)
     assert plan.draft_next is False
@@ -87,15 +90,16 @@ def test_fine_hand_computed_and_skips_drafting(make_curve):
     # a probe's loss
     assert fine.state.debt_ms == pytest.approx(0.76) and fine.state.next_probe_loss_ms == pytest.approx(0.76)
     # first probe once 0.76 + 0.76 ms fit in 1 % of the run: 152 ms = the 8 ms step + 36 plain steps of 4 ms
-    flags = [fine.plan_without_draft(2, 4, curve).draft_next for _ in range(36)]
+    flags = [fine.plan_without_draft(2, 4, costs).draft_next for _ in range(36)]
     assert flags == [False] * 35 + [True]
     assert fine.state.elapsed_ms == pytest.approx(152.0)
-    p = d.policies.get("fine").plan_without_draft(2, 4, curve)
+    p = d.policies.get("fine").plan_without_draft(2, 4, costs)
     assert p.lengths.tolist() == [1, 1] and not p.drafted and p.num_tokens == 2
 
 
 def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
-    curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0, draft_per_request_ms=0.5)
+    curve = StepCosts(make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0,
+                                 draft_per_request_ms=0.5), 4)
     fine = d.policies.get("fine", granularity=1, probe_interval=3, probe_budget=0.01)
     fine.plan(CONF, curve)
     intervals = []
@@ -123,12 +127,13 @@ def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
     with pytest.raises(ValueError, match="probe_budget"):
         d.policies.get("fine", probe_budget=0.0)
     # a cheap draft makes speculation worth it
-    cheap = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=0.2, draft_base_ms=0.1, draft_per_request_ms=0.0)
+    cheap = StepCosts(make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=0.2, draft_base_ms=0.1,
+                                 draft_per_request_ms=0.0), 4)
     assert d.policies.get("fine", granularity=1).plan(CONF, cheap).draft_next is True
 
 
 def test_fine_default_grid_is_multiples_of_granularity(make_curve):
-    curve = make_curve(batch_sizes=(4,), block_size=16)
+    curve = StepCosts(make_curve(batch_sizes=(4,), block_size=16), 16)
     fine = d.policies.get("fine")
     assert fine.candidates(4, 16, curve).tolist() == [4, 8, 16, 24, 32, 40, 48, 56, 64]
     fine = d.policies.get("fine", allowed_num_tokens=[2, 4, 10, 64, 100])
@@ -156,7 +161,7 @@ def test_fine_matches_brute_force(make_curve, seed, objective):
         conf = rng.uniform(size=(bs, block - 1)) ** rng.uniform(0.2, 2)
         scores = slot_scores(conf)
         rate = fine.state.rate
-        plan = fine.plan(conf, curve)
+        plan = fine.plan(conf, StepCosts(curve, block))
         ks = list(range(bs, bs * block + 1))
         best = {k: _best_expected(scores, k) for k in ks}
         if objective == "marginal" and rate is not None:
@@ -175,7 +180,7 @@ def test_dcut_matches_brute_force(make_curve, seed):
                        per_token_ms=float(rng.uniform(0.1, 2)))
     conf = rng.uniform(size=(bs, block - 1))
     scores = slot_scores(conf)
-    plan = d.policies.get("dcut").plan(conf, curve)
+    plan = d.policies.get("dcut").plan(conf, StepCosts(curve, block))
     utility = {}
     for rho in (0.25, 0.5, 0.75, 1.0):
         k = budget_from_ratio(rho, bs, block)
@@ -203,9 +208,9 @@ def test_numpy_and_torch_agree_and_invariants(bs, block, seed, name):
     rng = np.random.default_rng(seed)
     conf = rng.uniform(size=(bs, block - 1)) ** rng.uniform(0.2, 3)
     accept = rng.integers(0, block, size=bs)
-    curve = linear_curve(batch_sizes=(bs,), block_size=block, step=1)
-    p_np = d.policies.get(name).plan(conf, curve, accept_len=accept)
-    p_t = d.policies.get(name).plan(torch.as_tensor(conf), curve, accept_len=torch.as_tensor(accept))
+    costs = StepCosts(linear_curve(batch_sizes=(bs,), block_size=block, step=1), block)
+    p_np = d.policies.get(name).plan(conf, costs, accept_len=accept)
+    p_t = d.policies.get(name).plan(torch.as_tensor(conf), costs, accept_len=torch.as_tensor(accept))
     assert isinstance(p_t.lengths, torch.Tensor) and p_t.lengths.dtype == torch.int64
     assert p_np.lengths.tolist() == p_t.lengths.tolist()
     assert p_np.num_tokens == p_t.num_tokens == int(p_np.lengths.sum())

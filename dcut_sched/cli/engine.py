@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
                              f"give it once")
         params[key] = value
     try:
-        policies.check_params(args.policy, params)
+        policies.check_params(args.policy, params)  # names, keys, kinds; RatioController builds it once
     except ValueError as exc:
         raise UsageError(f"--param: {exc}") from None
     if args.threads:
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--prompts: {exc}") from None
     if args.num_prompts is not None:  # >= 1 (its argparse type)
         texts = texts[: args.num_prompts]
-    policy_cls = type(policies.get(args.policy))
+    policy_cls = policies.policy_class(args.policy)  # its class attributes, without building one
     curve = cost_source = None
     if policy_cls.needs_cost:
         if args.cost:

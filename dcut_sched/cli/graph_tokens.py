@@ -35,16 +35,20 @@ def check_graph_tokens(config, cost_path: str) -> None:
             and the valid range per batch size.
         CostCurveError: the curve file is invalid (the loader's one-line message).
     """
-    from ..controller.step_driver import restrict_to_graph_cells
+    from .. import policies
     from ..cost_curve import CostCurve, CostCurveRangeError
-    from ..simulator.simulate import resolve_policies
+    from ..simulator.simulate import policy_specs
 
     curve = CostCurve.load(cost_path, check_hardware=False)
     block, counts = curve.block_size, sorted(config.graph_token_counts)
-    runs = [p for _label, p in resolve_policies(config.policies, config.policy_params) if p.name != "ar"]
+    runs = [(name, given.params() if isinstance(given, policies.Policy) else given)
+            for _label, name, given in policy_specs(config.policies, config.policy_params) if name != "ar"]
     if not runs:
         return
-    padded = [p.name for p in runs if restrict_to_graph_cells(p, counts) is p]
+    # the policies whose budget is padded up to a captured count (restrict_to_graph_cells leaves them
+    # as they are): no allowed_num_tokens parameter, or their own
+    padded = [name for name, params in runs
+              if "allowed_num_tokens" not in policies.param_defaults(name) or params.get("allowed_num_tokens") is not None]
     sizes = (config.batch_sizes if config.mode == "closed"
              else sorted({b for top in config.batch_sizes for b in range(1, top + 1)}))
     need: dict[int, tuple[int, int]] = {}  # bs -> the range a count must fall in

@@ -422,9 +422,9 @@ class _Work:
 
 def _num_runs(config) -> tuple[int, int]:
     """(policies, runs) of one :func:`~dcut_sched.simulator.simulate` call: ``ar`` included, x batch sizes."""
-    from ..simulator.simulate import resolve_policies
+    from ..simulator.simulate import policy_specs
 
-    policies = len(resolve_policies(config.policies, config.policy_params))
+    policies = len(policy_specs(config.policies, config.policy_params))  # counted, not built
     return policies, policies * len(config.batch_sizes)
 
 
@@ -711,7 +711,9 @@ def _wrote(path: str, what: str) -> None:
 
 
 def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``--param`` values per policy, checked before any work (names, keys given once, finite values)."""
+    """``--param`` values per policy, checked before any work (names, keys given once, kinds, finite
+    values: :func:`dcut_sched.policies.check_params`); a value out of a policy's range is refused when
+    the run builds the policy, before any step."""
     from .. import policies
 
     params: dict[str, dict[str, Any]] = {}
@@ -729,7 +731,7 @@ def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> 
             raise UsageError(f"{where}: policy {policy} is not run (--policies {','.join(run)}); add it to "
                              f"--policies or drop the parameter")
         try:
-            policies.get(policy, **values)
+            policies.check_params(policy, values)  # names, keys, kinds; the run builds each policy once
         except ValueError as exc:
             raise UsageError(f"--param: {exc}") from None
     return params

@@ -44,6 +44,7 @@ from ..cost_curve import CostCurve
 from ..defaults import DEFAULT_POLICY
 from ..policies import VerifyPlan
 from ..scores import Array
+from ..step_costs import StepCosts
 from .layouts import SlotLayout, slot_layout
 from .step_driver import StepDriver, restrict_to_graph_cells
 
@@ -135,7 +136,8 @@ class RatioController:
         cost: the cost curve (required by ``dcut``/``fine``; may be ``None`` for policies that do
             not need one). Must have been measured for ``block_size``.
         block_size: B, slots per request (confidences are ``[bs, B-1]``).
-        policy: a registered policy name (``dcut_sched.policies.names()``).
+        policy: a registered policy name (``dcut_sched.policies.names()``), or a policy already
+            built by :func:`dcut_sched.policies.get` (then no ``policy_params``).
         calibrate: learn a confidence-to-acceptance map online and score calibrated confidences.
         graph_bank: a :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank`; plans then carry
             the cell to replay, and ``fine`` (unless given ``allowed_num_tokens``) only considers
@@ -154,7 +156,7 @@ class RatioController:
         self,
         cost: CostCurve | None,
         block_size: int,
-        policy: str = DEFAULT_POLICY,
+        policy: str | _policies.Policy = DEFAULT_POLICY,
         calibrate: bool = False,
         graph_bank: Any = None,
         calibrator: OnlineCalibrator | None = None,
@@ -163,12 +165,21 @@ class RatioController:
         self.block_size = int(block_size)
         if self.block_size < 1:
             raise ValueError(f"RatioController: block_size={block_size} must be >= 1")
-        if cost is not None:
-            cost.require_block_size(self.block_size)
+        # the one StepCosts of this controller: every step time its policy reads (CostCurveError on
+        # a curve measured for another block size)
+        self.costs = None if cost is None else StepCosts(cost, self.block_size)
         self.graph_bank = graph_bank
-        self.policy = _policies.get(policy, **policy_params)
-        if graph_bank is not None and "allowed_num_tokens" not in policy_params:
-            self.policy = restrict_to_graph_cells(self.policy, graph_bank.token_counts())
+        if isinstance(policy, _policies.Policy):  # built (and validated) by the caller: used as it is
+            if policy_params:
+                raise ValueError(f"RatioController: policy {policy.name!r} is already built; pass its "
+                                 f"parameters to dcut_sched.policies.get, not here ({sorted(policy_params)})")
+            self.policy = policy if graph_bank is None else restrict_to_graph_cells(policy, graph_bank.token_counts())
+        else:  # validated and built once (dcut_sched.policies.get), with the bank's cells when it takes them
+            if (graph_bank is not None and "allowed_num_tokens" not in policy_params
+                    and "allowed_num_tokens" in _policies.param_defaults(policy)):
+                policy_params = {**policy_params, "allowed_num_tokens": [int(k) for k in graph_bank.token_counts()]}
+            self.policy = _policies.get(policy, **policy_params)
+        policy = self.policy.name
         if self.policy.needs_cost and cost is None:
             raise ValueError(
                 f"RatioController: policy {policy!r} needs a cost curve (CostCurve.load(...)); got cost=None"
@@ -180,7 +191,7 @@ class RatioController:
         )
         # The per-step sequence (sanitise, calibrate, plan, observe) and the counters: the same
         # object the simulator runs (controller/step_driver.py).
-        self.driver = StepDriver(self.policy, cost, self.block_size, calibrator=self.calibrator,
+        self.driver = StepDriver(self.policy, self.costs, self.block_size, calibrator=self.calibrator,
                                  graph_cells=graph_bank)
 
     # ------------------------------------------------------------------ state

@@ -9,8 +9,8 @@ of it. A step:
 1. :meth:`StepDriver.plan` (a drafted step): ``conf [bs, B-1]`` is **sanitised** (a row holding NaN,
    +-inf or a value outside [0, 1] becomes zeros and is counted, never raised on), **calibrated**
    when a calibrator is attached (the policy scores ``calibrator.transform(conf)``), and the policy
-   plans the verified lengths with the driver's cost (a :class:`~dcut_sched.CostCurve` online, the
-   simulator's :class:`~dcut_sched.step_costs.StepCosts`);
+   plans the verified lengths with the driver's :class:`~dcut_sched.step_costs.StepCosts` (built
+   once by whoever loaded the curve: the controller, or the simulator's run set-up);
    :meth:`StepDriver.plan_without_draft` (a step that ran no draft): every request verifies its
    anchor; the calibrator's decay clock ticks (``observe_plain``, when it has one);
 2. :meth:`StepDriver.graph_cell`: the ``(batch_size, num_tokens)`` cell the verification replays, the
@@ -41,6 +41,7 @@ import numpy as np
 from .. import policies as _policies
 from ..policies import Policy, VerifyPlan
 from ..scores import Array, is_tensor, verified_prefix_tokens
+from ..step_costs import StepCosts
 
 __all__ = ["GraphCells", "StepDriver", "restrict_to_graph_cells"]
 
@@ -130,9 +131,8 @@ class StepDriver:
 
     Args:
         policy: the :class:`~dcut_sched.policies.Policy` (kept; its state is this driver's).
-        cost: what the policy plans with: a :class:`~dcut_sched.CostCurve`, the
-            :class:`~dcut_sched.step_costs.StepCosts` built from one, or ``None`` for policies that
-            need none.
+        costs: what the policy plans with: the :class:`~dcut_sched.step_costs.StepCosts` for
+            ``block_size``, or ``None`` for policies that need none.
         block_size: B (confidences are ``[bs, B-1]``).
         calibrator: optional; ``transform(conf)`` before the policy, ``observe(conf, num_accepted,
             lengths)`` after each drafted step, ``observe_plain(batch_size)`` (if it has one) after
@@ -144,13 +144,25 @@ class StepDriver:
             sets it for calibrators of its own protocol, whose range nothing else guarantees.
 
     Call order per step: :meth:`plan` or :meth:`plan_without_draft`, then :meth:`observe` once.
+
+    Raises:
+        TypeError: ``costs`` is neither ``None`` nor a StepCosts (a bare cost curve: build
+            ``StepCosts(curve, block_size)`` once where it is loaded).
+        ValueError: step costs for another block size.
     """
 
-    def __init__(self, policy: Policy, cost: Any, block_size: int, *, calibrator: Any = None,
+    def __init__(self, policy: Policy, costs: StepCosts | None, block_size: int, *, calibrator: Any = None,
                  graph_cells: Any = None, validate_scored: bool = False):
         self.policy = policy
         self.block_size = int(block_size)
-        self.cost = cost
+        if costs is not None:
+            if not isinstance(costs, StepCosts):
+                raise TypeError(f"StepDriver: costs must be StepCosts or None, got {type(costs).__name__}; build "
+                                f"StepCosts(curve, block_size) once where the curve is loaded")
+            if costs.block_size != self.block_size:
+                raise ValueError(f"StepDriver: the step costs are for block size {costs.block_size}, not "
+                                 f"{self.block_size}")
+        self.costs = costs
         self.calibrator = calibrator
         self.graph_cells = graph_cells
         self.validate_scored = bool(validate_scored)
@@ -248,9 +260,9 @@ class StepDriver:
         conf = self.sanitize(conf)
         scored = conf if self.calibrator is None else self.calibrator.transform(conf)
         if self._needs_accept_len:
-            vp = self.policy.plan(scored, self.cost, accept_len=accept_len, validate=self.validate_scored)
+            vp = self.policy.plan(scored, self.costs, accept_len=accept_len, validate=self.validate_scored)
         else:
-            vp = self.policy.plan(scored, self.cost, validate=self.validate_scored)
+            vp = self.policy.plan(scored, self.costs, validate=self.validate_scored)
         self._last = (conf, vp.lengths)
         self.pending_batch_size = vp.batch_size
         self._count_plan(vp)
@@ -258,7 +270,7 @@ class StepDriver:
 
     def plan_without_draft(self, batch_size: int) -> VerifyPlan:
         """Plan a step that ran no draft (every request verifies its anchor); numpy lengths."""
-        vp = self.policy.plan_without_draft(batch_size, self.block_size, self.cost)
+        vp = self.policy.plan_without_draft(batch_size, self.block_size, self.costs)
         if self._observe_plain is not None:
             self._observe_plain(batch_size)  # the decay clock of unobserved confidence ranges
         self._last = None

@@ -8,10 +8,10 @@ account, ``FineState``; the peers' lagged confidences and rates), replaced by :m
 the decision itself is a pure function of arrays (e.g. ``fine.choose_budget``). The same objects
 serve the simulator and the online controller: there is no second implementation of any policy.
 
-Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`: a policy is given a
-:class:`CostCurve` (the controller) or the simulator's :class:`StepCosts` (so it sees exactly the
-times the simulator charges: draft scale and controller overhead included), and reads every step
-time through :meth:`Policy._step_costs`.
+Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`, the only cost type a
+policy takes: the controller builds it once from its cost curve, the simulator once per run (so a
+policy sees exactly the times the simulator charges: draft scale and controller overhead included).
+A policy never reads the cost curve itself.
 
 Inputs may be numpy arrays or torch tensors (CPU or CUDA); ``lengths`` in the plan is of the same kind
 and on the same device. A policy syncs with the host at most once per step (the budget decision).
@@ -19,23 +19,20 @@ and on the same device. A policy syncs with the host at most once per step (the 
 
 from __future__ import annotations
 
-import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ..cost_curve import CostCurve
 from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores
-from ..step_costs import StepCosts, step_costs
+from ..step_costs import StepCosts
+from .params import PolicyParamError, UnknownPolicyError, keys_text, validate_params
+from .params import param_defaults as _param_defaults
 
-__all__ = ["CostLike", "Policy", "VerifyPlan", "budget_from_ratio", "check_params", "get", "names", "param_defaults",
-           "param_help", "register"]
-
-#: What a policy accepts as its cost model: a cost curve or the step costs built from one.
-CostLike = Union[CostCurve, StepCosts]
+__all__ = ["Policy", "PolicyParamError", "UnknownPolicyError", "VerifyPlan", "budget_from_ratio", "check_params", "get",
+           "names", "param_defaults", "param_help", "policy_class", "register"]
 
 
 @dataclass(frozen=True)
@@ -91,11 +88,12 @@ class Policy(ABC):
     """Base class of every verification policy.
 
     Subclasses set ``name`` and implement :meth:`plan`; registering is ``@register``. Construct them
-    through :func:`get` so parameters are checked in one place.
+    through :func:`get` so parameters are checked in one place. The constructor's annotations are
+    the parameters' kinds (:mod:`dcut_sched.policies.params`); the constructor checks the ranges.
 
     Class attributes:
         name: registry key.
-        needs_cost: :meth:`plan` needs a :class:`CostCurve`.
+        needs_cost: :meth:`plan` needs :class:`~dcut_sched.step_costs.StepCosts`.
         needs_accept_len: :meth:`plan` needs the true acceptance lengths (only the oracle).
         drafts_first_step: whether the first step of a run drafts.
         speculative: whether the policy runs on a speculative engine (its steps without a draft
@@ -129,7 +127,7 @@ class Policy(ABC):
     def plan(
         self,
         conf: Array,
-        cost: CostLike | None = None,
+        cost: StepCosts | None = None,
         *,
         accept_len: Array | None = None,
         validate: bool = True,
@@ -138,7 +136,8 @@ class Policy(ABC):
 
         Args:
             conf: ``[bs, B-1]`` float draft confidences in [0, 1] (numpy or torch, any device).
-            cost: the cost curve, or the :class:`StepCosts` built from it (required when ``needs_cost``).
+            cost: the step times (:class:`~dcut_sched.step_costs.StepCosts` for this block size;
+                required when ``needs_cost``).
             accept_len: ``[bs]`` ints in ``[0, B-1]``, the drafts each request would get accepted
                 (required when ``needs_accept_len``; ignored otherwise).
             validate: check ``conf`` (the controller sanitises on the device and passes False).
@@ -147,11 +146,13 @@ class Policy(ABC):
             The :class:`VerifyPlan`.
 
         Raises:
-            ValueError: bad confidences (shape, NaN/inf, range), a missing cost curve or accept_len.
+            ValueError: bad confidences (shape, NaN/inf, range), missing step costs or accept_len, step
+                costs for another block size.
+            TypeError: ``cost`` is not a :class:`~dcut_sched.step_costs.StepCosts` (e.g. a bare curve).
             CostCurveRangeError: the batch size or a budget is outside the cost curve's range.
         """
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
         """Plan a step that ran no draft: every request verifies its anchor only (plain decoding).
 
         The default asks for a draft again on the next step.
@@ -163,39 +164,24 @@ class Policy(ABC):
     def _scores(self, conf: Array, validate: bool) -> Array:
         return slot_scores(conf, validate=validate)
 
-    def _step_costs(self, cost: CostLike | None, conf: Array) -> StepCosts:
-        """The step times for this batch's block size (:func:`~dcut_sched.step_costs.step_costs`): what
-        a policy asks for every "what does this step cost" question (verify, draft, plain step).
+    def _check_costs(self, cost: StepCosts | None, block_size: int) -> StepCosts:
+        """``cost`` itself, checked: present, a :class:`~dcut_sched.step_costs.StepCosts`, and for
+        ``block_size`` (no conversion: the caller built it once where the curve entered).
 
         Raises:
-            ValueError: no cost given; CostCurveError: the curve is for another block size.
+            ValueError: no cost given, or step costs for another block size.
+            TypeError: anything but a StepCosts (a bare :class:`~dcut_sched.CostCurve` included).
         """
-        if cost is None:
-            raise ValueError(f"policy {self.name!r} needs a cost curve (cost=CostCurve.load(...))")
-        return step_costs(cost, conf.shape[1] + 1)
-
-    def _require_cost(self, cost: CostLike | None, conf: Array) -> CostCurve:
-        """The cost curve itself (unwrapped from a :class:`StepCosts`), block size checked.
-
-        For policies that read the curve directly; new code should use :meth:`_step_costs`, which
-        also carries the simulator's draft scale and controller overhead.
-        """
-        return self._step_costs(cost, conf).cost
-
-    def _per_shape(self, batch_size: int, block_size: int, cost: CostLike, build: Callable[[], Any]) -> Any:
-        """``build()``'s result, cached per (batch size, block size, cost curve) on this instance.
-
-        Kept for policies that tabulate straight from the curve; :class:`StepCosts` already caches
-        every step time per batch size, so policies that use :meth:`_step_costs` need no cache of
-        their own.
-        """
-        curve = cost.cost if isinstance(cost, StepCosts) else cost
-        cache = self.__dict__.setdefault("_shape_cache", {})
-        key = (int(batch_size), int(block_size), id(curve))
-        hit = cache.get(key)
-        if hit is None or hit[0] is not curve:
-            hit = cache[key] = (curve, build())
-        return hit[1]
+        if not isinstance(cost, StepCosts):
+            if cost is None:
+                raise ValueError(f"policy {self.name!r} needs a cost curve, as step costs: "
+                                 f"StepCosts(CostCurve.load(...), block_size)")
+            raise TypeError(f"policy {self.name!r} plans with StepCosts, got {type(cost).__name__}; build "
+                            f"StepCosts(curve, block_size) once where the curve is loaded and pass that")
+        if cost.block_size != block_size:
+            raise ValueError(f"policy {self.name!r}: the step costs are for block size {cost.block_size}, not "
+                             f"{block_size} (the block size of the confidences)")
+        return cost
 
     def _make_plan(
         self,
@@ -236,39 +222,44 @@ def names() -> list[str]:
 
 
 def get(name: str, **params: Any) -> Policy:
-    """A fresh instance of the policy ``name`` with ``params``.
+    """A fresh instance of the policy ``name`` with ``params``: the one place a policy is built.
+
+    The parameters are checked first (:func:`check_params`: names, keys, kinds, finite values), then
+    the constructor checks the ranges.
 
     Raises:
-        KeyError: unknown name (the message lists the known ones).
-        ValueError: an unknown parameter (the message lists the policy's valid keys), a non-finite
-            number (NaN/inf make every result meaningless), or a value the policy rejects.
+        UnknownPolicyError (a KeyError): unknown name (the message lists the known ones).
+        PolicyParamError (a ValueError): an unknown parameter (the message lists the policy's valid
+            keys), a value of another kind, a non-finite number, or a value the constructor rejects.
     """
-    cls = _policy_class(name)
-    check_params(name, params)
+    cls = policy_class(name)
+    validate_params(cls, params)
     try:
         return cls(**params)
-    except TypeError as exc:
-        raise ValueError(f"policy {name}: bad parameter value ({exc}); valid keys: {_keys_text(name)}") from None
+    except PolicyParamError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, TypeError):
+            raise PolicyParamError(f"policy {name}: bad parameter value ({exc}); valid keys: {keys_text(cls)}") from None
+        raise PolicyParamError(str(exc)) from None
 
 
-def _policy_class(name: str) -> type[Policy]:
+def policy_class(name: str) -> type[Policy]:
+    """The registered class of policy ``name`` (its class attributes, e.g. ``needs_cost``, without
+    building one).
+
+    Raises:
+        UnknownPolicyError (a KeyError): unknown name (the message lists the known ones).
+    """
     try:
         return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown policy {name!r}; known policies: {', '.join(names())}") from None
+    except (KeyError, TypeError):
+        raise UnknownPolicyError(f"unknown policy {name!r}; known policies: {', '.join(names())}") from None
 
 
 def param_defaults(name: str) -> dict[str, Any]:
     """The constructor parameters of policy ``name`` and their defaults (``inspect.signature``)."""
-    sig = inspect.signature(_policy_class(name).__init__)
-    return {p.name: (None if p.default is inspect.Parameter.empty else p.default)
-            for p in list(sig.parameters.values())[1:]
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-
-
-def _keys_text(name: str) -> str:
-    keys = param_defaults(name)
-    return ", ".join(f"{k} (default {v!r})" for k, v in keys.items()) or "none (the policy takes no parameters)"
+    return _param_defaults(policy_class(name))
 
 
 def param_help() -> str:
@@ -280,73 +271,18 @@ def param_help() -> str:
     return "\n".join(lines)
 
 
-def _non_finite(value: Any, depth: int = 0) -> bool:
-    """A NaN, an infinity or a number too large for a float anywhere in ``value`` (lists nested at
-    most 8 deep; deeper nesting counts as bad too)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float, np.number)):
-        try:
-            return not math.isfinite(float(value))
-        except OverflowError:
-            return True
-    if isinstance(value, (list, tuple)):
-        return depth >= 8 or any(_non_finite(v, depth + 1) for v in value)
-    return False
-
-
-def _param_kind(default: Any) -> str | None:
-    """The kind of value a parameter takes, read from its default (``None``: not checked)."""
-    if isinstance(default, bool):
-        return "a boolean"
-    if isinstance(default, int):
-        return "an integer"
-    if isinstance(default, float):
-        return "a number"
-    if isinstance(default, str):
-        return "a string"
-    if isinstance(default, (list, tuple)) and default and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in default):
-        return "a list of numbers"
-    return None
-
-
-def _is_kind(value: Any, kind: str) -> bool:
-    """Booleans are not numbers and numbers are not booleans; an integral float is an integer."""
-    if kind == "a boolean":
-        return isinstance(value, (bool, np.bool_))
-    if isinstance(value, (bool, np.bool_)):
-        return False
-    if kind == "an integer":
-        return isinstance(value, (int, np.integer)) or (isinstance(value, (float, np.floating)) and float(value).is_integer())
-    if kind == "a number":
-        return isinstance(value, (int, float, np.integer, np.floating))
-    if kind == "a list of numbers":
-        return isinstance(value, (list, tuple)) and len(value) > 0 and all(
-            isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) for v in value)
-    return isinstance(value, str)
-
-
-def check_params(name: str, params: dict[str, Any]) -> None:
-    """Refuse parameters policy ``name`` does not take, values of another kind than the parameter's
-    default (a boolean for a number, a string for an integer, ...), and non-finite numbers.
+def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The one validation path of policy names and parameters (:mod:`dcut_sched.policies.params`),
+    without building the policy: refuse an unknown name, parameters policy ``name`` does not take,
+    values of another kind than the constructor's annotation (a boolean for a number, a string for
+    an integer, ...), and non-finite numbers. Returns ``params`` unchanged.
 
     Raises:
-        KeyError: unknown policy.
-        ValueError: naming the policy, the key and the valid keys or the expected kind.
+        UnknownPolicyError (a KeyError): unknown policy.
+        PolicyParamError (a ValueError): naming the policy, the key and the valid keys or the
+            expected kind.
     """
-    keys = param_defaults(name)
-    for key, value in params.items():
-        if key not in keys:
-            raise ValueError(f"policy {name} has no parameter {key!r}; valid keys: {_keys_text(name)}")
-        expected = _param_kind(keys[key])
-        if expected is not None and not _is_kind(value, expected):
-            raise ValueError(f"policy {name}: parameter {key} expects {expected}, got {value!r} "
-                             f"({type(value).__name__}; default {keys[key]!r})")
-        if _non_finite(value):
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise ValueError(f"policy {name}: {key}={shown} is not finite (or beyond the float range); give a "
-                             f"finite number (default {keys[key]!r})")
+    return validate_params(policy_class(name), params)
 
 
 def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int, like: Array) -> Array:

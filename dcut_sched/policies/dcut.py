@@ -8,7 +8,8 @@ from typing import Sequence
 import numpy as np
 
 from ..scores import Array, Budgets, ScoreRanking
-from .base import CostLike, Policy, VerifyPlan, budget_from_ratio, check_conf_shape, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, budget_from_ratio, check_conf_shape, register
 
 
 @lru_cache(maxsize=256)
@@ -48,10 +49,10 @@ class DCut(Policy):
         return _bucket_budgets(self.ratios, int(batch_size), int(block_size)).array
 
     def plan(
-        self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
+        self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         ks = _bucket_budgets(self.ratios, bs, block)

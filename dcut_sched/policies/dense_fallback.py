@@ -25,7 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from ..scores import Array, ScoreRanking
-from .base import CostLike, VerifyPlan, check_conf_shape, register
+from ..step_costs import StepCosts
+from .base import VerifyPlan, check_conf_shape, register
 from .dcut import DCut
 
 
@@ -63,9 +64,9 @@ class DenseFallback(DCut):
     def params(self) -> dict:
         return {"ratios": self.ratios, "min_saving": self.min_saving}
 
-    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         ks = self.budgets(bs, block)  # ascending, the last is bs * B

@@ -39,8 +39,8 @@ import numpy as np
 
 from ..cost_curve import CostCurveRangeError
 from ..scores import Array, ScoreRanking
-from ..step_costs import step_costs
-from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, check_conf_shape, register
 
 
 def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
@@ -99,21 +99,21 @@ class DSpark(Policy):
     def reset(self) -> None:
         self.state = DSparkState()
 
-    def table(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[np.ndarray, np.ndarray]:
+    def table(self, batch_size: int, block_size: int, costs: StepCosts) -> tuple[np.ndarray, np.ndarray]:
         """``(candidate budgets ascending, step ms at each)``: ``StepCosts.drafted_ms`` at the padded budget."""
+        costs = self._check_costs(costs, block_size)
         hi = min(batch_size * block_size, self.capture_limit)
         if hi < batch_size:
             raise CostCurveRangeError(f"dspark: batch_size={batch_size} exceeds the capture limit {self.capture_limit}")
-        costs = step_costs(cost, block_size)
         sizes = vllm_capture_sizes(self.capture_limit)
         ks = np.union1d(sizes[(sizes >= batch_size) & (sizes <= hi)], [batch_size, hi]).astype(np.int64)
         lo_curve, hi_curve = costs.token_range(batch_size)
         graph = np.clip(padded_num_tokens(ks, sizes), lo_curve, hi_curve)
         return ks, costs.drafted_fixed_ms(batch_size) + costs.budget_ms_at(batch_size, graph)
 
-    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         ks, step_ms = self.table(bs, block, costs)
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)

@@ -1,49 +1,21 @@
 """``fine``: global top-K over every replayable token count, by expected tokens per full step time.
 
-Beyond D-Cut in two ways:
+Contract, per drafted step at batch size bs (the derivations: docs/design.md §2.1):
 
-1. **Budget.** K ranges over every token count the engine can replay (the captured CUDA-graph cells;
-   by default every multiple of ``granularity`` in ``[bs, bs*B]`` plus both ends), not 4 buckets, and
-   the objective charges the *full* step time ``C_draft(bs) + C_verify(bs, K)`` (plus the controller
-   overhead where the step costs carry one; :class:`~dcut_sched.step_costs.StepCosts`).
-
-   - ``objective="ratio"`` (default): ``K* = argmax_K E(K) / (C_draft + C_verify(K))``. Each step is
-     one renewal cycle of the decode loop, so long-run throughput is E[tokens] / E[time]; the per-step
-     ratio is the greedy rule for it and needs no state.
-   - ``objective="marginal"``: ``K* = argmax_K E(K) - lambda * C_verify(K)`` with ``lambda`` the
-     running estimate (tokens/ms) of the achieved rate. By the renewal-reward theorem (Dinkelbach's
-     method for ratio objectives) the long-run optimum maximises exactly this with ``lambda`` = the
-     optimal rate; it verifies a slot exactly when its score beats what the same verify time earns on
-     average. Draft time is sunk once the confidences exist, so it drops out. Falls back to ``ratio``
-     until a rate is known.
-
-2. **Whether to draft at all.** When the confidences are known, the draft's cost is already spent,
-   so the choice is taken one step ahead: the plan's ``draft_next`` compares an exponential moving
-   average of the best expected tokens per ms of recent drafted steps with plain autoregressive
-   decoding (``bs`` tokens in ``StepCosts.undrafted_ms(bs)``, the step the engine runs without a
-   draft: ``C_ar(bs)`` where it truly skips the drafter, ``C_ar + C_draft_first(bs, bs) + O_undrafted``
-   on vLLM 0.32, whose drafter keeps its KV cache in sync; docs/design.md §1).
-   While not drafting, no confidences arrive, so the policy drafts now and then (a **probe**) to
-   re-measure; the first drafted step after a plain stretch restarts the average.
-
-   **Probe budget.** A drafted step that makes ``E`` expected tokens in ``T`` ms loses
-   ``T - E / (bs / undrafted_ms)`` ms against plain decoding (its time minus the time plain steps need for the
-   same tokens; negative when drafting pays). The policy keeps the run's account of that loss over all
-   its drafted steps (``debt_ms``; a gain is credited, but never more than ``probe_budget`` of the
-   elapsed time, so a long good stretch cannot pay for unbounded probing later) and the run's elapsed
-   time (``elapsed_ms``). A probe runs only when the account *plus the next probe's loss* (estimated
-   by the last probe's, >= 0) fits in ``probe_budget`` of the elapsed time, and at least
-   ``probe_interval`` plain steps after the previous drafted step. So:
-
-   - over a run, what drafting loses against plain decoding is at most ``probe_budget`` of the time,
-     plus one probe and the drafted steps it led to (by the confidences' estimate of the tokens; exact
-     when they are calibrated), however dear a draft step is (on a CPU a self-speculative draft step
-     costs 13..18 plain steps). Drafting stretches that a lucky probe starts where drafting does not
-     really pay are charged to the same account, so they too are bounded;
-   - when drafting starts to pay, a probe, which resumes drafting, comes within about
-     ``max(probe_interval * C_ar(bs), (L_probe + L_episode) / probe_budget)`` ms (``L``: the last
-     probe's and its episode's loss; a probe loses at most ``C_draft + C_verify(bs, bs*B) - C_ar``
-     since it makes at least ``bs`` tokens): bounded, and short where probes are cheap.
+- **Budget.** The candidates are the token counts the engine can replay (``allowed_num_tokens``, or
+  the multiples of ``granularity`` in ``[bs, bs*B]`` plus both ends) within the cost curve's range.
+  ``objective="ratio"`` (default) verifies the global top-K with ``K = argmax E(K) / drafted(bs, K)``,
+  the full step time from :class:`~dcut_sched.step_costs.StepCosts`; ``objective="marginal"``
+  takes ``argmax E(K) - rate * budget_ms(K)`` with ``rate`` the running achieved rate (``ratio``
+  until one is known). Ties: the smaller budget (:func:`choose_budget`).
+- **Whether to draft next.** ``draft_next`` is True while an exponential moving average of the best
+  expected tokens per ms of recent drafted steps beats plain decoding (``bs / StepCosts.undrafted_ms(bs)``)
+  by ``speculate_margin``; the first drafted step after a plain stretch restarts the average.
+- **Probes.** After a plain stretch the policy drafts again (a probe) only when at least
+  ``probe_interval`` plain steps passed and the run's account of what drafting lost against plain
+  decoding, plus the next probe's estimated loss, fits in ``probe_budget`` of the elapsed time
+  (:class:`FineState`). So drafting loses at most about ``probe_budget`` of a run's time (plus one
+  probe and its episode), and a probe comes within a bounded time once drafting pays (§2.1).
 """
 
 from __future__ import annotations
@@ -55,8 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from ..scores import Array, ScoreRanking
-from ..step_costs import StepCosts, step_costs
-from .base import CostLike, Policy, VerifyPlan, check_conf_shape, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, check_conf_shape, register
 
 OBJECTIVES = ("ratio", "marginal")
 
@@ -86,7 +58,7 @@ def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms:
 
 @dataclass
 class FineState:
-    """What ``fine`` carries from step to step (module docstring: "Whether to draft at all").
+    """What ``fine`` carries from step to step (module docstring; docs/design.md §2.1).
 
     Attributes:
         rate: running best expected tokens per ms of recent drafted steps (None before the first).
@@ -138,11 +110,11 @@ class Fine(Policy):
             ``bs*B`` (ignored when ``allowed_num_tokens`` is given).
         allowed_num_tokens: explicit candidate budgets (e.g. the graph bank's captured cells); those
             in ``[bs, bs*B]`` and in the cost curve's range are used.
-        objective: ``"ratio"`` or ``"marginal"`` (module docstring).
+        objective: ``"ratio"`` or ``"marginal"`` (module docstring; docs/design.md §2.1).
         ema_decay: weight of the history in the running utility, in [0, 1).
         probe_interval: fewest plain steps between two probes (>= 1).
         probe_budget: the most of the run's time that drafting may lose against plain decoding
-            before probes are held back, in (0, 1) (module docstring).
+            before probes are held back, in (0, 1) (module docstring; docs/design.md §2.1).
         speculate_margin: draft only when the running utility beats plain decoding by this relative
             margin. Default 0.05: the utility counts *expected* tokens, which run above the tokens
             produced (by 2.8 % for fine on the shipped MATH-500 preset at bs 32 on H20: drafts past a
@@ -197,9 +169,9 @@ class Fine(Policy):
     def reset(self) -> None:
         self.state = FineState()
 
-    def candidates(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
-        """Candidate budgets (ascending int64) for this batch shape and cost model."""
-        first, last = step_costs(cost, block_size).token_range(batch_size)
+    def candidates(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
+        """Candidate budgets (ascending int64) for this batch shape and step costs."""
+        first, last = self._check_costs(costs, block_size).token_range(batch_size)
         return self._candidates(batch_size, block_size, first, last)
 
     def _candidates(self, bs: int, block: int, first: int, last: int) -> np.ndarray:
@@ -212,10 +184,10 @@ class Fine(Policy):
         return ks
 
     def plan(
-        self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True
+        self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True
     ) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         ks = self._candidates(bs, block, *costs.token_range(bs))
         verify_ms = costs.budget_ms_at(bs, ks)  # C_verify(K) (+ the drafter's first pass beyond anchors)
         plain_rate = costs.undrafted_tokens_per_ms(bs)  # the step it would run instead of drafting
@@ -233,15 +205,13 @@ class Fine(Policy):
             scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
         )
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
         """A step without draft (``StepCosts.undrafted_ms``: ``C_ar(bs)`` where the engine truly skips); asks for a probe when the probe budget allows (module docstring).
 
         Raises:
             ValueError: no cost given (the probe budget is kept in time).
         """
-        if cost is None:
-            raise ValueError("policy 'fine' needs a cost curve for its plain steps (the probe budget is in ms)")
-        costs: StepCosts = step_costs(cost, block_size)
+        costs = self._check_costs(cost, block_size)
         probe = self.state.plain(costs.undrafted_ms(batch_size), self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)

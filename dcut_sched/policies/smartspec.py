@@ -2,35 +2,16 @@
 
 Source: X. Liu, C. Daniel, L. Hu, W. Kwon, Z. Li, X. Mo, A. Cheung, Z. Deng, I. Stoica, H. Zhang,
 "Optimizing Speculative Decoding for Serving Large Language Models Using Goodput" (SmartSpec,
-arXiv 2406.14066). Each step SmartSpec picks the proposed length ``k`` in ``[0, n]`` (0 = no
-speculation) that maximises *goodput*: the tokens the batch is expected to produce divided by the
-step's execution time. It uses no per-token confidence: the expected tokens of a request come from
-the token acceptance rate ``a`` estimated from the observed acceptance history, under the model of
-independent token acceptance (the speculative-decoding expectation of Leviathan et al.):
+arXiv 2406.14066). The derivation (goodput under independent acceptance, the maximum-likelihood
+acceptance estimate, the timing of the decision) is in docs/design.md §2.2; the reading of the
+source in docs/policies.md.
 
-    E[tokens per request | k] = (1 - a^(k+1)) / (1 - a)        (= k + 1 when a = 1)
-    goodput(k) = bs * E[tokens | k] / T(k)
-
-Step times come from the project's cost curve: ``T(0) = StepCosts.undrafted_ms(bs)`` (the step the
-speculative engine runs without a draft: ``C_ar(bs)`` where the drafter truly does not run),
-``T(k) = StepCosts.drafted_ms(bs, bs * (k + 1))`` for ``k >= 1`` (``C_draft(bs) + C_verify(bs, bs * (k + 1))``
-on a curve without the optional rows: a block drafter costs the same for any ``k``; only the
-verified width changes). Every request verifies ``k + 1`` slots: the times the simulator charges.
-
-Acceptance-rate estimate (the state, :class:`SmartSpecState`): after each drafted step the policy
-sees, per request, the accepted drafts ``m`` out of the ``L - 1`` verified. Under independent
-acceptance each verified draft up to and including the first rejection is one Bernoulli trial, so
-``a = sum(m) / sum(min(m + 1, L - 1))`` (the maximum-likelihood estimate; the plain ratio accepted /
-proposed would be biased low when drafts are truncated). SmartSpec keeps a moving average of the
-history; here both counts decay by ``history_decay`` per drafted step (an exponential window of about
-``1 / (1 - history_decay)`` steps). Until a first outcome is known the policy verifies the whole
-block, which measures ``a`` without truncation.
-
-Timing of the decision: whether the *next* step drafts is decided when this step is planned, with the
-estimate known then (this step's outcome arrives after planning, as in an engine that schedules the
-next step before the current one finishes); the length of a drafted step uses the estimate updated by
-the previous step's outcome. At a fixed batch size a decision not to speculate is final, since no new
-outcome arrives while not drafting (SmartSpec's behaviour under high load).
+Contract: each drafted step every request verifies ``k + 1`` slots, ``k`` in ``[1, n]`` (``n`` =
+``max_draft_len`` or ``B - 1``) the argmax of :func:`smartspec_goodput` with ``T(0) =
+StepCosts.undrafted_ms(bs)`` and ``T(k) = StepCosts.drafted_ms(bs, bs * (k + 1))``
+(:meth:`SmartSpec.step_ms`), under the acceptance rate of :class:`SmartSpecState` (decayed by
+``history_decay`` per drafted step); the whole block until a first outcome is known. ``draft_next``
+is whether the best drafted goodput beats ``k = 0`` under the estimate known at planning time.
 
 Engine needs: no per-token confidences (the confidences passed to :meth:`SmartSpec.plan` only fill the
 plan's expected-token figure); the per-request accepted counts after each step (``observe``: one
@@ -44,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..scores import Array, is_tensor
-from ..step_costs import step_costs
-from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
 def geometric_expected_tokens(acceptance_rate: float, draft_len: np.ndarray | int) -> np.ndarray:
@@ -125,18 +106,18 @@ class SmartSpec(Policy):
     def reset(self) -> None:
         self.state = SmartSpecState()
 
-    def step_ms(self, batch_size: int, block_size: int, cost: CostLike) -> np.ndarray:
+    def step_ms(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
         """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.undrafted_ms`` for ``k = 0`` (the step a
         speculative engine runs without a draft), ``drafted_ms(bs, bs (k+1))`` after (the times the
         simulator charges, draft scale and overheads included)."""
-        costs = step_costs(cost, block_size)
+        costs = self._check_costs(costs, block_size)
         n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
         verify = costs.budget_ms_at(batch_size, batch_size * np.arange(2, n + 2))
         return np.concatenate([[costs.undrafted_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
 
-    def _choose(self, batch_size: int, block_size: int, cost: CostLike) -> tuple[int, bool]:
+    def _choose(self, batch_size: int, block_size: int, costs: StepCosts) -> tuple[int, bool]:
         """(draft length for a drafted step, whether drafting beats plain decoding) from the state."""
-        step = self.step_ms(batch_size, block_size, cost)
+        step = self.step_ms(batch_size, block_size, costs)
         rate = self.state.acceptance_rate
         if rate is None:
             return len(step) - 1, True  # no outcome yet: verify the whole block to measure a
@@ -144,19 +125,18 @@ class SmartSpec(Policy):
         k = 1 + int(np.argmax(goodput[1:]))
         return k, bool(goodput[k] > goodput[0])
 
-    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        costs = self._step_costs(cost, conf)
+        costs = self._check_costs(cost, block)
         k, draft_next = self._choose(bs, block, costs)
         scores = self._scores(conf, validate=False)
         return self._make_plan(scores, constant_lengths(bs, k + 1, like=conf), num_tokens=bs * (k + 1),
                                draft_next=draft_next)
 
-    def plan_without_draft(self, batch_size: int, block_size: int, cost: CostLike | None = None) -> VerifyPlan:
-        plan = super().plan_without_draft(batch_size, block_size, cost)
-        if cost is None:
-            raise ValueError("policy 'smartspec' needs a cost curve (cost=CostCurve.load(...))")
-        _, draft_next = self._choose(batch_size, block_size, cost)
+    def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
+        costs = self._check_costs(cost, block_size)
+        plan = super().plan_without_draft(batch_size, block_size, costs)
+        _, draft_next = self._choose(batch_size, block_size, costs)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, draft_next, False)
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:

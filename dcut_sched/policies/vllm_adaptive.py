@@ -18,8 +18,8 @@ ITL (inter-token latency) table profiled at startup:
   per-request draft length at the start of ``execute_model``). A step without cached lengths (the
   first of a run, or after the batch changed shape) verifies the whole block.
 
-Here the ITL table is the project's cost curve read at its measured cells (``CostCurve.batch_sizes``
-and ``CostCurve.token_counts``), without interpolation, as a profiled table is. The previous step's
+Here the ITL table is the project's cost curve read at its measured cells, without interpolation, as
+a profiled table is (``StepCosts.measured_batch_sizes`` and ``StepCosts.measured_verify``). The previous step's
 confidences are kept in :class:`LaggedConfidences`, the policy's state; the simulator calls the
 policy with each step's fresh confidences, so the lag happens exactly as online. Row ``i`` of the
 stale confidences is the request that sat in batch row ``i`` a step ago: a request that has just
@@ -36,9 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost_curve import CostCurve, CostCurveRangeError
+from ..cost_curve import CostCurveRangeError
 from ..scores import Array, ScoreRanking, is_tensor
-from .base import CostLike, Policy, VerifyPlan, check_conf_shape, constant_lengths, register
+from ..step_costs import StepCosts
+from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
 
 def profiled_level(batch_size: int, levels: list[int] | np.ndarray) -> int:
@@ -93,25 +94,28 @@ class VllmAdaptive(Policy):
     def reset(self) -> None:
         self.state = LaggedConfidences()
 
-    def table(self, batch_size: int, block_size: int, cost: CostCurve) -> tuple[int, np.ndarray, np.ndarray]:
-        """``(bs', candidate Q ascending, ITL(bs', Q) ms)`` for this batch shape (cached)."""
+    def table(self, batch_size: int, block_size: int, costs: StepCosts) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(bs', candidate Q ascending, ITL(bs', Q) ms)`` for this batch shape: the measured verify
+        cells at the profiled level ``bs'`` (:meth:`StepCosts.measured_verify`, cached there) with
+        ``bs <= Q <= bs * B``.
 
-        def build() -> tuple[int, np.ndarray, np.ndarray]:
-            level = profiled_level(batch_size, cost.batch_sizes)
-            qs = np.asarray(cost.token_counts(level), dtype=np.int64)
-            qs = qs[(qs >= batch_size) & (qs <= batch_size * block_size)]
-            if qs.size == 0:
-                raise CostCurveRangeError(
-                    f"vllm_adaptive: the cost curve profiles no query length in [{batch_size}, "
-                    f"{batch_size * block_size}] at batch_size={level} (the level batch_size={batch_size} rounds up to)"
-                )
-            return level, qs, np.asarray(cost.verify_ms(level, qs), dtype=np.float64)
+        Raises:
+            CostCurveRangeError: ``batch_size`` is above every profiled level, or no profiled query
+                length fits the batch.
+        """
+        costs = self._check_costs(costs, block_size)
+        level = profiled_level(batch_size, costs.measured_batch_sizes)
+        qs, itl = costs.measured_verify(level)
+        keep = (qs >= batch_size) & (qs <= batch_size * block_size)
+        if not keep.any():
+            raise CostCurveRangeError(
+                f"vllm_adaptive: the cost curve profiles no query length in [{batch_size}, "
+                f"{batch_size * block_size}] at batch_size={level} (the level batch_size={batch_size} rounds up to)"
+            )
+        return level, qs[keep], itl[keep]
 
-        return self._per_shape(batch_size, block_size, cost, build)
-
-    def plan(self, conf: Array, cost: CostLike | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
+    def plan(self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True) -> VerifyPlan:
         bs, block = check_conf_shape(conf, validate)
-        cost = self._require_cost(cost, conf)
         _, qs, itl = self.table(bs, block, cost)
         scores = self._scores(conf, validate=False)
         stale = self.state.conf

@@ -54,7 +54,6 @@ _EXPORTS: dict[str, str] = {
     "resolve_policies": ".simulate",
     "simulate": ".simulate",
     "StepCosts": "..step_costs",
-    "step_costs": "..step_costs",
     "dask_executor": ".sweep",
     "sweep": ".sweep",
     "sweep_job": ".sweep",

@@ -5,7 +5,9 @@ One frozen dataclass carries the options from the CLI (or a caller) through
 :func:`~.protocol.simulate_benchmarks` and :func:`~.sweep.sweep` (one picklable object per sweep
 job). ``__post_init__`` checks every field that needs no input file (the batch sizes against the
 cost curve, and prefill against it, are checked by ``simulate`` once the curve is loaded) and raises
-:class:`SimulationError` naming the field. :meth:`SimConfig.to_dict` / :meth:`SimConfig.from_dict`
+:class:`SimulationError` naming the field; the policy names and parameters go through the one
+validation path of :func:`dcut_sched.policies.check_params` (no policy is built: ``simulate``
+builds each once). :meth:`SimConfig.to_dict` / :meth:`SimConfig.from_dict`
 round-trip through JSON-able dicts (result metadata, job files).
 """
 
@@ -73,6 +75,10 @@ class SimConfig:
             free.
         slo_tpot_ms: open loop: TPOT objective for goodput (> 0).
 
+    Built policies: :meth:`built_policies` builds the run's policies once per config and keeps them
+    on the instance (attribute ``_built_policies``, not a field: not compared, not in
+    :meth:`to_dict`); :meth:`replace` passes them on unless ``policies`` or ``policy_params`` change.
+
     Raises:
         SimulationError: from ``__post_init__``, naming the field, its value and the valid range.
     """
@@ -115,6 +121,10 @@ class SimConfig:
                     isinstance(v, Mapping) for v in self.policy_params.values()):
                 fail("policy_params", "must map policy names to {parameter: value} dicts")
             put("policy_params", {str(k): dict(v) for k, v in self.policy_params.items()})
+        if self.policies is not None or self.policy_params:
+            from .simulate import policy_specs  # the policy registry: only when policies are named
+
+            policy_specs(self.policies, self.policy_params)
         sizes = list(self.batch_sizes) if not isinstance(self.batch_sizes, (int, str)) else [self.batch_sizes]
         if not sizes:
             raise SimulationError("no batch sizes given (batch_sizes is empty)")
@@ -175,8 +185,28 @@ class SimConfig:
         return any(_policy_name(p) != "ar" for p in self.policies)
 
     def replace(self, **changes: Any) -> "SimConfig":
-        """A copy with ``changes`` (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (validated again); it keeps the policies already built unless
+        ``policies`` or ``policy_params`` change."""
+        new = dataclasses.replace(self, **changes)
+        built = self.__dict__.get("_built_policies")
+        if built is not None and "policies" not in changes and "policy_params" not in changes:
+            object.__setattr__(new, "_built_policies", built)
+        return new
+
+    def built_policies(self) -> list:
+        """``[(label, policy)]``, ``ar`` first: the policies of this config, each built once
+        (:func:`~.simulate.resolve_policies`) and kept; every run works on a reset deep copy.
+
+        Raises:
+            SimulationError: a parameter the policy's constructor refuses (a value out of range).
+        """
+        built = self.__dict__.get("_built_policies")
+        if built is None:
+            from .simulate import resolve_policies
+
+            built = resolve_policies(self.policies, self.policy_params)
+            object.__setattr__(self, "_built_policies", built)
+        return built
 
     # ------------------------------------------------------------------ dicts
     def to_dict(self) -> dict[str, Any]:

@@ -17,8 +17,9 @@ A step (docs/design.md §1, issue 5) is the online controller's own step code,
    (:class:`~.replay.ReplayBatch`), and the driver observes the drafts accepted (one fewer), which
    feeds the calibrator and the policy as online.
 
-Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, and the policy is given
-that same object, so what a policy optimises and what the simulator charges are the same numbers.
+Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, built in the run's
+set-up, and the policy is given that same object, so what a policy optimises and what the simulator
+charges are the same numbers (the prefill too: ``StepCosts.prefill_ms``).
 The loop holds no policy or controller logic of its own.
 
 Two workloads:
@@ -46,7 +47,7 @@ from ..controller.step_driver import GraphCells, StepDriver, restrict_to_graph_c
 from ..cost_curve import CostCurve
 from ..policies import Policy
 from ..scores import verified_prefix_tokens
-from ..step_costs import StepCosts, step_costs
+from ..step_costs import StepCosts
 from ..traces import Trace
 from .config import SimConfig
 from .replay import ReplayBatch, RequestFeed
@@ -253,13 +254,14 @@ def _run_config(config: SimConfig | None, options: Mapping[str, Any], batch_size
 def _prepare_run(trace: Trace, cost: CostCurve, policy: Policy, config: SimConfig,
                  batch_sizes: range | list[int]) -> tuple[Policy, Any, StepCosts, GraphCells | None]:
     """A run's private policy (reset; restricted to the graph cells when given), calibrator copy,
-    step costs and graph cells."""
+    step costs (the run's one :class:`StepCosts`: built here, where the curve enters the run) and
+    graph cells."""
     policy = _fresh_policy(policy)
     cells = None
     if config.graph_token_counts is not None:
         policy = restrict_to_graph_cells(policy, config.graph_token_counts)
         cells = GraphCells.at_batch_sizes(config.graph_token_counts, batch_sizes)
-    costs = step_costs(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)
+    costs = StepCosts(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)
     return policy, copy.deepcopy(config.calibrator), costs, cells
 
 
@@ -412,7 +414,7 @@ def run_open_loop(
 
     def prefill_cost(k: int) -> float:
         if prompt_len is not None:
-            return costs.cost.verify_ms(k, k * int(prompt_len))
+            return costs.prefill_ms(k, prompt_len)
         if prefill_ms is not None:
             return k * float(prefill_ms)
         return 0.0

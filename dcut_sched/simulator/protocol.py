@@ -63,7 +63,7 @@ def simulate_benchmarks(
     config = sim_config(config, **options)
     prepared = []
     for t in traces:  # every input loaded and checked before any run; the curve loaded once
-        trace, cost, runs = _prepare(t, cost, config)
+        trace, cost, runs = _prepare(t, cost, config)  # the policies: built once, shared by every trace
         prepared.append((trace, cost, runs))
     loaded = [trace for trace, _, _ in prepared]
     names = [_benchmark_name(t) for t in loaded]

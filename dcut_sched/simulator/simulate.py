@@ -10,7 +10,7 @@ import pandas as pd
 from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveRangeError
 from ..policies import Policy
-from ..step_costs import StepCosts, step_costs
+from ..step_costs import StepCosts
 from ..traces import Trace, TraceError, check_trace_columns
 from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, SimulationError
 from .loop import run_closed_loop, run_open_loop
@@ -20,7 +20,7 @@ from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row
 
 __all__ = [
     "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
-    "default_rate_rps", "resolve_policies", "result_frame", "run_one", "run_tasks", "simulate",
+    "default_rate_rps", "policy_specs", "resolve_policies", "result_frame", "run_one", "run_tasks", "simulate",
 ]
 
 #: A policy given by name, as an instance, or as ``(name, params)``.
@@ -28,25 +28,24 @@ PolicySpec = Union[str, Policy, tuple]
 
 
 def _label(name: str, params: Mapping[str, Any]) -> str:
-    default = policy_registry.get(name).params()
+    """``name``, or ``name(key=value,...)`` with the parameters that differ from the constructor's
+    defaults (read from its signature: no policy is built for a label)."""
+    default = policy_registry.param_defaults(name)
     changed = {k: v for k, v in params.items() if default.get(k) != v}
     if not changed:
         return name
     return f"{name}(" + ",".join(f"{k}={v}" for k, v in changed.items()) + ")"
 
 
-def resolve_policies(
+def policy_specs(
     specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
-) -> list[tuple[str, Policy]]:
-    """``[(label, policy)]`` from names, instances or ``(name, params)``; ``ar`` first if missing.
-
-    Args:
-        specs: policies (None: every registered policy, in registry order).
-        policy_params: extra parameters per policy name for specs given by name,
-            e.g. ``{"uniform": {"rho": 0.25}}``.
+) -> list[tuple[str, str, dict[str, Any] | Policy]]:
+    """``[(label, name, params or the instance given)]``, ``ar`` first if missing, every name and
+    parameter checked (:func:`dcut_sched.policies.check_params`, the one validation path) and no
+    policy built: what :class:`~.config.SimConfig` validates and :func:`resolve_policies` builds.
 
     Raises:
-        SimulationError: unknown policy name, bad parameters, or a duplicate label.
+        SimulationError: unknown policy name, bad parameter key or kind, or a duplicate label.
     """
     policy_params = dict(policy_params or {})
     unknown = set(policy_params) - set(policy_registry.names())
@@ -59,25 +58,53 @@ def resolve_policies(
     if unused:
         raise SimulationError(f"parameters given for policy {unused[0]!r}, which is not run; add it to the "
                               f"policies or drop its parameters")
-    out: list[tuple[str, Policy]] = []
+    out: list[tuple[str, str, dict[str, Any] | Policy]] = []
     for spec in specs:
         if isinstance(spec, Policy):
-            name, params, policy = spec.name, spec.params(), spec
-        else:
-            name, params = (spec, dict(policy_params.get(spec, {}))) if isinstance(spec, str) else (spec[0], dict(spec[1]))
-            try:
-                policy = policy_registry.get(name, **params)
-            except KeyError as exc:
-                raise SimulationError(str(exc.args[0])) from None
-            except (TypeError, ValueError) as exc:
-                raise SimulationError(f"policy {name!r} with parameters {params}: {exc}") from None
-        out.append((_label(name, params), policy))
-    labels = [label for label, _ in out]
+            out.append((_label(spec.name, spec.params()), spec.name, spec))
+            continue
+        name, params = (spec, dict(policy_params.get(spec, {}))) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+        try:
+            policy_registry.check_params(name, params)
+        except KeyError as exc:
+            raise SimulationError(str(exc.args[0])) from None
+        except ValueError as exc:
+            raise SimulationError(f"policy {name!r} with parameters {params}: {exc}") from None
+        out.append((_label(name, params), name, params))
+    labels = [label for label, _, _ in out]
     dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
     if dupes:
         raise SimulationError(f"policy {dupes[0]!r} is listed twice")
-    if not any(p.name == "ar" and label == "ar" for label, p in out):
-        out.insert(0, ("ar", policy_registry.get("ar")))
+    if not any(name == "ar" and label == "ar" for label, name, _ in out):
+        out.insert(0, ("ar", "ar", {}))
+    return out
+
+
+def resolve_policies(
+    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[tuple[str, Policy]]:
+    """``[(label, policy)]`` from names, instances or ``(name, params)``; ``ar`` first if missing.
+    Each policy given by name is built here, once (:func:`dcut_sched.policies.get`); every run then
+    works on a reset deep copy of it.
+
+    Args:
+        specs: policies (None: every registered policy, in registry order).
+        policy_params: extra parameters per policy name for specs given by name,
+            e.g. ``{"uniform": {"rho": 0.25}}``.
+
+    Raises:
+        SimulationError: unknown policy name, bad parameters (a value out of range included), or a
+            duplicate label.
+    """
+    out: list[tuple[str, Policy]] = []
+    for label, name, given in policy_specs(specs, policy_params):
+        if isinstance(given, Policy):
+            out.append((label, given))
+            continue
+        try:
+            out.append((label, policy_registry.get(name, **given)))
+        except (TypeError, ValueError) as exc:
+            raise SimulationError(f"policy {name!r} with parameters {given}: {exc}") from None
     return out
 
 
@@ -130,7 +157,7 @@ def default_rate_rps(trace: Trace, cost: CostCurve, max_batch_size: int, load: f
 
     ``ar`` capacity = ``1000 * bs / C_ar(bs)`` tokens/s divided by the trace's mean output length.
     """
-    tokens_per_s = 1000.0 * step_costs(cost, trace.block_size).plain_tokens_per_ms(max_batch_size)
+    tokens_per_s = 1000.0 * StepCosts(cost, trace.block_size).plain_tokens_per_ms(max_batch_size)
     return float(load * tokens_per_s / output_lengths(trace).mean())
 
 
@@ -150,20 +177,20 @@ def sim_config(config: SimConfig | None = None, **options: Any) -> SimConfig:
 
 def _prepare(trace, cost, config: SimConfig) -> tuple[Trace, CostCurve, list[tuple[str, Policy]]]:
     """Load and check everything :func:`simulate` needs before it runs anything (the options were
-    validated by :class:`SimConfig`; here what needs the trace and the cost curve)."""
+    validated by :class:`SimConfig`; here what needs the trace and the cost curve). The policies are
+    the config's, built once for every trace and check (:meth:`SimConfig.built_policies`)."""
     trace, cost = _load(trace, cost)
-    cost.require_block_size(trace.block_size)
-    runs = resolve_policies(config.policies, config.policy_params)
+    runs = config.built_policies()
     drafting = any(p.name != "ar" for _, p in runs)
-    _check_batch_sizes(step_costs(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale),
-                       config.batch_sizes,
-                       drafting, config.mode)
+    # the step costs every run will build (StepCosts checks the block size)
+    costs = StepCosts(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)
+    _check_batch_sizes(costs, config.batch_sizes, drafting, config.mode)
     if config.mode == "open" and config.prompt_len is not None:
         prompt_len = config.prompt_len
         for bs in config.batch_sizes:
             for k in range(1, bs + 1):
                 try:
-                    cost.verify_ms(k, k * int(prompt_len))
+                    costs.prefill_ms(k, prompt_len)
                 except CostCurveRangeError as exc:
                     raise SimulationError(
                         f"prefill of prompt_len={prompt_len} is outside the cost curve: {exc}. Give a fixed "

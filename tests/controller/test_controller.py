@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from dcut_sched import CostCurveError, RatioController, policies
 from dcut_sched.controller import slot_layout
+from dcut_sched.step_costs import StepCosts
 
 B = 8
 BATCH_SIZES = (1, 2, 4, 8)
@@ -68,7 +69,7 @@ def test_plan_invariants_and_policy_equivalence(curve8, name, rows):
     # the controller adds nothing to the policy's decision: same lengths as the registry policy on
     # the same arithmetic (a CPU tensor is planned through its numpy view; torch and numpy float32
     # products can differ in the subnormal range, which reorders near-zero ties)
-    direct = policies.get(name).plan(conf.numpy(), curve8)
+    direct = policies.get(name).plan(conf.numpy(), StepCosts(curve8, B))
     assert torch.equal(plan.lengths, torch.as_tensor(direct.lengths))
     assert plan.num_tokens == direct.num_tokens
     assert plan.draft_next == direct.draft_next

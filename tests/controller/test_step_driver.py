@@ -12,13 +12,14 @@ import torch
 
 from dcut_sched import OnlineCalibrator, policies
 from dcut_sched.controller import GraphCells, RatioController, StepDriver, restrict_to_graph_cells
+from dcut_sched.step_costs import StepCosts
 
 
 @pytest.mark.parametrize("policy", ["fine", "dcut", "smartspec"])
 def test_torch_path_matches_numpy_path(make_curve, policy):
     curve = make_curve(batch_sizes=(1, 2, 4, 8), block_size=8, base_ms=5.0, per_token_ms=0.4, draft_base_ms=1.0)
     cal = OnlineCalibrator(8, refit_every=8)
-    drivers = {kind: StepDriver(policies.get(policy), curve, 8, calibrator=copy.deepcopy(cal)) for kind in ("np", "pt")}
+    drivers = {kind: StepDriver(policies.get(policy), StepCosts(curve, 8), 8, calibrator=copy.deepcopy(cal)) for kind in ("np", "pt")}
     rng = np.random.default_rng(0)
     for step in range(40):
         conf = rng.beta(5, 1.5, size=(4, 7)).astype(np.float32)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from dcut_sched import policies
+from dcut_sched.cost_curve import CostCurveError
 from dcut_sched.simulator import run_closed_loop, simulate
-from dcut_sched.step_costs import StepCosts, step_costs
+from dcut_sched.step_costs import StepCosts
 
 from .conftest import build_trace
 
@@ -24,8 +25,15 @@ def test_step_costs_hand_computed(make_curve):
     assert costs.verify_ms_at(2, [2, 8]).tolist() == [4.0, 10.0]
     with pytest.raises(ValueError, match="outside the measured range 2..8"):
         costs.verify_ms_at(2, [9])
-    # the default step costs of a curve are built once and kept with it
-    assert step_costs(curve, 4) is step_costs(curve, 4) and step_costs(costs, 4) is costs
+    # the curve's block size is checked where the step costs are built
+    with pytest.raises(CostCurveError, match="block size"):
+        StepCosts(curve, 8)
+    # beside decode steps: an open-loop prefill, and the measured cells as a profiled table
+    assert costs.prefill_ms(2, 3) == pytest.approx(2.0 + 6.0)  # C_verify(2, 2 * 3), no draft scale or overhead
+    assert costs.measured_batch_sizes == [2]
+    qs, ms = costs.measured_verify(2)
+    assert qs.tolist() == list(range(2, 9)) and ms.tolist() == [2.0 + k for k in range(2, 9)]
+    assert costs.measured_verify(2)[0] is qs  # cached
     with pytest.raises(ValueError, match="draft_scale"):
         StepCosts(curve, 4, draft_scale=0.0)
 

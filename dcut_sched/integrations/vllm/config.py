@@ -27,7 +27,10 @@ Keys (all optional):
 Types are strict (pydantic v2 in strict mode, chosen because vLLM itself depends on it: one
 validation library in both environments): ``calibrate`` is a JSON boolean, not ``"false"`` or
 ``0.5``; ``log_interval_s`` a finite number, not ``true`` or ``"10"``; ``policy_params`` an object
-whose values have the kinds of the policy's defaults (``dcut_sched.policies.check_params``). A key
+whose values have the kinds of the policy constructor's annotations (``dcut_sched.policies.check_params``,
+the project's one validation path of policy parameters; the policy is then built once, by
+``dcut_sched.policies.get``, which checks the ranges, and that instance is the one the scheduler's
+controller runs: ``DCutVllmConfig.policy_object``). A key
 given twice in ``$DCUT_VLLM_CONFIG``, ``NaN``, an oversized number or deep nesting is refused
 (:func:`dcut_sched.inputs.parse_json_strict`).
 
@@ -38,7 +41,7 @@ measured for another block size fails at start-up.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from ...defaults import DEFAULT_POLICY
@@ -83,6 +86,9 @@ class DCutVllmConfig:
     record_path: str | None = None
     log_interval_s: float = 10.0
     source: str = "defaults"
+    #: the policy built from ``policy`` and ``policy_params`` when the config was checked (None for a
+    #: config built in code): the scheduler's controller runs this instance, so it is built once
+    policy_object: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], source: str) -> "DCutVllmConfig":
@@ -98,7 +104,7 @@ class DCutVllmConfig:
 
         if not isinstance(doc, Mapping):
             raise DCutConfigError(f"{source}: the D-Cut config must be a JSON object, got {type(doc).__name__}")
-        known = {f for f in cls.__dataclass_fields__ if f != "source"}
+        known = {f for f in cls.__dataclass_fields__ if f not in ("source", "policy_object")}
         unknown = sorted(map(str, set(doc) - known))
         if unknown:
             raise DCutConfigError(f"{source}: unknown D-Cut config key(s) {unknown}; known keys: {sorted(known)}")
@@ -115,14 +121,14 @@ class DCutVllmConfig:
                 f"{source}: unknown policy {policy!r} in key 'policy'; known policies: {', '.join(policies.names())}"
             )
         params = dict(typed.policy_params)
-        try:
-            policies.check_params(policy, params)
-            policies.get(policy, **params)
+        try:  # the one validation path (names, keys, kinds), then the one build (ranges)
+            built = policies.get(policy, **params)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise DCutConfigError(f"{source}: bad 'policy_params' for policy {policy!r}: {exc}") from None
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
-                   record_path=typed.record_path, log_interval_s=typed.log_interval_s, source=source)
+                   record_path=typed.record_path, log_interval_s=typed.log_interval_s, source=source,
+                   policy_object=built)
 
     @classmethod
     def resolve(cls, additional_config: Any, environ: Mapping[str, str] | None = None) -> "DCutVllmConfig | None":
@@ -147,8 +153,9 @@ class DCutVllmConfig:
         return None
 
     def to_dict(self) -> dict[str, Any]:  # noqa: D102
-        d = asdict(self)
+        d = asdict(replace(self, policy_object=None))
         d.pop("source")
+        d.pop("policy_object")
         return d
 
 

@@ -240,7 +240,8 @@ def _build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
     from ...controller import RatioController
     from ...cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 
-    policy = policies.get(cfg.policy, **cfg.policy_params)
+    # the policy the config check built (built here only for a config made in code)
+    policy = cfg.policy_object if cfg.policy_object is not None else policies.get(cfg.policy, **cfg.policy_params)
     curve = None
     if cfg.cost_curve:
         try:
@@ -257,7 +258,7 @@ def _build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
             f"{curve.block_size}, but vLLM serves block size {block_size} (num_speculative_tokens "
             f"{block_size - 1} + 1); profile it with dcut-profile --vllm MODEL --block-size {block_size}"
         )
-    ctrl = RatioController(curve, block_size, cfg.policy, calibrate=cfg.calibrate, **cfg.policy_params)
+    ctrl = RatioController(curve, block_size, policy, calibrate=cfg.calibrate)
     max_bs = int(vllm_config.scheduler_config.max_num_seqs)
     if curve is not None:
         try:

@@ -1,0 +1,189 @@
+"""Policy parameters: the one validation path (names, keys, kinds, finite values).
+
+Every boundary that takes policy parameters from a person checks them here, before anything is
+built: ``dcut-sim --param`` and ``dcut-engine --param`` (:mod:`dcut_sched.cli`),
+:class:`~dcut_sched.simulator.SimConfig`, :class:`~dcut_sched.controller.RatioController` (through
+:func:`~dcut_sched.policies.get`) and the vLLM plugin's config
+(:mod:`dcut_sched.integrations.vllm.config`). Then each policy is built once, by
+:func:`~dcut_sched.policies.get`, whose constructor checks the value ranges (``rho`` in (0, 1], ...).
+
+The kinds come from the policy constructor's annotations (``int``, ``float``, ``bool``, ``str``,
+``Sequence[float]``, ``X | None``), turned into a strict pydantic model per policy (pydantic is the
+project's validation library, see :mod:`dcut_sched.integrations.vllm.config`):
+
+- booleans are not numbers and numbers are not booleans (``True`` for ``granularity`` or ``1`` for a
+  boolean is refused);
+- an integral float is an integer (``8.0``), numpy scalars count as the Python kind they hold;
+- a sequence is a non-empty list or tuple of its item kind;
+- NaN, infinities and numbers beyond the float range are refused;
+- a parameter whose annotation is none of these is not checked here (its constructor checks it).
+
+Errors are :class:`PolicyParamError` (a ``ValueError``) naming the policy, the key, the value and
+the expected kind or the valid keys; an unknown policy name is :class:`UnknownPolicyError` (also a
+``KeyError``, as before), listing the known names.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import inspect
+import math
+import typing
+from functools import lru_cache
+from typing import Annotated, Any
+
+import numpy as np
+
+__all__ = ["PolicyParamError", "UnknownPolicyError", "param_defaults", "validate_params"]
+
+
+class PolicyParamError(ValueError):
+    """A policy name or parameter is invalid; the message names the policy, the key and the fix."""
+
+
+class UnknownPolicyError(PolicyParamError, KeyError):
+    """No policy is registered under that name (a ``KeyError`` too; the message lists the known names)."""
+
+    __str__ = BaseException.__str__  # the message as written, not KeyError's quoted repr
+
+
+def param_defaults(cls: type) -> dict[str, Any]:
+    """The constructor parameters of policy class ``cls`` and their defaults (``inspect.signature``)."""
+    return dict(_signature(cls)[0])
+
+
+@lru_cache(maxsize=None)
+def _signature(cls: type) -> tuple[tuple[tuple[str, Any], ...], dict[str, Any]]:
+    """``((name, default) ...)`` and ``{name: annotation}`` of ``cls.__init__``'s keyword parameters."""
+    sig = inspect.signature(cls.__init__)
+    params = [p for p in list(sig.parameters.values())[1:]
+              if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that does not resolve: such parameters go unchecked
+        hints = {}
+    defaults = tuple((p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params)
+    return defaults, {p.name: hints.get(p.name, Any) for p in params}
+
+
+# ---------------------------------------------------------------------------- kinds
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python scalar it holds (a numpy array as a list); anything else as is."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
+
+
+def _integral(value: Any) -> Any:
+    value = _plain(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _kind(annotation: Any) -> tuple[Any, str] | None:
+    """``(pydantic type, what it is in words)`` for a constructor annotation; ``None``: not checked."""
+    from pydantic import BeforeValidator, Field, Strict
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is bool:
+        return Annotated[bool, BeforeValidator(_plain), Strict()], "a boolean"
+    if annotation is int:
+        return Annotated[int, BeforeValidator(_integral), Strict()], "an integer"
+    if annotation is float:
+        return Annotated[float, BeforeValidator(_plain), Strict(), Field(allow_inf_nan=False)], "a number"
+    if annotation is str:
+        return Annotated[str, Strict()], "a string"
+    if origin in (collections.abc.Sequence, list, tuple):
+        item = _kind(args[0]) if args and args[0] is not Ellipsis else None
+        if item is None or item[1] not in ("an integer", "a number"):
+            return None
+        words = "a list of integers" if item[1] == "an integer" else "a list of numbers"
+        return Annotated[list[item[0]], BeforeValidator(_plain), Field(min_length=1)], words
+    if args and type(None) in args and len(args) == 2:  # X | None
+        inner = _kind(next(a for a in args if a is not type(None)))
+        if inner is None:
+            return None
+        return typing.Optional[inner[0]], f"{inner[1]} or None"
+    return None
+
+
+@lru_cache(maxsize=None)
+def _model(cls: type) -> tuple[Any, dict[str, str]]:
+    """The strict pydantic model of ``cls``'s parameters and each checked key's kind in words."""
+    from pydantic import ConfigDict, create_model
+
+    defaults, hints = _signature(cls)
+    fields: dict[str, Any] = {}
+    words: dict[str, str] = {}
+    for key, default in defaults:
+        kind = _kind(hints[key])
+        if kind is None:
+            fields[key] = (Any, default)
+        else:
+            fields[key] = (kind[0], default)
+            words[key] = kind[1]
+    model = create_model(f"{cls.__name__}Params", __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+                         **fields)
+    return model, words
+
+
+def _non_finite(value: Any, depth: int = 0) -> bool:
+    """A NaN, an infinity or a number too large for a float anywhere in ``value`` (lists nested at
+    most 8 deep; deeper nesting counts as bad too)."""
+    value = _plain(value)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        try:
+            return not math.isfinite(float(value))
+        except OverflowError:
+            return True
+    if isinstance(value, (list, tuple)):
+        return depth >= 8 or any(_non_finite(v, depth + 1) for v in value)
+    return False
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def keys_text(cls: type) -> str:
+    """``"key (default ...), ..."`` of ``cls``'s parameters, for messages."""
+    keys = param_defaults(cls)
+    return ", ".join(f"{k} (default {v!r})" for k, v in keys.items()) or "none (the policy takes no parameters)"
+
+
+def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+    """Check ``params`` against policy class ``cls`` (module docstring); returns them unchanged.
+
+    Raises:
+        PolicyParamError: an unknown key (the valid keys listed), a value of another kind (the
+            expected kind and the default named), or a non-finite number.
+    """
+    from pydantic import ValidationError
+
+    name = cls.name
+    defaults = param_defaults(cls)
+    for key in params:
+        if key not in defaults:
+            raise PolicyParamError(f"policy {name} has no parameter {key!r}; valid keys: {keys_text(cls)}")
+    model, words = _model(cls)
+    try:
+        model(**params)
+    except ValidationError as exc:
+        key = str(exc.errors()[0]["loc"][0])
+        value = params[key]
+        if _non_finite(value):
+            raise PolicyParamError(f"policy {name}: {key}={_shown(value)} is not finite (or beyond the float range); give "
+                                   f"a finite number (default {defaults[key]!r})") from None
+        raise PolicyParamError(f"policy {name}: parameter {key} expects {words.get(key, 'another kind')}, got "
+                               f"{value!r} ({type(value).__name__}; default {defaults[key]!r})") from None
+    for key, value in params.items():  # an unchecked kind, or an integer beyond the float range
+        if _non_finite(value):
+            raise PolicyParamError(f"policy {name}: {key}={_shown(value)} is not finite (or beyond the float range); "
+                                   f"give a finite number (default {defaults[key]!r})")
+    return params
