@@ -4,14 +4,16 @@ Three kinds of step, with ``K`` the step's verified tokens; the sums, what each 
 undrafted step of vLLM 0.32 is not a plain step are in docs/design.md §1:
 
 - a **drafted** step (:meth:`StepCosts.drafted_ms`): ``draft_scale * (C_draft(bs) + C_draft_first(bs, K)
-  - C_draft_first(bs, bs)) + C_verify(bs, K) + O_drafted(bs) + overhead_ms``;
+  - C_draft_first(bs, bs)) + C_verify(bs, K) + O_drafted(bs[, K]) + overhead_ms`` (``O_drafted`` keyed
+  by K when the curve's drafted rows give ``num_tokens``);
 - a **plain** step (:meth:`StepCosts.plain_ms`, the engine without speculation, ``ar``):
   ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the curve's plain decode step (not ``C_verify(bs, bs)``);
 - an **undrafted** step (:meth:`StepCosts.undrafted_ms`, a speculative engine's anchor-only step):
   ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) + O_undrafted(bs)`` where the curve has
   ``undrafted`` rows, else the plain step.
 
-``O_kind`` are the curve's ``step_overhead`` rows and ``C_draft_first`` its ``draft_first`` rows (0
+``O_kind`` are the curve's ``step_overhead`` rows (signed residuals; a step priced at <= 0 ms is a
+``CostCurveError``) and ``C_draft_first`` its ``draft_first`` rows (0
 where absent), so a curve without the optional rows prices every step as ``C_draft + C_verify +
 overhead_ms`` and ``C_ar``. ``overhead_ms`` (default 0) is a per-step controller overhead and
 ``draft_scale`` (default 1) a what-if multiplier on the draft terms (the sensitivity analysis).
@@ -31,11 +33,11 @@ interpolation (:meth:`StepCosts.measured_verify`, what ``vllm_adaptive`` reads).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .cost_curve import CostCurve, CostCurveRangeError
+from .cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 
 __all__ = ["StepCosts"]
 
@@ -157,14 +159,29 @@ class StepCosts:
         out = self.draft_ms(batch_size) + self.verify_ms(batch_size, num_tokens) + self._drafted_overhead_ms(batch_size)
         if self.cost.has_draft_first():
             out += self.draft_first_excess_ms(batch_size, num_tokens)
+        if self.cost.overhead_by_tokens():
+            out += float(self.cost.overhead_ms("drafted", batch_size, num_tokens))
+            self._require_positive(out, "drafted", batch_size, num_tokens)
         return out
 
     def _drafted_overhead_ms(self, batch_size: int) -> float:
-        """``overhead_ms + O_drafted(bs)``, looked up once per batch size (a drafted step asks every time)."""
+        """``overhead_ms + O_drafted(bs)`` (the K-independent part: ``overhead_ms`` alone when the curve
+        keys the drafted overhead by K), looked up once per batch size (a drafted step asks every time)."""
         hit = self._drafted_overhead.get(batch_size)
         if hit is None:
-            hit = self._drafted_overhead[batch_size] = self.overhead_ms + self.cost.overhead_ms("drafted", batch_size)
+            by_bs = 0.0 if self.cost.overhead_by_tokens() else self.cost.overhead_ms("drafted", batch_size)
+            hit = self._drafted_overhead[batch_size] = self.overhead_ms + by_bs
         return hit
+
+    def _require_positive(self, total: Any, kind: str, batch_size: int, num_tokens: Any = None) -> None:
+        """A step priced at <= 0 ms (a negative ``step_overhead`` residual larger than the forwards it
+        corrects) is a broken curve, not a free step."""
+        worst = float(np.min(total))
+        if not worst > 0.0:
+            at = "" if num_tokens is None else f", num_tokens={np.asarray(num_tokens).ravel()[int(np.argmin(total))]}"
+            raise CostCurveError(f"{self._where()}: a {kind} step at batch_size={batch_size}{at} is priced at "
+                                 f"{worst:g} ms; its step_overhead residual outweighs the forwards: re-profile "
+                                 f"the engine steps (dcut-profile --vllm ... --vllm-draft ...)")
 
     def drafted_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
         """``[len(budgets)]`` float64 :meth:`drafted_ms` at each budget (cached per (bs, budgets)); the
@@ -184,14 +201,20 @@ class StepCosts:
             CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
         """
         verify = self.verify_ms_at(batch_size, budgets)
-        if not self.cost.has_draft_first():
+        if not (self.cost.has_draft_first() or self.cost.overhead_by_tokens()):
             return verify
         key = (int(batch_size), tuple(np.asarray(budgets, dtype=np.int64).tolist()))
         hit = self._drafted_at.get(key)
         if hit is None:
             ks = np.asarray(key[1], dtype=np.int64)
-            c = self.cost.draft_first_ms
-            hit = verify + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
+            hit = verify
+            if self.cost.has_draft_first():
+                c = self.cost.draft_first_ms
+                hit = hit + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
+            if self.cost.overhead_by_tokens():
+                hit = hit + np.asarray(self.cost.overhead_ms("drafted", batch_size, ks), dtype=np.float64)
+                if ks.size:
+                    self._require_positive(hit + self.drafted_fixed_ms(batch_size), "drafted", batch_size, ks)
             hit = self._drafted_at[key] = np.asarray(hit, dtype=np.float64)
             hit.setflags(write=False)
         return hit
@@ -208,6 +231,7 @@ class StepCosts:
             hit = float(self.cost.ar_ms(batch_size))
             if self.cost.has_overhead("plain"):
                 hit += self.cost.overhead_ms("plain", batch_size)
+                self._require_positive(hit, "plain", batch_size)
             self._plain[batch_size] = hit
         return hit
 
@@ -229,8 +253,9 @@ class StepCosts:
         hit = self._undrafted.get(batch_size)
         if hit is None:
             first = self.draft_scale * float(self.cost.draft_first_ms(batch_size, batch_size))
-            hit = self._undrafted[batch_size] = (float(self.cost.ar_ms(batch_size)) + first
-                                                 + self.cost.overhead_ms("undrafted", batch_size))
+            hit = (float(self.cost.ar_ms(batch_size)) + first + self.cost.overhead_ms("undrafted", batch_size))
+            self._require_positive(hit, "undrafted", batch_size)
+            self._undrafted[batch_size] = hit
         return hit
 
     def undrafted_tokens_per_ms(self, batch_size: int) -> float:

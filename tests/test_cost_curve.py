@@ -308,12 +308,18 @@ def test_draft_first_and_step_overhead_rows_by_hand(tmp_path):
     [
         (lambda d: d["step_overhead"][0].update(kind="prefill"), r"'step_overhead\[0\]\.kind': unknown step kind 'prefill'"),
         (lambda d: d["step_overhead"][0].pop("kind"), r"'step_overhead\[0\]\.kind': missing"),
-        (lambda d: d["step_overhead"][1].update(median_ms=-0.1), r"'step_overhead\[1\]\.median_ms': must be a finite number of ms >= 0"),
+        (lambda d: d["step_overhead"][1].update(median_ms="x"), r"'step_overhead\[1\]\.median_ms': must be a finite number of ms \(a signed residual\)"),
         (lambda d: d["step_overhead"][1].update(median_ms=float("inf")), r"'step_overhead\[1\]\.median_ms'"),
         (lambda d: d["step_overhead"][1].update(p20_ms="x"), r"'step_overhead\[1\]\.p20_ms': must be a finite number"),
         (lambda d: d["step_overhead"][1].update(p80_ms=1.0), r"'step_overhead\[1\]\.p80_ms': 1.0 < median_ms"),
         (lambda d: d["step_overhead"][3].update(batch_size=16), r"'step_overhead\[3\]': duplicate cell kind=drafted, batch_size=16"),
-        (lambda d: d["step_overhead"][2].update(num_tokens=16), r"'step_overhead\[2\]': unknown keys \['num_tokens'\]"),
+        (lambda d: d["step_overhead"][2].update(num_tokens=16), r"'step_overhead\[3\]\.num_tokens': missing, while other drafted rows give it"),
+        (lambda d: d["step_overhead"][0].update(num_tokens=16), r"'step_overhead\[0\]\.num_tokens': a plain step verifies anchors only"),
+        (lambda d: d["step_overhead"][2].update(extra=1), r"'step_overhead\[2\]': unknown keys \['extra'\]"),
+        (lambda d: (d["step_overhead"][2].update(num_tokens=8), d["step_overhead"][3].update(num_tokens=64)),
+         r"'step_overhead\[2\]\.num_tokens': 8 < batch_size 16"),
+        (lambda d: (d["step_overhead"][2].update(num_tokens=16), d["step_overhead"][3].update(batch_size=16, num_tokens=16)),
+         r"'step_overhead\[3\]': duplicate cell batch_size=16, num_tokens=16"),
         (lambda d: d.update(step_overhead={"kind": "plain"}), r"field 'step_overhead': must be a list of rows"),
         (lambda d: d["draft_first"][0].update(num_tokens=8), r"'draft_first\[0\]\.num_tokens': 8 < batch_size 16"),
         (lambda d: d["draft_first"][1].update(num_tokens=257), r"'draft_first\[1\]\.num_tokens': 257 > batch_size \* block_size"),
@@ -326,6 +332,65 @@ def test_draft_first_and_step_overhead_rows_by_hand(tmp_path):
 def test_malformed_engine_step_rows_name_file_row_field(tmp_path, mutate, match):
     path, message = _load_error(tmp_path, _engine_rows_doc(), mutate, "bad-rows.json")
     assert re.search(match, message) and message.startswith(f"cost curve {path}: "), message
+
+
+def _k_keyed_doc(o16=(2.6, -7.2), o64=(1.0, 3.0)):
+    """Drafted overhead keyed by the K bucket: at bs 16, +2.6 ms at K = 16 falling to -7.2 ms at K = 256
+    (the residual of a step whose real verify is cheaper than the dummy cell); at bs 64, 1 -> 3 ms."""
+    doc = _engine_rows_doc()
+    doc["step_overhead"] = [row for row in doc["step_overhead"] if row["kind"] != "drafted"] + [
+        {"kind": "drafted", "batch_size": 16, "num_tokens": 16, "median_ms": o16[0]},
+        {"kind": "drafted", "batch_size": 16, "num_tokens": 256, "median_ms": o16[1], "p20_ms": -8.0, "p80_ms": -7.0},
+        {"kind": "drafted", "batch_size": 64, "num_tokens": 64, "median_ms": o64[0]},
+        {"kind": "drafted", "batch_size": 64, "num_tokens": 1024, "median_ms": o64[1]},
+    ]
+    return doc
+
+
+def test_drafted_overhead_keyed_by_tokens_by_hand(tmp_path):
+    """O_drafted(bs, K): linear in K between two cells (no isotonic step: the residual falls with K),
+    linear in bs at fixed tokens per request between batch sizes; StepCosts adds it per budget."""
+    from dcut_sched.step_costs import StepCosts
+
+    curve = CostCurve.from_dict(_k_keyed_doc())
+    assert curve.overhead_by_tokens() and curve.has_overhead("drafted")
+    assert curve.overhead_ms("drafted", 16, 16) == pytest.approx(2.6)
+    assert curve.overhead_ms("drafted", 16, 136) == pytest.approx((2.6 - 7.2) / 2)  # halfway in K
+    # bs 40 at 1 token per request: halfway between (16, 16) and (64, 64)
+    assert curve.overhead_ms("drafted", 40, 40) == pytest.approx((2.6 + 1.0) / 2)
+    with pytest.raises(ValueError, match="keyed by num_tokens"):
+        curve.overhead_ms("drafted", 16)
+    with pytest.raises(CostCurveRangeError, match="drafted step_overhead num_tokens=300 at batch_size=16"):
+        curve.overhead_ms("drafted", 16, 300)
+    costs = StepCosts(curve, 16)
+    k = np.array([64, 160, 256])  # the verify cells at bs 16 start at 64
+    by_k = 2.6 + (k - 16) / (256 - 16) * (-7.2 - 2.6)
+    fixed = costs.drafted_fixed_ms(16)
+    assert fixed == pytest.approx(costs.draft_ms(16))  # no K-independent overhead left
+    want = fixed + curve.verify_ms(16, k) + (curve.draft_first_ms(16, k) - curve.draft_first_ms(16, 16)) + by_k
+    assert costs.drafted_ms_at(16, k) == pytest.approx(want)
+    assert [costs.drafted_ms(16, int(x)) for x in k] == pytest.approx(want)
+    path = tmp_path / "k.json"
+    curve.save(path)
+    back = CostCurve.load(path)
+    assert sorted(map(repr, back.step_overhead)) == sorted(map(repr, curve.step_overhead))  # rows are saved sorted
+    assert {row.get("num_tokens") for row in json.loads(path.read_text())["step_overhead"]} == {None, 16, 256, 64, 1024}
+
+
+def test_a_step_priced_at_zero_or_less_is_refused():
+    """A signed residual may be negative, but never larger than the forwards it corrects."""
+    from dcut_sched.cost_curve import CostCurveError
+    from dcut_sched.step_costs import StepCosts
+
+    doc = _k_keyed_doc(o16=(2.6, -1e4))
+    doc["step_overhead"][-3].update(p20_ms=None, p80_ms=None)
+    costs = StepCosts(CostCurve.from_dict(doc), 16)
+    with pytest.raises(CostCurveError, match="a drafted step at batch_size=16, num_tokens=256 is priced at"):
+        costs.drafted_ms_at(16, np.array([64, 256]))
+    doc = _engine_rows_doc()
+    doc["step_overhead"][0]["median_ms"] = -1e4
+    with pytest.raises(CostCurveError, match="a plain step at batch_size=16 is priced at"):
+        StepCosts(CostCurve.from_dict(doc), 16).plain_ms(16)
 
 
 def test_a_key_given_twice_in_a_row_is_refused(tmp_path):

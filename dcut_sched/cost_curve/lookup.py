@@ -32,9 +32,10 @@ __all__ = ["CurveLookup"]
 
 class _CellTable:
     """``(batch_size, num_tokens)`` cells and their lookup (module docstring, "Lookups"): isotonic
-    PCHIP in num_tokens at a measured batch size, linear in bs at fixed tokens per request between."""
+    PCHIP in num_tokens at a measured batch size, linear in bs at fixed tokens per request between.
+    ``monotone=False`` (signed overhead residuals, which may fall with K) skips the isotonic step."""
 
-    def __init__(self, rows: list[Any], where, label: str) -> None:
+    def __init__(self, rows: list[Any], where, label: str, monotone: bool = True) -> None:
         # scipy loads with the first curve, not with the package (a controller import stays light)
         from scipy.interpolate import PchipInterpolator
         from scipy.optimize import isotonic_regression
@@ -48,7 +49,7 @@ class _CellTable:
             cells.sort(key=lambda r: r.num_tokens)
             tokens = np.array([r.num_tokens for r in cells], dtype=np.float64)
             ms = np.array([r.median_ms for r in cells], dtype=np.float64)
-            ms = isotonic_regression(ms, increasing=True).x if len(ms) > 1 else ms
+            ms = isotonic_regression(ms, increasing=True).x if len(ms) > 1 and monotone else ms
             interp = PchipInterpolator(tokens, ms, extrapolate=False) if len(ms) > 1 else None
             self.interp[bs] = (tokens, ms, interp)
         self.sizes = np.array(sorted(by_bs), dtype=np.int64)
@@ -121,8 +122,12 @@ class CurveLookup:
         self._ar_bs = np.array([r.batch_size for r in ar_rows], dtype=np.float64)
         self._ar_ms = np.array([r.median_ms for r in ar_rows], dtype=np.float64)
         self._overhead: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        drafted_cells = [r for r in self.step_overhead if r.kind == "drafted" and r.num_tokens is not None]
+        self._overhead_cells = (_CellTable(drafted_cells, self._where, "drafted step_overhead ", monotone=False)
+                                if drafted_cells else None)
         for kind in STEP_KINDS:
-            rows = sorted((r for r in self.step_overhead if r.kind == kind), key=lambda r: r.batch_size)
+            rows = sorted((r for r in self.step_overhead if r.kind == kind and r.num_tokens is None),
+                          key=lambda r: r.batch_size)
             if rows:
                 self._overhead[kind] = (np.array([r.batch_size for r in rows], dtype=np.float64),
                                         np.array([r.median_ms for r in rows], dtype=np.float64))
@@ -189,19 +194,30 @@ class CurveLookup:
         """Whether the curve has ``step_overhead`` rows of ``kind`` (one of :data:`STEP_KINDS`)."""
         if kind not in STEP_KINDS:
             raise ValueError(f"unknown step kind {kind!r}; use one of {', '.join(STEP_KINDS)}")
-        return kind in self._overhead
+        return kind in self._overhead or (kind == "drafted" and self._overhead_cells is not None)
 
-    def overhead_ms(self, kind: str, batch_size: int) -> float:
-        """``O_kind(batch_size)`` in ms: the engine's time per step of ``kind`` beside the curve's
-        forward passes, linear in batch size between its ``step_overhead`` rows (``numpy.interp``);
-        0 when the curve has no rows of that kind.
+    def overhead_by_tokens(self) -> bool:
+        """Whether the drafted-step overhead is keyed by the verified tokens K (rows with ``num_tokens``)."""
+        return self._overhead_cells is not None
+
+    def overhead_ms(self, kind: str, batch_size: int, num_tokens: Any = None) -> Any:
+        """``O_kind(batch_size)`` in ms (a signed residual): the engine's time per step of ``kind``
+        beside the curve's forward passes, linear in batch size between its ``step_overhead`` rows
+        (``numpy.interp``); 0 when the curve has no rows of that kind. When the drafted rows are keyed
+        by ``num_tokens`` (:meth:`overhead_by_tokens`), ``O_drafted(bs, K)`` is looked up in those
+        cells like :meth:`verify_ms` but without the isotonic step (a residual may fall with K), and
+        ``num_tokens`` (an int or an array) is required.
 
         Raises:
-            ValueError: unknown ``kind``.
-            CostCurveRangeError: ``batch_size`` outside the measured batch sizes of that kind.
+            ValueError: unknown ``kind``, or no ``num_tokens`` for K-keyed drafted rows.
+            CostCurveRangeError: ``batch_size`` (or ``num_tokens``) outside the measured cells of that kind.
         """
         if not self.has_overhead(kind):
             return 0.0
+        if kind == "drafted" and self._overhead_cells is not None:
+            if num_tokens is None:
+                raise ValueError("this curve's drafted step overhead is keyed by num_tokens (the K bucket); pass it")
+            return self._overhead_cells.lookup(batch_size, num_tokens)
         xs, ys = self._overhead[kind]
         if not (np.isfinite(batch_size) and xs[0] <= batch_size <= xs[-1]):
             raise CostCurveRangeError(

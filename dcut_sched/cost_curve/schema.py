@@ -69,10 +69,11 @@ _TIMING_FIELDS = (
 )
 
 
-def _row_class(name: str, doc: str, keys: list[tuple[str, type]]) -> type:
+def _row_class(name: str, doc: str, keys: list[tuple[str, type]], optional_keys: tuple = ()) -> type:
     """A frozen row dataclass: ``keys`` (e.g. ``batch_size``, ``num_tokens``) then :data:`_TIMING_FIELDS`
-    (ms; ``p20_ms``/``p80_ms`` quantiles, ``repeats`` samples, ``provenance`` measured/fitted/...)."""
-    cls = make_dataclass(name, [*keys, *_TIMING_FIELDS], frozen=True)
+    (ms; ``p20_ms``/``p80_ms`` quantiles, ``repeats`` samples, ``provenance`` measured/fitted/...), then
+    ``optional_keys`` (keys a row may leave out, default None)."""
+    cls = make_dataclass(name, [*keys, *_TIMING_FIELDS, *optional_keys], frozen=True)
     cls.__module__, cls.__doc__ = __name__, doc  # importable and picklable as dcut_sched.cost_curve.schema.<name>
     return cls
 
@@ -89,9 +90,11 @@ DraftFirstRow = _row_class(
     [("batch_size", int), ("num_tokens", int)])
 StepOverheadRow = _row_class(
     "StepOverheadRow", "What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's "
-    "forward passes, at ``batch_size`` requests; ms, ``median_ms >= 0``. ``p20_ms`` / ``p80_ms`` are quantiles of "
-    "the per-step residuals and may be negative (a step faster than the curve's forwards).",
-    [("kind", str), ("batch_size", int)])
+    "forward passes, at ``batch_size`` requests (and, for ``drafted`` rows that give it, at ``num_tokens`` verified "
+    "tokens: the K bucket); ms. A signed residual: ``median_ms`` (and ``p20_ms`` / ``p80_ms``) may be negative "
+    "when the real step is faster than the curve's forward cells (docs/design.md §4); the whole step a curve "
+    "prices must still be > 0.",
+    [("kind", str), ("batch_size", int)], optional_keys=(("num_tokens", Optional[int], field(default=None)),))
 
 
 _ROW_REQUIRED = {VerifyRow: ("batch_size", "num_tokens", "median_ms"), ArRow: ("batch_size", "median_ms"),
@@ -174,9 +177,8 @@ class CurveValidation:
 
     def _overhead_ms(self, value: Any, where: str) -> float:
         got = _exact_float(value)
-        if got is None or got < 0:
-            raise self._fail(where, f"must be a finite number of ms >= 0, got {value!r}",
-                             "a step's overhead beside the forwards cannot be negative; write 0 for none")
+        if got is None:
+            raise self._fail(where, f"must be a finite number of ms (a signed residual), got {value!r}")
         return got
 
     def _row(self, cls_row: type, item: Any, where: str) -> Any:
@@ -202,22 +204,25 @@ class CurveValidation:
         out["batch_size"] = self._int(item["batch_size"], f"{where}.batch_size", 1)
         if "num_tokens" in _ROW_REQUIRED[cls_row]:
             out["num_tokens"] = self._int(item["num_tokens"], f"{where}.num_tokens", 1)
-        if cls_row is StepOverheadRow:  # an overhead may be 0; its residual quantiles any finite number
+        if cls_row is StepOverheadRow:  # a signed residual: any finite number of ms
+            if item.get("num_tokens") is not None:
+                if out["kind"] != "drafted":
+                    raise self._fail(f"{where}.num_tokens", f"a {out['kind']} step verifies anchors only",
+                                     "only drafted rows are keyed by num_tokens (the K bucket); drop the key")
+                out["num_tokens"] = self._int(item["num_tokens"], f"{where}.num_tokens", 1)
             out["median_ms"] = self._overhead_ms(item["median_ms"], f"{where}.median_ms")
             for name in ("p20_ms", "p80_ms"):
                 if item.get(name) is not None:
-                    got = _exact_float(item[name])
-                    if got is None:
-                        raise self._fail(f"{where}.{name}", f"must be a finite number of ms, got {item[name]!r}")
-                    out[name] = got
+                    out[name] = self._overhead_ms(item[name], f"{where}.{name}")
         else:
             out["median_ms"] = self._ms(item["median_ms"], f"{where}.median_ms")
             for name in ("p20_ms", "p80_ms"):
                 if item.get(name) is not None:
                     out[name] = self._ms(item[name], f"{where}.{name}")
-        if "p20_ms" in out and out["p20_ms"] > out["median_ms"] * (1 + 1e-9):
+        tol = 1e-9 * abs(out["median_ms"])
+        if "p20_ms" in out and out["p20_ms"] > out["median_ms"] + tol:
             raise self._fail(f"{where}.p20_ms", f"{out['p20_ms']} > median_ms {out['median_ms']}")
-        if "p80_ms" in out and out["p80_ms"] < out["median_ms"] * (1 - 1e-9):
+        if "p80_ms" in out and out["p80_ms"] < out["median_ms"] - tol:
             raise self._fail(f"{where}.p80_ms", f"{out['p80_ms']} < median_ms {out['median_ms']}")
         if item.get("repeats") is not None:
             out["repeats"] = self._int(item["repeats"], f"{where}.repeats", 1)
@@ -294,16 +299,26 @@ class CurveValidation:
                     raise self._fail(f"{name}[{n}]", f"duplicate {name} cell batch_size={row.batch_size}")
                 seen_bs.add(row.batch_size)
         seen_kind: set[tuple[str, int]] = set()
+        keyed = [row.num_tokens is not None for row in self.step_overhead if row.kind == "drafted"]
+        if any(keyed) and not all(keyed):
+            n = next(n for n, row in enumerate(self.step_overhead) if row.kind == "drafted" and row.num_tokens is None)
+            raise self._fail(f"step_overhead[{n}].num_tokens", "missing, while other drafted rows give it",
+                             "key every drafted row by num_tokens (the K bucket) or none")
+        if any(keyed):
+            self._check_cells("step_overhead", self.step_overhead, keep=lambda row: row.kind == "drafted")
         for n, row in enumerate(self.step_overhead):
             key = (row.kind, row.batch_size)
-            if key in seen_kind:
+            if row.num_tokens is None and key in seen_kind:
                 raise self._fail(f"step_overhead[{n}]", f"duplicate cell kind={row.kind}, batch_size={row.batch_size}")
             seen_kind.add(key)
 
-    def _check_cells(self, name: str, rows: list[Any]) -> None:
-        """``(batch_size, num_tokens)`` cells: ``bs <= num_tokens <= bs * B``, no duplicates."""
+    def _check_cells(self, name: str, rows: list[Any], keep=lambda row: True) -> None:
+        """``(batch_size, num_tokens)`` cells of the rows ``keep`` selects: ``bs <= num_tokens <= bs * B``,
+        no duplicates."""
         seen: set[tuple[int, int]] = set()
         for n, row in enumerate(rows):
+            if not keep(row):
+                continue
             where = f"{name}[{n}]"
             if row.num_tokens < row.batch_size:
                 raise self._fail(
