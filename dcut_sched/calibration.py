@@ -1,61 +1,22 @@
 """Online calibration of draft confidences: a monotone map from raw confidence to acceptance.
 
-Draft confidence (the drafter's max softmax probability) is a poor estimate of the chance that the
-target accepts the draft; DFlash's is reported under-calibrated (docs/design.md §3), and D-Cut's SGLang
-port drops anchors from the score for that reason. The slot score ``s[i,k] = prod_{t<k} c[i,t]``
-needs, for each draft slot t, ``P(draft t accepted | drafts < t accepted, c_t)``. This module learns
-that probability from the outcomes a serving loop observes anyway.
+Why the raw confidence needs it, why the censored outcomes estimate exactly the probability the slot
+score needs, the estimator step by step and the recovery of unobserved ranges: docs/design.md §2.7.
 
-Observations (censored, from one verified step)
------------------------------------------------
-For request i with raw confidences ``conf[i, :]`` (``[B-1]``), ``lengths[i]`` slots verified and
-``num_accepted[i] = verified_prefix_tokens(accept_len, lengths)[i] - 1`` drafts accepted
-(:func:`dcut_sched.scores.verified_prefix_tokens`), draft slot t (1-based) is
+Contract:
 
-- observed **accepted** iff ``t <= num_accepted[i]``,
-- observed **rejected** iff ``t == num_accepted[i] + 1 <= lengths[i] - 1``,
-- unobserved otherwise (beyond the first rejection, or not verified).
-
-Every observed slot had all earlier drafts accepted, so the observed outcomes are draws of exactly
-the conditional probability the score product needs.
-
-Estimator
----------
-Equal-width confidence bins (``num_bins``) per depth band. Each bin keeps two running counts
-(accepted, observed); an update is one scatter-add over the step's ``bs * (B-1)`` slots (constant
-cost per step, on the data's device, no host sync). Every ``refit_every`` observed requests the map
-is refitted on the host from the ``bands x bins`` counts:
-
-1. pooled over depth: ``p_b = (acc_b + a * center_b) / (n_b + a)``, a Beta prior centred on the
-   identity map with ``a = prior_strength`` pseudo-observations per bin (so with no data the map is
-   the identity on bin centres);
-2. made non-decreasing in confidence by weighted isotonic regression
-   (``scipy.optimize.isotonic_regression``, weights ``n_b + a``);
-3. per depth band (when ``depth_bands`` has more than one band), the same with the band's own counts
-   and the pooled fit as the prior mean (``a`` pseudo-observations again): a band departs from the
-   pooled map only as far as its own data supports, which is how "per depth band if it helps" is
-   decided without a separate model-selection step;
-4. the knots (bin centres, fitted values) are linearly interpolated (``numpy.interp``) onto a lookup
-   table of ``resolution`` points on [0, 1] per band (the ends extend the outer knots by the
-   identity's slope, so the prior map is exactly the identity up to the table's resolution).
-
-Recovery from unobserved ranges (no lock-out)
----------------------------------------------
-A confidence range the policy stops verifying is never observed again: after a stretch where
-nothing is accepted, the map drops to ~0, ``threshold``/``fine`` then verify anchors only and, with
-plain counts, the map would stay at 0 after acceptance comes back (measured: 1.00 vs 1.81 tokens per
-step uncalibrated). So at each refit, the counts of every bin that received **no** observation since
-the previous refit decay by ``0.5 ** (requests since the previous refit / unobserved_half_life)``:
-an unobserved range returns towards the prior (the identity map) with a half-life of
-``unobserved_half_life`` observed requests, until the policy verifies it again and new outcomes
-decide. Observed bins keep every count (steady state unchanged). ``unobserved_half_life=None``
-turns this off. The clock counts requests, whatever they verified: rows of
-:meth:`OnlineCalibrator.observe` (anchor-only rows too) and the requests of steps that ran no draft
-(:meth:`OnlineCalibrator.observe_plain`, which the controller and the simulator call), so a policy
-that stopped drafting because of the map (``fine``) also sees it recover.
-
-:meth:`OnlineCalibrator.transform` is then one gather into that table (same shape, kind, dtype and
-device as its input): monotone non-decreasing in confidence within each band.
+- :meth:`OnlineCalibrator.observe` takes one verified step (raw ``conf [bs, B-1]``, drafts accepted,
+  slots verified) and counts its censored outcomes (:func:`censored_outcomes`) per confidence bin and
+  depth band: constant work per step, on the data's device, no host sync except at a refit.
+- Every ``refit_every`` observed requests the map is refitted on the host: a Beta prior centred on the
+  identity (``prior_strength`` pseudo-observations per bin), made non-decreasing by weighted isotonic
+  regression, per depth band with the pooled fit as prior mean, interpolated onto a lookup table of
+  ``resolution`` points per band. With no data the map is the identity (to the table's resolution).
+- At each refit the counts of a bin with no new observation decay with a half-life of
+  ``unobserved_half_life`` requests (``None``: never); the clock counts the rows of ``observe`` and
+  the requests of :meth:`OnlineCalibrator.observe_plain` (steps without a draft).
+- :meth:`OnlineCalibrator.transform` is one gather into that table (same shape, kind, dtype and
+  device as its input): monotone non-decreasing in confidence within each band.
 """
 
 from __future__ import annotations
@@ -71,7 +32,7 @@ __all__ = ["OnlineCalibrator", "censored_outcomes", "expected_calibration_error"
 
 
 def censored_outcomes(num_accepted: np.ndarray, lengths: np.ndarray, num_drafts: int) -> tuple[np.ndarray, np.ndarray]:
-    """The observed and accepted masks ``[bs, B-1]`` of one step (module docstring, "Observations").
+    """The observed and accepted masks ``[bs, B-1]`` of one step (docs/design.md §2.7, "Observations").
 
     Args:
         num_accepted: ``[bs]`` ints, drafts accepted (already ``<= lengths - 1``).
@@ -117,7 +78,7 @@ def expected_calibration_error(prob: np.ndarray, outcome: np.ndarray, num_bins: 
 
 
 class OnlineCalibrator:
-    """Learns ``P(draft t accepted | drafts < t accepted, conf_t)`` online (module docstring).
+    """Learns ``P(draft t accepted | drafts < t accepted, conf_t)`` online (module docstring; docs/design.md §2.7).
 
     Args:
         block_size: B (slots per block; confidences are ``[bs, B-1]``). ``None``: taken from the first
@@ -133,7 +94,7 @@ class OnlineCalibrator:
         refit_every: refit after this many more observed requests (rows of ``observe``), >= 1.
         resolution: points of the lookup table on [0, 1], >= 2.
         unobserved_half_life: observed requests (rows of ``observe``) over which the counts of a
-            bin that gets no observation halve (module docstring, "Recovery"), > 0; ``None``: never.
+            bin that gets no observation halve (docs/design.md §2.7, "Recovery"), > 0; ``None``: never.
 
     Raises:
         ValueError: invalid parameters, or inputs whose shape disagrees with the block size.
@@ -274,8 +235,8 @@ class OnlineCalibrator:
         acc, obs = self.counts()
         total = np.stack([acc, obs])
         if self.unobserved_half_life is not None and self._since_refit > 0:
-            # Bins with no new observation since the last refit decay towards the prior (module
-            # docstring, "Recovery"); the device counts are folded into the host copy to apply it.
+            # Bins with no new observation since the last refit decay towards the prior
+            # (docs/design.md §2.7, "Recovery"); the device counts are folded into the host copy to apply it.
             idle = (obs <= self._fit_counts[1]) & (obs > 0)
             if idle.any():
                 total[:, idle] *= 0.5 ** (self._since_refit / self.unobserved_half_life)
@@ -316,7 +277,7 @@ class OnlineCalibrator:
         return self._table_np[idx].astype(conf_np.dtype, copy=False)
 
     def observe(self, conf: Array, num_accepted: Array, lengths: Array) -> None:
-        """Record one verified step's censored outcomes (module docstring, "Observations").
+        """Record one verified step's censored outcomes (docs/design.md §2.7, "Observations").
 
         Args:
             conf: ``[bs, B-1]`` raw (uncalibrated) confidences of the drafted step, in [0, 1].
@@ -372,7 +333,7 @@ class OnlineCalibrator:
 
     def observe_plain(self, batch_size: int) -> None:
         """Count a step that ran no draft (``batch_size`` requests, nothing to learn) on the clock of
-        the unobserved-range decay (module docstring, "Recovery"); refits when due. Host-only, O(1)
+        the unobserved-range decay (docs/design.md §2.7, "Recovery"); refits when due. Host-only, O(1)
         except at a refit."""
         if self.unobserved_half_life is None:
             return

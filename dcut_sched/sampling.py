@@ -2,72 +2,29 @@
 
 Pure functions of arrays (torch logits in, numpy/torch tokens out); the only randomness is a
 counter-based generator keyed by ``(request key, sequence index)``, so nothing here holds state.
+Why the rule is lossless for any length a policy computes from greedy-draft confidences, and why
+sampled drafts are refused (with the worked counterexample): docs/sampling.md.
 
-The rule (greedy drafts, sampled target)
-----------------------------------------
-The drafter proposes argmax tokens ``d_1..d_{L-1}`` (DFlash, EAGLE and this project's self-speculative
-drafter are greedy). Let ``p_t(.)`` be the target's distribution at temperature T (after top-k, then
-top-p; :func:`sampling_probs`) for the token after the accepted prefix and ``d_1..d_{t-1}``.
-Verification of a request that verifies its first L slots:
+Contract (greedy drafts, sampled target). The drafter proposes argmax tokens ``d_1..d_{L-1}``.
+Let ``p_t(.)`` be the target's distribution at temperature T (after top-k, then top-p;
+:func:`sampling_probs`) for the token after the accepted prefix and ``d_1..d_{t-1}``. A request that
+verifies its first L slots:
 
-- draft t (t = 1..L-1, in order) is accepted with probability ``p_t(d_t)``;
-- on the first rejection, the token is sampled from ``p_t`` with ``d_t`` removed and renormalised,
+- accepts draft t (t = 1..L-1, in order) with probability ``p_t(d_t)``;
+- on the first rejection, samples the token from ``p_t`` with ``d_t`` removed and renormalised,
   ``p_t(y) / (1 - p_t(d_t))`` for ``y != d_t``, and the step ends;
-- if all L-1 drafts are accepted, the bonus token is sampled from ``p_L``.
+- if all L-1 drafts are accepted, samples the bonus token from ``p_L``;
 
-The request commits ``1 + min(a, L-1)`` tokens (:func:`dcut_sched.scores.verified_prefix_tokens`),
-``a`` being the drafts the whole block would accept with the same random draws.
-
-Implementation (one draw per position). Let ``x ~ p_t`` and accept ``d_t`` iff ``x == d_t``; on
-rejection output ``x``. Then ``P(accept) = p_t(d_t)`` and, given rejection, ``P(x = y) = p_t(y) /
-(1 - p_t(d_t))``: exactly the rule above (the standard rejection-sampling step with a one-hot draft
-distribution, as vLLM treats greedy drafts). :func:`sample_at` draws ``x`` by inverse CDF from one
-uniform ``u = U(key, n)``, n being the index the token will take in the request's sequence (prompt
-included). So every verified slot, every bonus token and every plain decode step that produces the
-token at index n uses the same draw; the request's output is the sequence plain sampled decoding
+and commits ``1 + min(a, L-1)`` tokens (:func:`dcut_sched.scores.verified_prefix_tokens`), ``a``
+being the drafts the whole block would accept with the same random draws. One draw per position:
+:func:`sample_at` draws ``x ~ p_t`` by inverse CDF from one uniform ``u = U(key, n)``, n the index
+the token takes in the request's sequence (prompt included); ``d_t`` is accepted iff ``x == d_t``,
+else ``x`` is committed. So the request's output is the sequence plain sampled decoding
 (:func:`dcut_sched.model.generate.sample_generate`) produces with the same key, token for token,
-whatever lengths were verified, and whatever else is in the batch. (Up to floating-point: differently
+whatever lengths were verified and whatever else is in the batch (up to floating-point: differently
 shaped forwards change logits in the last ulps, which moves a token only when u falls within ~1e-7
-of a CDF boundary.) T = 0 is the argmax (greedy) rule.
-
-Why any length rule computed from greedy-draft confidences is lossless
------------------------------------------------------------------------
-Fix a request and condition on its committed prefix ``h`` (n tokens). Greedy drafts ``d_t`` and their
-confidences ``c_t`` are deterministic functions of ``h`` (the drafter's argmax), and so is anything
-the policy computes from them and from the other requests' confidences: the other requests are
-conditionally independent of this request's draws, because each request uses its own key. Hence the
-verified length ``L`` is a function of ``h`` and of randomness independent of this request's
-uniforms ``u_n, u_{n+1}, ..``. Given ``h`` and ``L``, slot t (t <= L) produces the token at index
-``n + t - 1`` as ``x = icdf(p_t, u_{n+t-1})`` whether it is the accepted draft, the replacement after
-a rejection, or the bonus, so it is distributed as ``p(. | h, x_n..x_{n+t-2})``: target sampling. By
-induction over steps the whole output is distributed as plain target sampling, for every L. (Even
-without the coupling, the textbook two-draw rule gives, for any L fixed given h, the token at index
-n distributed as ``p(d|h) * 1[y = d] + (1 - p(d|h)) * p(y|h) / (1 - p(d|h)) * 1[y != d] = p(y|h)``,
-and the next tokens likewise given the accepted prefix; L cannot bias which token was drafted
-because the drafted token is fixed before L is chosen.) This covers ``full``, ``uniform``,
-``threshold``, ``topk``, ``dcut``, ``fine`` and ``ar``; ``oracle`` reads the acceptance, which at
-T > 0 depends on this request's draws, so it is still an upper-bound diagnostic; its outputs are
-nevertheless the coupled target samples (the engine commits ``x`` at every index).
-
-Sampled drafts are refused
---------------------------
-With drafts sampled from the draft distribution q, the standard rule (accept with
-``min(1, p(d)/q(d))``, else sample ``max(0, p - q)`` renormalised) is lossless for a length fixed
-before the draft token is sampled, but a length chosen from the sampled token's own probability is
-not. Worked case: vocabulary {a, b}, ``q = (0.9, 0.1)``, ``p = (0.5, 0.5)``. Verify the draft only
-when it is ``a`` (confidence 0.9), otherwise sample the target directly:
-
-    P(a) = q(a) * min(1, p(a)/q(a)) + q(b) * p(a) = 0.9 * 5/9 + 0.1 * 0.5 = 0.55  (target: 0.5).
-
-Rejection sampling conditioned on the draft being ``a`` accepts ``a`` with 5/9, and never produces
-``a`` from the residual (``max(0, p - q) = (0, 0.4)``); the unverified branch produces ``a`` half the
-time; the mixture is biased. D-Cut's scores ``prod_t c_t`` for sampled drafts are functions of the
-sampled tokens, and its budget (the sum of the top-K scores over all slots of the batch) makes slot
-t's verification depend on tokens drawn after slot t (``c_{t+1}, ..`` depend on ``d_t``), so the
-sound subset (verify-slot-t decided from quantities fixed before ``d_t`` is drawn, such as
-``max q_t``) would exclude ``dcut``, ``fine`` and ``topk``. This module therefore refuses sampled
-drafts (:class:`SampledDraftsError`); every drafter in the project is greedy. ``docs/sampling.md``
-has the full argument and the test that shows the bias.
+of a CDF boundary). T = 0 is the argmax (greedy) rule. Sampled drafts raise
+:class:`SampledDraftsError`; every drafter in the project is greedy.
 """
 
 from __future__ import annotations
@@ -89,7 +46,7 @@ __all__ = [
     "sampling_probs",
 ]
 
-#: Draft modes :class:`SamplingParams` knows; only ``greedy`` is supported (module docstring).
+#: Draft modes :class:`SamplingParams` knows; only ``greedy`` is supported (docs/sampling.md).
 DRAFT_MODES = ("greedy", "sampled")
 
 SAMPLED_DRAFTS_REFUSAL = (

@@ -3,17 +3,16 @@
 Every function here works on numpy arrays and on torch tensors (CPU or CUDA) alike and returns the
 same kind it was given. Nothing here does I/O or touches a cost curve.
 
-Terms (``docs/design.md`` §1):
+Contract (terms: ``docs/design.md`` §1; why the sums and the prefix property hold: §1.1):
 
 - ``conf[i, t]``, t = 0..B-2: the draft's confidence in the draft token it put in slot t+2 (slot 1 is
   the anchor). A float in [0, 1].
 - ``s[i, 0] = 1`` and ``s[i, k] = prod_{t<k} conf[i, t]``: the estimated probability that slot k+1
-  (1-based) is useful, i.e. that drafts 1..k are all accepted. Non-increasing in k, so a global top-K
-  over the batch, ties broken by the earlier slot and then the lower request index, keeps a prefix of
-  every request.
-- The expected number of tokens a selection produces is the sum of its selected scores (each slot
-  contributes one token exactly when every draft before it was accepted; the anchor slot always
-  contributes the bonus token). Exact if the confidences are calibrated acceptance probabilities.
+  (1-based) is useful, i.e. that drafts 1..k are all accepted. Non-increasing in k; a global top-K
+  over the batch breaks ties by the earlier slot and then the lower request index, and keeps a
+  prefix of every request.
+- The expected number of tokens a selection produces is the sum of its selected scores (exact when
+  the confidences are calibrated acceptance probabilities).
 """
 
 from __future__ import annotations
@@ -396,8 +395,7 @@ def global_topk(scores: Array, k: int, *, validate: bool = True) -> Array:
 def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False, validate: bool = True) -> Any:
     """Expected tokens produced when request i verifies its first ``lengths[i]`` slots.
 
-    ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (docs/design.md §1): slot k+1 yields a token exactly
-    when drafts 1..k are accepted, and the anchor always yields the bonus token.
+    ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (derivation: docs/design.md §1.1).
 
     Args:
         scores: ``[bs, B]`` slot scores (numpy or torch).
@@ -432,11 +430,9 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
 def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
     """Tokens a request produces when it verifies its first ``lengths`` slots: ``1 + min(a, L - 1)``.
 
-    The one implementation of the rule (docs/design.md §1, §3): the ``L - 1`` verified drafts yield the
-    accepted ones (at most ``a``, what the whole block would accept) plus one token from the target,
-    the bonus after an all-accepted prefix or the correction at the first rejection. Holds for greedy
-    verification and, with ``a`` drawn per seed, for sampled verification of greedy drafts
-    (:mod:`dcut_sched.sampling`).
+    The one implementation of the rule (docs/design.md §1, §3; why it holds, for greedy verification
+    and, with ``a`` drawn per seed, for sampled verification of greedy drafts: §1.1 and
+    :mod:`dcut_sched.sampling`).
 
     Args:
         accept_len: ``[bs]`` ints in ``[0, B-1]`` (numpy or torch).

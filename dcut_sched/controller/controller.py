@@ -253,7 +253,7 @@ class RatioController:
         self._check_shape(conf)
         if isinstance(conf, torch.Tensor) and conf.device.type == "cpu":
             # CPU tensors share memory with numpy arrays: plan on the numpy views (the same policy
-            # code, numpy kind; about 10x fewer microseconds than many tiny torch CPU ops) and hand
+            # code, numpy kind; cheaper than many tiny torch CPU ops, docs/controller.md) and hand
             # back tensors that share the results' memory.
             arr = conf.detach()
             if arr.dtype not in (torch.float32, torch.float64):

@@ -1,13 +1,12 @@
 """A bank of CUDA graphs of the verification forward, one per (batch size, token count) cell.
 
-D-Cut replays one pre-captured CUDA graph per verification ratio; here a cell is any
-``(batch_size, num_tokens)`` the cost curve measured, so every budget the controller can choose has
-a graph. The bank:
+A cell is any ``(batch_size, num_tokens)`` the caller lists (e.g. every cell the cost curve
+measured); why cells rather than D-Cut's one graph per ratio, and why one pool captured largest
+first: docs/controller.md, "VerifyGraphBank". The bank:
 
 - captures one ``torch.cuda.CUDAGraph`` per cell with :func:`dcut_sched.graph_capture.capture_graph`
   (the profiler's capture routine too), largest first, all in one shared memory pool
-  (``torch.cuda.graph_pool_handle()``): the largest cell's allocations are reused by the smaller
-  ones, as vLLM and SGLang do for their decode graphs;
+  (``torch.cuda.graph_pool_handle()``);
 - keeps static input buffers per cell, shaped by ``make_inputs(batch_size, num_tokens)``;
 - on a call, pads the request up to the nearest captured cell whose buffers hold its inputs
   (smallest captured batch size >= the request's, then the smallest captured token count >= its,

@@ -7,9 +7,9 @@ A cost curve holds measured (or published, fitted, analytic) times of
 - ``C_ar(batch_size)`` ms: one plain autoregressive decode step (one token per request, no draft) on
   the path a serving engine runs without speculation (full CUDA graphs of the one-token step, decode
   attention kernels). It is **not** ``C_verify(bs, bs)``: verification runs another path
-  (piecewise graphs, variable-length attention, hidden states exported for the drafter); in the
-  public D-Cut data the AR engine steps in 17.8 ms at bs 64 on H20 where verifying 256 slots costs
-  55.2 ms. Schema ``dcut.cost-curve/2`` keeps it as its own ``ar`` rows;
+  (piecewise graphs, variable-length attention, hidden states exported for the drafter), and in the
+  public D-Cut data the two differ several-fold (the figures: docs/design.md §1). Schema
+  ``dcut.cost-curve/2`` keeps it as its own ``ar`` rows;
 - ``C_draft(batch_size)`` ms: one draft step for the batch;
 - optionally ``C_draft_first(batch_size, num_tokens)`` ms (``draft_first`` rows): the drafter's
   first forward of a step, over the step's ``num_tokens`` verified tokens (how a draft that keeps

@@ -167,8 +167,8 @@ class LlamaConfig:
     def from_gguf(cls, path: str | os.PathLike, reader: Any = None) -> "LlamaConfig":
         """Read the shape from a GGUF file's metadata (architectures llama, qwen2, qwen3).
 
-        `reader` may be an already-open `gguf.GGUFReader` of `path` (parsing takes ~3 s for a
-        49k-token vocabulary, so callers that also need tensors pass theirs).
+        `reader` may be an already-open `gguf.GGUFReader` of `path` (parsing the 49k-token vocabulary
+        is slow, docs/model.md, so callers that also need tensors pass theirs).
         Tied embeddings are detected by the absence of `output.weight`, qk-norm by the presence of
         `blk.0.attn_q_norm.weight`, attention bias by `blk.0.attn_q.bias`.
 

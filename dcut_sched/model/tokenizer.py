@@ -2,8 +2,9 @@
 
 transformers converts the GGUF's gpt2-BPE vocabulary/merges and chat template into a fast
 tokenizer (`AutoTokenizer.from_pretrained(dir, gguf_file=name)`, needs `transformers` and
-`tokenizers`; no network). That conversion takes ~8 s, so the converted tokenizer is saved once to
-`cache_dir()/<gguf cache key>-tokenizer/` (atomic directory rename) and later loads take ~0.1 s.
+`tokenizers`; no network). That conversion is slow (timings: docs/model.md), so the converted
+tokenizer is saved once to `cache_dir()/<gguf cache key>-tokenizer/` (atomic directory rename) and
+later loads read that.
 Special ids (EOS/BOS/PAD) are read from the GGUF metadata itself and stored next to it.
 """
 

@@ -23,7 +23,7 @@ class DCut(Policy):
 
     For each ratio rho_q: ``K_q = ceil(rho_q * bs * B)``, ``E_q`` = sum of the top-K_q scores,
     ``U_q = E_q / C_verify(bs, K_q)``; verify the top-``K_{q*}`` with ``q* = argmax U_q`` (ties: the
-    smaller budget). Source: D-Cut (docs/design.md §1, "Bucket choice"). Draft time is not in U_q, as
+    smaller budget). Source: D-Cut (docs/design.md §1, "D-Cut's bucket choice"). Draft time is not in U_q, as
     published; the ``fine`` policy uses the full step time.
 
     Args:

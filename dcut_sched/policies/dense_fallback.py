@@ -1,19 +1,14 @@
 """``dense_fallback``: D-Cut with the SGLang port's dense-fallback rule.
 
 Source: the SGLang port of D-Cut (adaptive verification for DFlash in SGLang, following the AngelSlim
-D-Cut documentation). It keeps D-Cut's bucket choice but guards it: a compact (pruned) verification
-runs a ragged, piecewise-captured forward, while full verification replays the dense graph the
-engine captured anyway, so the port stays at full verification unless a compact ratio saves at
-least ``min_saving`` (12 %) of the full verify cost. (The port's pull request itself was not in the
-reference corpora this was checked against; the rule and the 12 % are as issue 15 states them, and the
-eligibility reading below is this file's.)
+D-Cut documentation). Why the port falls back to the dense graph: docs/design.md §2.6; what was
+checked against which source, and which reading of "eligible" this is: docs/policies.md.
 
-The rule, per step: the D-Cut buckets ``rho_q`` give budgets ``K_q = ceil(rho_q * bs * B)``; a bucket
-with ``K_q < bs * B`` is *eligible* only if ``1 - C_verify(bs, K_q) / C_verify(bs, bs * B) >=
-min_saving``; among the eligible buckets and full verification the one with the best
-``U_q = E_q / C_verify(bs, K_q)`` wins (ties: the smaller budget), exactly as in ``dcut``. With
-``min_saving = 0`` the policy is ``dcut``. Where the curve is flat (a small batch on a large GPU, an
-MoE target) no compact bucket saves 12 % and the port verifies the whole block every step.
+Contract, per step: the D-Cut buckets ``rho_q`` (full verification always among them) give budgets
+``K_q = ceil(rho_q * bs * B)``; a bucket with ``K_q < bs * B`` is *eligible* only if
+``1 - C_verify(bs, K_q) / C_verify(bs, bs * B) >= min_saving`` (:func:`eligible_buckets`); among the
+eligible buckets and full verification the one with the best ``U_q = E_q / C_verify(bs, K_q)`` wins
+(ties: the smaller budget), and the lengths are its global top-K. ``min_saving = 0`` gives ``dcut``.
 
 Engine needs: per-token confidences, no lag, one host sync per step (as ``dcut``).
 """

@@ -2,28 +2,24 @@
 
 Source: vLLM pull request 47808, "[Spec Decode] DSpark confidence-scheduled verification", and its
 documentation (the vLLM blog post "Adaptive Verification in vLLM"); the DSpark paper (arXiv
-2607.05147) describes the split this policy follows. The verification budget of a step is sized
-from confidences the scheduler already has, i.e. from earlier steps (the paper uses the confidence
-head's outputs from two steps prior; the vLLM port one snapshot), because the engine must fix the
-step's token count, and with it the CUDA graph to replay, before the current drafts are scored. The
-per-request allocation within that budget then ranks the *current* drafts by their up-to-date
-cumulative confidence (global top-K, as D-Cut).
+2607.05147) describes the split this policy follows. Why the budget is sized from earlier steps and
+the cost is a step function: docs/design.md §2.5; the reading of the source: docs/policies.md.
 
-The rule here, per drafted step at batch size bs:
+Contract, per drafted step at batch size bs (:meth:`DSpark.table`, :meth:`DSpark.plan`):
 
-1. candidate budgets ``K``: the CUDA-graph capture sizes (vLLM's default list: 1, 2, 4, then every
-   multiple of 8 up to 256, then of 16) within ``[bs, bs * B]`` and not above ``capture_limit``
-   (vLLM's ``max_cudagraph_capture_size``, default 512), plus ``bs`` and the largest feasible
-   budget. The cost curve is a step function: ``K`` tokens replay the graph of the smallest capture
-   size ``>= K``, so ``T(K) = C_draft(bs) + C_verify(bs, pad(K))`` (read from ``StepCosts``, the times
-   the simulator charges: draft scale and controller overhead included).
-2. the expected tokens ``E(K)`` (sum of the top-K slot scores) are smoothed across steps by an
-   exponential moving average, ``ema <- alpha * E_t + (1 - alpha) * ema`` with ``alpha = 0.8``
-   (the weight of the newest step), kept in :class:`DSparkState`;
-3. the budget ``K* = argmax_K ema(K) / T(K)`` uses the average *before* this step's confidences are
-   folded in (stale by one step); the very first step of a run, and the first after the batch size
-   changed, use the current confidences (no history exists);
+1. candidate budgets ``K``: the capture sizes of :func:`vllm_capture_sizes` within ``[bs, bs * B]``
+   and not above ``capture_limit`` (default 512), plus ``bs`` and the largest feasible budget; the
+   step time at ``K`` is ``StepCosts.drafted_ms`` at the padded budget (:func:`padded_num_tokens`,
+   clipped to the curve's token range);
+2. the expected tokens ``E(K)`` (sum of the top-K slot scores) are smoothed across steps by
+   ``ema <- alpha * E_t + (1 - alpha) * ema`` (``alpha = ema_alpha``, default 0.8), kept in
+   :class:`DSparkState`;
+3. ``K* = argmax_K ema(K) / T(K)`` (ties: the smaller budget) with the average *before* this step is
+   folded in; the first step of a run, and the first after the batch size changed, use the current
+   ``E(K)``;
 4. the lengths are the global top-``K*`` of the current scores.
+
+Raises :class:`~dcut_sched.cost_curve.CostCurveRangeError` when ``bs`` exceeds ``capture_limit``.
 
 Engine needs: per-token confidences; the smoothed expected-token curve carried across steps (one
 float vector per batch size); one host sync per step (reading the current ``E(K)``, which the next

@@ -1,21 +1,14 @@
 """``tetris``: TETRIS, greedy batch-wide draft-slot selection under a fixed capacity per step.
 
 Source: Z. Wu, Z. Zhou, A. Verma, A. Prakash, D. Rus, B. K. H. Low, "TETRIS: Optimal Draft Token
-Selection for Batch Speculative Decoding", ACL 2025 (arXiv 2502.15197). The server has a fixed
-verification capacity per step; standard speculative decoding spends it as the same draft window
-``k`` for every request. TETRIS drafts more than ``k`` tokens per request and then greedily picks,
-across the whole batch, the draft tokens with the highest *cumulative* acceptance probability (the
-product of the draft probabilities along the prefix) until the capacity of ``bs * k`` draft tokens
-is used; every request keeps its anchor (the bonus token). Because the cumulative probability falls
-along a request's draft, the greedy choice is a prefix per request and it maximises the expected
-accepted tokens for that capacity (the paper's per-step optimality result).
+Selection for Batch Speculative Decoding", ACL 2025 (arXiv 2502.15197). Why a greedy pick is optimal
+for a fixed capacity, and how the draft window maps onto a block: docs/design.md §2.3; the reading of
+the source: docs/policies.md.
 
-Here the draft is the block's ``B - 1`` slots (the "extra" drafting is free: a block drafter
-proposes the whole block in one pass), and the capacity is ``K = bs * (1 + draft_capacity)``
-verified slots. The selection is the global top-K of the slot scores, i.e. what the project's
-``topk`` does at ``rho = (1 + draft_capacity) / B``; TETRIS states the budget as a draft window
-instead of a ratio, so the same capacity holds for every block size. No cost curve is used: the
-capacity is a deployment parameter, fixed per step.
+Contract: each step verifies ``K = bs * (1 + min(draft_capacity, B - 1))`` slots
+(:func:`tetris_budget`), the global top-K of the slot scores (what ``topk`` does at
+``rho = (1 + draft_capacity) / B``): every request keeps its anchor and a prefix of its drafts. No
+cost curve is read; the capacity is a parameter, fixed per step.
 
 Engine needs: per-token confidences (one ``[bs, B-1]`` tensor per step), no cost curve, no lag. The
 decision needs no host sync (K follows from the batch size); the plan's expected-token figure is

@@ -1,30 +1,26 @@
 """``vllm_adaptive``: vLLM's adaptive verifier step length (D-Cut-style), decisions one step late.
 
 Source: vLLM pull request 44885, "[Spec Decode] Adaptive verifier step-length for DFlash/PARD
-(D-Cut-style)", and its design note ``verify_adaptive.md``. The drafter still proposes the full block;
-the verifier shortens each request's query length from the drafter's softmax probabilities and an
-ITL (inter-token latency) table profiled at startup:
+(D-Cut-style)", and its design note ``verify_adaptive.md``. The scoring rule and the lag as the PR
+has them: docs/design.md §2.4; the reading of the source and how the simulator replays the lag:
+docs/policies.md.
 
-- the batch size is rounded *up* to the next profiled level ``bs'`` (the table holds a few batch
-  sizes only);
-- the candidates are the total query lengths ``Q`` profiled at ``bs'`` that fit the batch
-  (``bs <= Q <= bs * B``);
-- each candidate scores ``U(Q) = (bs + sum of the top (Q - bs) draft prefix products) / ITL(bs', Q)``:
-  every request verifies its anchor (the ``bs`` term) and the remaining ``Q - bs`` slots go to the
-  highest prefix products of the batch (D-Cut's global top-K); the best ``Q`` wins, its top-K
-  allocation gives the per-request lengths;
-- the decision is applied one step late: the lengths computed after step N-1 from that step's
-  drafter probabilities truncate the query lengths of step N (the PR's runtime flow reads the cached
-  per-request draft length at the start of ``execute_model``). A step without cached lengths (the
-  first of a run, or after the batch changed shape) verifies the whole block.
+Contract, per drafted step at batch size bs (:meth:`VllmAdaptive.table`, :meth:`VllmAdaptive.plan`):
 
-Here the ITL table is the project's cost curve read at its measured cells, without interpolation, as
-a profiled table is (``StepCosts.measured_batch_sizes`` and ``StepCosts.measured_verify``). The previous step's
-confidences are kept in :class:`LaggedConfidences`, the policy's state; the simulator calls the
-policy with each step's fresh confidences, so the lag happens exactly as online. Row ``i`` of the
-stale confidences is the request that sat in batch row ``i`` a step ago: a request that has just
-replaced a finished one inherits that row for its first step (an engine keyed by request id would
-verify it in full instead).
+- the ITL table is the cost curve's measured verify cells, without interpolation
+  (``StepCosts.measured_batch_sizes``, ``StepCosts.measured_verify``); ``bs'`` is the smallest
+  measured batch size ``>= bs`` (:func:`profiled_level`), and the candidates are the token counts
+  ``Q`` measured at ``bs'`` with ``bs <= Q <= bs * B``;
+- ``Q = argmax E(Q) / ITL(bs', Q)`` (ties: the smaller ``Q``, :func:`best_query_len`), with ``E(Q)``
+  the expected tokens of the top-Q slot scores of the *previous* step's confidences
+  (:class:`LaggedConfidences`; the current ones with ``lag_steps=0``); the lengths are that ranking's
+  global top-Q;
+- without cached confidences of the same shape (the first step of a run, or after the batch changed
+  shape) every request verifies the whole block;
+- row ``i`` of the cached confidences is whatever request sat in batch row ``i`` a step ago.
+
+Raises :class:`~dcut_sched.cost_curve.CostCurveRangeError` when ``bs`` is above every measured batch
+size or no measured ``Q`` fits the batch.
 
 Engine needs: per-token confidences; the previous step's confidences (or lengths) cached across one
 step; one host sync per step (the expected tokens of the candidates, to pick ``Q``).

@@ -4,8 +4,8 @@
     - ``published`` verify rows: the public D-Cut verification times of Qwen3-8B on one NVIDIA H20
       (TP1, B = 16) at rho = 0.25/0.5/0.75/1.0 for bs 4, 8, 16, 32, 64 (20 points), copied exactly;
     - ``published`` ar rows: the public plain AR engine's steady output throughput on the same setup
-      (525.8 / 958.7 / 1691.3 / 2700.2 / 3594.4 tok/s at bs 4 / 8 / 16 / 32 / 64) as one step,
-      ``1000 * bs / throughput`` ms (7.61 / 8.34 / 9.46 / 11.85 / 17.81 ms);
+      (:data:`PUBLISHED_AR_H20_QWEN3_8B_TOK_S`, at bs 4 / 8 / 16 / 32 / 64; the figures: docs/design.md
+      §4) as one step, ``1000 * bs / throughput`` ms (:func:`published_ar_ms`);
     - ``fitted`` rows: everything those figures lack (the verify point num_tokens = bs, batch sizes 1
       and 2, the plain step at bs 1 and 2, and the draft step of a 5-layer DFlash-style drafter of the
       target's width) from the analytic model (:mod:`dcut_sched.profiler.analytic`) with its efficiency factors
@@ -15,7 +15,7 @@ The public figures do not state the context length; the file records ``context_l
 (assumed). Only ``context_len / eta_attention`` is identifiable from them, so the fitted rows hardly
 depend on that choice.
 
-The MoE row (Qwen3.5-35B-A3B, TP2, bs 64: 79.9/85.4/86.1/90.6 ms) is kept in
+The MoE row (Qwen3.5-35B-A3B, TP2, bs 64; the figures: docs/design.md §4) is kept in
 :data:`PUBLISHED_MOE_H20` but not turned into a file: four points at one batch size, measured with
 two-way tensor parallelism on an architecture whose exact shape is not verified here, cannot pin
 down four efficiency factors, so every fitted row would be a guess.

@@ -1,15 +1,17 @@
 """The simulated serving loop: simpy processes with one event per engine step.
 
-A step (docs/design.md §1, issue 5) is the online controller's own step code,
-:class:`~dcut_sched.controller.step_driver.StepDriver`, run on numpy arrays:
+Contract of a step (issue 5; the step times: docs/design.md §1; the full account, with what the
+simulator checks against the online controller: docs/simulator.md, "What it simulates"). A step is
+the online controller's own step code, :class:`~dcut_sched.controller.step_driver.StepDriver`, run
+on numpy arrays:
 
 1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
    previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from
    the trace and let the driver plan (sanitise the confidences, pass them through the optional
-   calibrator, ``policy.plan``); the step takes ``C_draft(bs) + C_verify(cell) + overhead_ms``, where
-   the cell is ``(bs, num_tokens)`` or, with ``graph_token_counts``, the captured cell the budget is
-   padded up to (``StepDriver.graph_cell``), plus the curve's optional per-step rows
-   (``StepCosts.drafted_ms``, docs/design.md §1);
+   calibrator, ``policy.plan``); the step takes ``StepCosts.drafted_ms`` at the cell
+   (``C_draft(bs) + C_verify(cell) + overhead_ms`` on a curve without the optional rows), where the
+   cell is ``(bs, num_tokens)`` or, with ``graph_token_counts``, the captured cell the budget is
+   padded up to (``StepDriver.graph_cell``);
 2. otherwise ``StepDriver.plan_without_draft``: every request verifies its anchor only and the step
    takes ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)``, the plain autoregressive decode step, where the
    engine truly skips its drafter), or ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;

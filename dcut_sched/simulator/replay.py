@@ -11,27 +11,25 @@ Two pieces:
   with one fancy index each; :meth:`ReplayBatch.advance` moves every request by the tokens its
   verified prefix produced.
 
-Replay rule (docs/design.md §1, §3): a request that verifies ``L`` slots produces
-``verified_prefix_tokens(accept_len, L)`` tokens (:func:`dcut_sched.scores.verified_prefix_tokens`,
-the one implementation of ``1 + min(accept_len, L - 1)``).
+Replay rule (docs/design.md §1, §3; the exact, approximate and sampled replays and what each
+result says about them: docs/simulator.md, "Traces: exact and approximate replay"): a request that
+verifies ``L`` slots produces ``verified_prefix_tokens(accept_len, L)`` tokens
+(:func:`dcut_sched.scores.verified_prefix_tokens`, the one implementation of
+``1 + min(accept_len, L - 1)``).
 
 - **Position-indexed** trace (exact): the request's cursor is its output position ``p``; it moves to
-  ``p + verified_prefix_tokens(accept_len[p], L)`` and is finished at ``p = n`` (its number of positions), which
-  is also its output length. The trace loader guarantees ``p + 1 + accept_len[p] <= n``.
+  ``p + verified_prefix_tokens(accept_len[p], L)`` and is finished at ``p = n`` (its number of
+  positions), which is also its output length (the trace loader guarantees
+  ``p + 1 + accept_len[p] <= n``).
 - **Step-indexed** trace (approximate): the cursor is the index of the recorded step; it moves on by
-  one record per engine step (wrapping within the request if the policy needs more steps than the
-  recorded run took). The request's output length is what the recorded run produced,
+  one record per engine step, wrapping within the request. The request's output length is
   ``sum(1 + accept_len)`` over its records; the last step's tokens are clipped to it.
-
-Sampled traces (``p1..p{B-1}`` present, temperature > 0): :meth:`ReplayBatch.gather` draws each
-request's acceptance afresh from the seeded generator instead of reading the recorded draw: draft t is
-accepted with probability ``p_t`` given drafts 1..t-1 accepted (greedy drafts verified by rejection
-sampling, :mod:`dcut_sched.sampling`), so ``accept_len`` = the number of leading successes of
-independent Bernoulli(``p_t``) trials, capped like the recorded one (``p + 1 + accept_len <= n``).
-The policy plans from the same confidences it would see online, and what it verifies yields exactly
-the engine's tokens for that draw. Approximation: after a draw that differs from the recorded one the
-replay continues along the recorded output's positions (the confidences of the text the sampled draw
-would produce are not in the trace). Greedy traces replay exactly as before.
+- **Sampled** trace (``p1..p{B-1}`` present, temperature > 0): :meth:`ReplayBatch.gather` draws each
+  request's ``accept_len`` afresh from the seeded generator, the number of leading successes of
+  independent Bernoulli(``p_t``) trials, capped like the recorded one (``p + 1 + accept_len <= n``);
+  the cursor then moves along the recorded output's positions. Why that draw is what an engine
+  verifying greedy drafts by rejection sampling would see: docs/design.md §3 and docs/sampling.md.
+  Greedy traces replay exactly as before.
 """
 
 from __future__ import annotations
@@ -203,7 +201,7 @@ class ReplayBatch:
         return self._conf[rows], self._acc
 
     def _sample_accept(self, rows: np.ndarray) -> np.ndarray:
-        """``[bs]`` int64 acceptance drawn from ``p`` (module docstring), capped at the output's end."""
+        """``[bs]`` int64 acceptance drawn from ``p`` (module docstring, "Sampled"), capped at the output's end."""
         prob = self._target_prob[rows]
         success = self._accept_rng.random(prob.shape) < prob
         drawn = np.cumprod(success, axis=1).sum(axis=1).astype(np.int64)

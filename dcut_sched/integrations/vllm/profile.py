@@ -25,7 +25,7 @@ the OpenMP runtime preloaded).
 Two entry points:
 
 - :func:`startup_curve`: the plugin's start-up profile when no ``cost_curve`` is configured: the
-  in-process engine's model runner is timed (about 10-40 s on this CPU) and the file cached under
+  in-process engine's model runner is timed (how long that takes: docs/vllm.md) and the file cached under
   ``profile_cache_dir`` keyed by model, draft, block size, dtype, batch sizes and vLLM version;
 - ``python -m dcut_sched.integrations.vllm.profile --model DIR --out FILE ...`` (what
   ``dcut-profile --vllm`` runs in the vLLM environment): builds an engine and times it.

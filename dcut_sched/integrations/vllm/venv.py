@@ -10,7 +10,7 @@ environment's python in a subprocess with :func:`cpu_env`:
   worker hooks are then installed by the scheduler itself; with multiprocessing the
   ``vllm.general_plugins`` entry point installs them in the worker process);
 - ``LD_PRELOAD=<venv>/lib/libiomp5.so``: the OpenMP runtime vLLM's CPU kernels are built for
-  (measured without it: 5 tok/s instead of 71);
+  (without it they run far slower; the measurement: docs/vllm.md);
 - ``VLLM_CPU_KVCACHE_SPACE`` (GiB) small enough for a 24 GiB machine shared by several jobs.
 
 Importable without vLLM.
