@@ -56,8 +56,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dcut_sched.integrations.vllm.checkpoint import write_pair  # noqa: E402
-from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available  # noqa: E402
+from dcut_sched.integrations.vllm_tools.checkpoint import write_pair  # noqa: E402
+from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available  # noqa: E402
 
 BLOCK_SIZE = 8
 POLICIES = ("nospec", "full", "dcut", "fine")
@@ -122,7 +122,7 @@ def stage_engine(args, out: Path) -> None:
         jf, rf = out / "records" / f"job-bs{bs}.json", out / "records" / f"result-bs{bs}.json"
         jf.write_text(json.dumps(job))
         load0 = os.getloadavg()[0]
-        subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(jf), "--out", str(rf)],
+        subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf), "--out", str(rf)],
                        check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         res = json.loads(rf.read_text())
         base = res["runs"][0]["token_ids"]

@@ -64,6 +64,6 @@ if [ "$with_vllm" = "1" ]; then
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   "$venv/bin/python" -m pip install -q -e .
   installed=$(date +%s)
-  python3 -m dcut_sched.integrations.vllm.checkpoint
+  python3 -m dcut_sched.integrations.vllm_tools.checkpoint
   echo "install.sh: vLLM environment $venv in $((installed - start)) s, model folders in $(( $(date +%s) - installed )) s"
 fi

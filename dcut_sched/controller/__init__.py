@@ -3,7 +3,8 @@
 See ``docs/controller.md``. Public names: :class:`RatioController` (plans over the policy registry),
 :class:`ControllerPlan`, :class:`StepDriver` (the per-step sequence both the controller and the
 simulator run), :class:`GraphCells`, :func:`restrict_to_graph_cells`, :func:`slot_layout` /
-:class:`SlotLayout`, :class:`VerifyGraphBank`, :func:`cells_from_curve`.
+:class:`SlotLayout`, :class:`VerifyGraphBank`, :func:`cells_from_curve`, :class:`RequestBatch` (engine-neutral request
+bookkeeping: plans by request id, dropped/unplanned accounting, metrics window, step records).
 
 Names are imported on first use (PEP 562): the simulator imports :mod:`.step_driver` (numpy only) without
 loading torch through :mod:`.controller`.

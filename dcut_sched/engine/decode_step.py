@@ -7,7 +7,10 @@ the target's token at every verified slot) and :func:`accepted_drafts` (greedy a
 cache row holds, the committed tokens, the waiting queue), :func:`prefill_free_rows` admits waiting
 requests into free rows. Everything a step needs is passed in: the run's fixed parts in a
 :class:`DecodeContext`, the step's inputs as arguments, its outputs in the returned
-:class:`StepOutcome`; no attribute carries data from one call to the next.
+:class:`StepOutcome`; no attribute carries data from one call to the next. The step plans, and
+feeds the outcome back, through the run's
+:class:`~dcut_sched.controller.request_batch.RequestBatch` (the request bookkeeping vLLM's
+scheduler uses too), by request id (prompt index).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..controller.request_batch import RequestBatch
 from ..sampling import SamplingParams, sample_at, sampling_probs
 from .observer import EngineObserver
 from .packing import RowPacking, pack_rows
@@ -149,6 +153,8 @@ class DecodeContext:
         sampling: the target's sampling; ``keys``: per-request sampling keys (prompt index order).
         record_draft_probs: keep the target's probability of each verified draft (sampled traces).
         observer: the timing hooks (:class:`EngineObserver`).
+        requests: the run's :class:`~dcut_sched.controller.request_batch.RequestBatch` over
+            ``controller`` (default: a new one, which writes no records).
     """
 
     model: Any
@@ -162,6 +168,11 @@ class DecodeContext:
     keys: Sequence[int]
     record_draft_probs: bool = False
     observer: EngineObserver = field(default_factory=EngineObserver)
+    requests: RequestBatch | None = None
+
+    def __post_init__(self) -> None:
+        if self.requests is None:
+            object.__setattr__(self, "requests", RequestBatch(self.controller))
 
 
 @dataclass(frozen=True)
@@ -332,7 +343,7 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
     policy that needs the true acceptance) verifies the whole block first and plans with what it
     learnt; its step then reuses that verification.
     """
-    ctrl, obs, B = ctx.controller, ctx.observer, ctx.block_size
+    ctrl, obs, B, requests = ctx.controller, ctx.observer, ctx.block_size, ctx.requests
     rows = batch.active_rows()
     reqs = [batch.row_request[r] for r in rows]
     seqs = [batch.seqs[q] for q in reqs]
@@ -351,7 +362,7 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
     oracle: Verification | None = None
     if conf is None:
         obs.phase_started(step, "plan")
-        plan = ctrl.plan_without_draft(bs, device=ctx.model.device)
+        planned = requests.plan_without_draft(bs, device=ctx.model.device)
     elif ctrl.policy.needs_accept_len:
         # oracle: learn the true acceptance from a full verification, then plan with it
         obs.phase_started(step, "oracle_verify")
@@ -360,11 +371,12 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
         t_oracle = time.perf_counter()
         obs.phase_ended(step, "oracle_verify", (t_oracle - t1) * 1e3)
         obs.phase_started(step, "plan")
-        plan = ctrl.plan(conf, accept_len=torch.tensor(true_accept, device=conf.device))
+        planned = requests.plan(reqs, drafts, conf, accept_len=torch.tensor(true_accept, device=conf.device))
     else:
         obs.phase_started(step, "plan")
-        plan = ctrl.plan(conf)
-    lengths = plan.lengths.tolist()
+        planned = requests.plan(reqs, drafts, conf)
+    plan = planned.plan
+    lengths = planned.lengths if planned.drafted else plan.lengths.tolist()
     t2 = time.perf_counter()
     obs.phase_ended(step, "plan", (t2 - (t1 if oracle is None else t_oracle)) * 1e3)
     obs.phase_started(step, "verify")
@@ -383,10 +395,9 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
         committed += batch.commit(row, d[:a] + [t[a]])
     t3 = time.perf_counter()
     obs.phase_ended(step, "verify", (t3 - t2) * 1e3)
-    if conf is not None:
-        ctrl.observe(torch.tensor(accepted, device=conf.device))
-    else:
-        ctrl.observe(torch.zeros(bs, dtype=torch.int64, device=ctx.model.device))
+    # every planned request ran its plan: nothing dropped, nothing unplanned
+    flight = requests.schedule(planned, reqs, {q: n - 1 for q, n in zip(reqs, lengths)} if planned.drafted else {})
+    requests.observe(flight, dict(zip(reqs, accepted)))
     record = EngineStepRecord(
         step=step,
         request_ids=reqs,

@@ -24,6 +24,9 @@ One step, for the active requests (request i has committed ``n_i`` tokens; the l
    bonus token; ``SelfSpecDrafter.draft`` works out what it is missing).
 5. **Feedback**: ``RatioController.observe(a)``.
 
+Steps 2 and 5 go through a :class:`~dcut_sched.controller.request_batch.RequestBatch`, by request
+id (prompt index): the request bookkeeping vLLM's scheduler uses too.
+
 Sampling (``sampling=SamplingParams(temperature=T, ...)``, T > 0): the drafter stays greedy; the
 target's token at every verified slot is drawn by :func:`dcut_sched.sampling.sample_at` from the
 request's own key and the token's index in its sequence, a draft is accepted iff it equals that
@@ -57,6 +60,7 @@ import numpy as np
 import torch
 
 from ..controller import RatioController
+from ..controller.request_batch import RequestBatch
 from ..sampling import SamplingParams, request_keys
 from .decode_step import (
     DecodeBatch,
@@ -332,7 +336,7 @@ class SpecEngine:
                                 cuda_graphs=self.cuda_graphs, capture_layers=capture)
         ctx = DecodeContext(model=model, cache=cache, verify_runtime=runtime, controller=ctrl, drafter=drafter, block_size=B,
                             scratch_slot=max_len, sampling=sp, keys=keys, record_draft_probs=sampled_trace,
-                            observer=obs)
+                            observer=obs, requests=RequestBatch(ctrl))
         batch = DecodeBatch(prompts, rows_total, self.max_new_tokens, self.eos_id, on_request_done)
         trace_rows: list[tuple] | None = [] if record_trace else None
         drafted_steps_of: dict[int, int] = {}

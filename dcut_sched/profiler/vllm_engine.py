@@ -1,8 +1,8 @@
 """``dcut-profile --vllm MODEL``: a cost curve measured in vLLM's own forward (dummy batches).
 
 vLLM lives in its own environment (``DCUT_WITH_VLLM=1 bash scripts/install.sh`` builds
-``.venv-vllm``), so this runs :mod:`dcut_sched.integrations.vllm.profile` with that environment's
-python and the CPU settings of :func:`dcut_sched.integrations.vllm.venv.cpu_env`, and checks the
+``.venv-vllm``), so this runs :mod:`dcut_sched.integrations.vllm_tools.profile` with that environment's
+python and the CPU settings of :func:`dcut_sched.integrations.vllm_tools.venv.cpu_env`, and checks the
 file it wrote. What is timed, and how the draft step is approximated, is documented there and in
 docs/vllm.md.
 """
@@ -36,20 +36,20 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
     Raises:
         VllmProfileError: no vLLM environment, or the profile process failed (its last output lines).
     """
-    from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available
+    from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available
 
     ok, reason = vllm_available()
     if not ok:
         raise VllmProfileError(reason)
     if not Path(model, "config.json").is_file():
         raise VllmProfileError(f"--vllm {model}: not a Hugging Face model folder (no config.json); "
-                               "write the SmolLM2 pair with `python -m dcut_sched.integrations.vllm.checkpoint`")
+                               "write the SmolLM2 pair with `python -m dcut_sched.integrations.vllm_tools.checkpoint`")
     out = Path(out)
     # The profile process writes into a private folder beside --out; the curve (and its engine-step
     # records) reach their places together, only after the curve loads: a failed run leaves nothing.
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".vllm-profile", dir=_existing(out.parent)) as tmp:
         staged = Path(tmp) / out.name
-        cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(model),
+        cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.profile", "--model", str(model),
                "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
                "--context-len", str(context_len), "--warmups", str(warmups), "--repeats", str(repeats),
                "--dtype", dtype, "--engine-steps", str(int(engine_steps)), "--out", str(staged)]

@@ -1,4 +1,4 @@
-"""Cost-curve rows from timed vLLM engine steps (dcut_sched.integrations.vllm.engine_steps), by hand.
+"""Cost-curve rows from timed vLLM engine steps (dcut_sched.integrations.vllm_tools.engine_steps), by hand.
 
 Pure: no vLLM needed. The records are what ``StepTimer`` writes; the rows are what
 ``dcut-profile --vllm`` adds to the curve, and StepCosts must give back the measured medians.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcut_sched.integrations.vllm.engine_steps import VllmStepTiming, engine_step_rows
+from dcut_sched.integrations.vllm_tools.engine_steps import VllmStepTiming, engine_step_rows
 from dcut_sched.step_costs import StepCosts
 
 

@@ -15,7 +15,7 @@ from dcut_sched.integrations.vllm import (
     llm_kwargs,
     require_vllm_version,
 )
-from dcut_sched.integrations.vllm.checkpoint import draft_dir_name, hf_config, write_checkpoint
+from dcut_sched.integrations.vllm_tools.checkpoint import draft_dir_name, hf_config, write_checkpoint
 from dcut_sched.model.config import LlamaConfig
 
 
@@ -89,8 +89,8 @@ def test_llm_kwargs():
 def test_plugin_package_imports_without_vllm():
     import importlib.util
 
-    import dcut_sched.integrations.vllm.checkpoint  # noqa: F401
-    import dcut_sched.integrations.vllm.venv  # noqa: F401
+    import dcut_sched.integrations.vllm_tools.checkpoint  # noqa: F401
+    import dcut_sched.integrations.vllm_tools.venv  # noqa: F401
 
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ImportError):

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import cpu_env, venv_python
+from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python
 
 from .test_vllm_engine import REPO_ROOT, _ok, _records, _require_vllm
 
@@ -34,7 +34,7 @@ POLICIES = ("ar", "full", "dcut", "fine", "topk", "threshold")
 @pytest.fixture(scope="module")
 def dflash_runs(tmp_path_factory):
     _require_vllm()
-    from dcut_sched.integrations.vllm.checkpoint import write_pair
+    from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
 
     target, _ = write_pair()
     tmp = tmp_path_factory.mktemp("vllm-dflash")
@@ -50,7 +50,7 @@ def dflash_runs(tmp_path_factory):
            "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
-    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(tmp / "job.json"),
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(tmp / "job.json"),
                            "--out", str(tmp / "out.json")], env=cpu_env(), capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available
+from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def _require_vllm() -> None:
 @pytest.fixture(scope="module")
 def vllm_runs(tmp_path_factory):
     _require_vllm()
-    from dcut_sched.integrations.vllm.checkpoint import write_pair
+    from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
 
     target, draft = write_pair()
     tmp = tmp_path_factory.mktemp("vllm")
@@ -76,7 +76,7 @@ def vllm_runs(tmp_path_factory):
            "step_timing": True, "import_first": ["numba"]}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
-    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job", str(tmp / "job.json"),
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(tmp / "job.json"),
                            "--out", str(tmp / "out.json")], env=cpu_env(), capture_output=True, text=True,
                           timeout=900)
     elapsed = time.perf_counter() - t0
@@ -212,11 +212,11 @@ def test_dcut_profile_times_real_engine_steps(tmp_path):
     on held-out prompts (docs/vllm.md), with their provenance in the curve."""
     _require_vllm()
     from dcut_sched.cost_curve import CostCurve
-    from dcut_sched.integrations.vllm.checkpoint import write_pair
+    from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
 
     target, draft = write_pair()
     out = tmp_path / "curve.json"
-    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm.profile", "--model", str(target), "--draft",
+    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.profile", "--model", str(target), "--draft",
            str(draft), "--batch-sizes", "1,2", "--warmups", "0", "--repeats", "1", "--context-len", "32",
            "--engine-steps", "12", "--out", str(out)]
     proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=600)

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dcut_sched.integrations.vllm.venv import cpu_env, venv_python, vllm_available
+from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve):
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the vLLM tests: {reason}")
         pytest.skip(reason)
-    from dcut_sched.integrations.vllm.checkpoint import write_pair
+    from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
 
     target, draft = write_pair()
     curve = make_curve(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), block_size=BLOCK_SIZE, base_ms=2.0,

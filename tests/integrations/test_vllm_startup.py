@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from dcut_sched.integrations.vllm.venv import cpu_env, venv_python
+from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python
 
 from .test_vllm_engine import REPO_ROOT, _require_vllm
 
@@ -59,7 +59,7 @@ def test_multiprocessing_front_end_raises_the_dcut_error(tmp_path):
     """VLLM_ENABLE_V1_MULTIPROCESSING=1: bad configs fail in the user's process with DCutConfigError
     (not vLLM's "Engine core initialization failed"), before any engine core starts."""
     _require_vllm()
-    from dcut_sched.integrations.vllm.checkpoint import write_pair
+    from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
 
     target, draft = write_pair()
     runs = [
@@ -74,7 +74,7 @@ def test_multiprocessing_front_end_raises_the_dcut_error(tmp_path):
     (tmp_path / "job.json").write_text(json.dumps(job))
     env = cpu_env()
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm.run", "--job",
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job",
                            str(tmp_path / "job.json"), "--out", str(tmp_path / "out.json")],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -3,7 +3,7 @@
     python tests/integrations/vllm_sampling_driver.py JOB.json OUT.json
 
 JOB: ``target``, ``draft``, ``block_size``, ``cost_curve``, ``prompt`` (a
-:func:`dcut_sched.integrations.vllm.run.load_prompt_token_ids` spec; its first prompt is used), ``temperature``,
+:func:`dcut_sched.integrations.vllm_tools.run.load_prompt_token_ids` spec; its first prompt is used), ``temperature``,
 ``num_samples``, ``max_num_seqs``, ``logprobs`` (how many of the target's most likely tokens the
 reference reports per position), ``policy``.
 
@@ -32,7 +32,7 @@ def main(job_path: str, out_path: str) -> int:
 
     from dcut_sched.atomic import atomic_write_text
     from dcut_sched.integrations.vllm import llm_kwargs
-    from dcut_sched.integrations.vllm.run import load_prompt_token_ids
+    from dcut_sched.integrations.vllm_tools.run import load_prompt_token_ids
 
     job = json.loads(Path(job_path).read_text())
     prompt = load_prompt_token_ids(job["prompt"], job["target"])[0]

@@ -214,7 +214,7 @@ def test_folders_made_for_a_failed_write_are_removed(tmp_path):
 def test_failed_vllm_profile_leaves_no_file(tmp_path, monkeypatch):
     """``dcut-profile --vllm``: the profile process writes into a private folder; a curve that does not
     load (or a failed run) leaves neither --out nor its engine-step records, nor the folder."""
-    from dcut_sched.integrations.vllm import venv
+    from dcut_sched.integrations.vllm_tools import venv
     from dcut_sched.profiler import vllm_engine
 
     fake = tmp_path / "fake_python"

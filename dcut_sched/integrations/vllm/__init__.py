@@ -1,9 +1,12 @@
-"""RatioController inside vLLM 0.32.0 (V1 engine): the D-Cut plugin.
+"""RatioController inside vLLM 0.32.0 (V1 engine): the D-Cut plugin, what vLLM imports.
 
-Importable without vLLM: this package holds the configuration (:mod:`.config`), the checkpoint
-writer for the project's SmolLM2 pair (:mod:`.checkpoint`) and :func:`llm_kwargs`. The parts that
-hook vLLM (:mod:`.scheduler`, :mod:`.hooks`, :mod:`.startup_profile`) import vLLM and are only
-imported inside it (by ``scheduler_cls`` and the ``vllm.general_plugins`` entry point).
+Importable without vLLM: this package holds the configuration (:mod:`.config`),
+:func:`llm_kwargs` and the ``vllm.general_plugins`` entry point :func:`load_general_plugin`. The
+parts that hook vLLM (:mod:`.scheduler`, a thin adapter over
+:class:`~dcut_sched.controller.request_batch.RequestBatch`; :mod:`.startup`; :mod:`.hooks`;
+:mod:`.cpu_kernels`; :mod:`.startup_profile`) import vLLM and are only imported inside it (by
+``scheduler_cls`` and the entry point). The tools (environment, checkpoint writer, test harness,
+``dcut-profile --vllm``) are :mod:`dcut_sched.integrations.vllm_tools`; this package never imports them.
 
 >>> from vllm import LLM, SamplingParams                                    # doctest: +SKIP
 >>> from dcut_sched.integrations.vllm import llm_kwargs                      # doctest: +SKIP
@@ -41,7 +44,8 @@ def llm_kwargs(target: str, draft: str, block_size: int, policy: str = DEFAULT_P
     """Keyword arguments of ``vllm.LLM`` for ``target`` verified by D-Cut over a ``draft`` model.
 
     Args:
-        target, draft: Hugging Face model folders (:mod:`.checkpoint` writes the SmolLM2 pair);
+        target, draft: Hugging Face model folders (:mod:`~dcut_sched.integrations.vllm_tools.checkpoint`
+            writes the SmolLM2 pair);
             ``draft="dflash:PATH"`` drafts with the DFlash block drafter in ``PATH`` (vLLM's
             ``dflash`` method: one parallel pass proposes all ``B - 1`` slots; docs/vllm.md).
         block_size: B; vLLM drafts ``num_speculative_tokens = B - 1`` tokens per request.

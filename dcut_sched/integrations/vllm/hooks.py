@@ -41,7 +41,14 @@ import torch
 from . import cpu_kernels
 from .config import DCutVllmConfig, require_vllm_version
 
-__all__ = ["DCutDraftTokenIds", "install"]
+__all__ = ["NO_CONFIDENCES", "DCutDraftTokenIds", "install"]
+
+#: What the scheduler raises (DCutConfigError) on a drafted step without confidences.
+NO_CONFIDENCES = (
+    "D-Cut: the drafter's step carries no draft confidences although the speculative config was checked "
+    "at start-up, so the worker process did not load the D-Cut worker hooks: install dcut-sched in the "
+    "environment the vLLM workers run in (its 'vllm.general_plugins' entry point 'dcut' loads them) and "
+    "do not exclude 'dcut' from $VLLM_PLUGINS")
 
 _installed = False
 _lock = threading.Lock()

@@ -20,7 +20,7 @@ Folders are written whole or not at all (a temporary sibling renamed into place)
 
 Default root: ``$DCUT_VLLM_MODELS`` or ``<repo>/.cache/vllm-models`` (ignored by git).
 
-CLI: ``python -m dcut_sched.integrations.vllm.checkpoint [--root DIR] [--skip-layers 14,15]``.
+CLI: ``python -m dcut_sched.integrations.vllm_tools.checkpoint [--root DIR] [--skip-layers 14,15]``.
 """
 
 from __future__ import annotations
@@ -175,9 +175,9 @@ def write_pair(root: str | os.PathLike | None = None, skip_layers: Sequence[int]
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dcut_sched.integrations.vllm.checkpoint",
+        prog="python -m dcut_sched.integrations.vllm_tools.checkpoint",
         description="Write SmolLM2-135M and its layer-skip draft as safetensors folders for vLLM.",
-        epilog="example: python -m dcut_sched.integrations.vllm.checkpoint --skip-layers 14,15",
+        epilog="example: python -m dcut_sched.integrations.vllm_tools.checkpoint --skip-layers 14,15",
     )
     ap.add_argument("--root", help=f"output folder [$DCUT_VLLM_MODELS or {default_root()}]")
     ap.add_argument("--skip-layers", default=",".join(map(str, DEFAULT_SKIP_LAYERS)),

@@ -91,7 +91,7 @@ class StepTimer:
     def __init__(self, llm) -> None:
         import torch
 
-        from .profile import find_model_runner
+        from ..vllm.startup_profile import find_model_runner
 
         self._cuda = torch.cuda.is_available()
         engine = llm.llm_engine

@@ -2,7 +2,7 @@
 
 Used by the vLLM tests and ``analysis/bench_vllm.py``; runs inside the vLLM environment::
 
-    .venv-vllm/bin/python -m dcut_sched.integrations.vllm.run --job job.json --out result.json
+    .venv-vllm/bin/python -m dcut_sched.integrations.vllm_tools.run --job job.json --out result.json
 
 The job (JSON object):
 
@@ -75,7 +75,7 @@ def _scheduler(llm):
 def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from . import llm_kwargs
+    from ..vllm import llm_kwargs
 
     t0 = time.perf_counter()
     common = {"max_model_len": int(job.get("max_model_len", 1024)),
@@ -137,7 +137,7 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dcut_sched.integrations.vllm.run",
+    ap = argparse.ArgumentParser(prog="python -m dcut_sched.integrations.vllm_tools.run",
                                  description="Run vLLM (with and without D-Cut) on a job file; write outputs as JSON.")
     ap.add_argument("--job", required=True, help="job JSON (module docstring)")
     ap.add_argument("--out", required=True, help="result JSON (written atomically)")

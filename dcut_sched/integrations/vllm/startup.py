@@ -1,0 +1,51 @@
+"""What :class:`~.scheduler.DCutScheduler` builds at start-up: the controller of the D-Cut config.
+
+Imported only inside vLLM (the start-up profile, :mod:`.startup_profile`, times the in-process engine).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import DCutConfigError, DCutVllmConfig
+
+__all__ = ["build_controller"]
+
+
+def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
+    """The RatioController of ``cfg``; checks the curve against the block size and ``max_num_seqs``."""
+    from ... import policies
+    from ...controller import RatioController
+    from ...cost_curve import CostCurve, CostCurveError, CostCurveRangeError
+
+    # the policy the config check built (built here only for a config made in code)
+    policy = cfg.policy_object if cfg.policy_object is not None else policies.get(cfg.policy, **cfg.policy_params)
+    curve = None
+    if cfg.cost_curve:
+        try:
+            curve = CostCurve.load(cfg.cost_curve, check_hardware=False)
+        except (OSError, CostCurveError) as exc:
+            raise DCutConfigError(f"{cfg.source}: 'cost_curve' {cfg.cost_curve}: {exc}") from None
+    elif policy.needs_cost:
+        from .startup_profile import startup_curve
+
+        curve = startup_curve(cfg, vllm_config, block_size)
+    if curve is not None and curve.block_size != block_size:
+        raise DCutConfigError(
+            f"{cfg.source}: cost curve {curve.path or cfg.cost_curve} was measured for block size "
+            f"{curve.block_size}, but vLLM serves block size {block_size} (num_speculative_tokens "
+            f"{block_size - 1} + 1); profile it with dcut-profile --vllm MODEL --block-size {block_size}"
+        )
+    ctrl = RatioController(curve, block_size, policy, calibrate=cfg.calibrate)
+    max_bs = int(vllm_config.scheduler_config.max_num_seqs)
+    if curve is not None:
+        try:
+            for bs in range(1, max_bs + 1):
+                ctrl.plan(np.full((bs, block_size - 1), 0.5, dtype=np.float32))
+        except CostCurveRangeError as exc:
+            raise DCutConfigError(
+                f"{cfg.source}: cost curve {curve.path} does not cover batch size {bs} <= max_num_seqs "
+                f"{max_bs} ({exc}); profile up to max_num_seqs or lower max_num_seqs"
+            ) from None
+    ctrl.reset()
+    return ctrl
