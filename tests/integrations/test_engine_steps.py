@@ -33,11 +33,13 @@ def test_rows_from_hand_records(make_curve):
     draft, first, overhead, notes = engine_step_rows(curve, _records(), 4, [1, 2])
     assert [(r.batch_size, r.median_ms, r.repeats) for r in draft] == [(2, 21.0, 3)]  # propose at K = bs
     assert [(r.batch_size, r.num_tokens, r.median_ms) for r in first] == [(2, 2, 4.0), (2, 8, 10.0)]
-    got = {(r.kind, r.batch_size): r.median_ms for r in overhead}
-    # plain: 7, 8, 9 - C_ar 6; undrafted: 15 - 6 - C_draft_first(2, 2) 4; drafted residuals:
-    # K = 2: 40 - (21 + 11) = 8 (x3); K = 8: 50/52/54 - (21 + 14 + (10 - 4)) = 9, 11, 13 -> median 8.5
-    assert got == {("plain", 2): 2.0, ("undrafted", 2): 5.0, ("drafted", 2): 8.5}
+    got = {(r.kind, r.batch_size, r.num_tokens): r.median_ms for r in overhead}
+    # plain: 7, 8, 9 - C_ar 6; undrafted: 15 - 6 - C_draft_first(2, 2) 4; drafted residuals, one row
+    # per K bucket: K = 2: 40 - (21 + 11) = 8 (x3); K = 8: 50/52/54 - (21 + 14 + (10 - 4)) = 9, 11, 13
+    assert got == {("plain", 2, None): 2.0, ("undrafted", 2, None): 5.0, ("drafted", 2, 2): 8.0,
+                   ("drafted", 2, 8): 11.0}
     assert notes["drafted/bs2"]["median_residual_ms_by_num_tokens"] == {"2": 8.0, "8": 11.0}
+    assert notes["drafted/bs2"]["median_residual_ms"] == 8.5
     # StepCosts on the curve with these rows gives the measured median steps back
     from dcut_sched import CostCurve
 
@@ -45,16 +47,27 @@ def test_rows_from_hand_records(make_curve):
                      ar=curve.ar, draft=draft, draft_first=first, step_overhead=overhead)
     costs = StepCosts(full, 4)
     assert costs.plain_ms(2) == 8.0 and costs.undrafted_ms(2) == 15.0
-    assert costs.drafted_ms(2, 2) == pytest.approx(40.5) and costs.drafted_ms(2, 8) == pytest.approx(49.5)
+    # the K-keyed rows give back the median step at each K (one row per bs used to price both at 8.5:
+    # 40.5 and 49.5 ms against the measured 40 and 52)
+    assert costs.drafted_ms(2, 2) == pytest.approx(40.0) and costs.drafted_ms(2, 8) == pytest.approx(52.0)
+    # between the buckets the residual is linear in K: K = 5 -> 9.5
+    assert costs.drafted_ms(2, 5) == pytest.approx(21 + 12.5 + (full.draft_first_ms(2, 5) - 4.0) + 9.5)
 
 
-def test_negative_residual_is_clipped_and_kept_in_notes(make_curve):
+def test_negative_residual_is_kept_signed(make_curve):
+    """A real step faster than the dummy-batch forward: the row keeps the negative median (it used to
+    be clipped to 0, which priced the plain step 1 ms too high)."""
     curve = make_curve(batch_sizes=(2,), block_size=4, ar_ms={2: 6.0})
     recs = [_rec("plain", 2, 2, ms) for ms in (4.0, 5.0, 7.0)]
     _, _, overhead, notes = engine_step_rows(curve, recs, 4, [2])
     (row,) = overhead
-    assert (row.kind, row.median_ms, row.p20_ms) == ("plain", 0.0, pytest.approx(-1.6))
+    assert (row.kind, row.median_ms, row.p20_ms) == ("plain", -1.0, pytest.approx(-1.6))
     assert row.p80_ms == pytest.approx(0.2) and notes["plain/bs2"]["median_residual_ms"] == -1.0
+    from dcut_sched import CostCurve
+
+    full = CostCurve(hardware=curve.hardware, model=curve.model, block_size=4, context_len=0, verify=curve.verify,
+                     ar=curve.ar, step_overhead=overhead)
+    assert StepCosts(full, 4).plain_ms(2) == 5.0  # the measured median step
 
 
 def test_missing_anchor_run_is_an_error(make_curve):

@@ -23,11 +23,11 @@ Two halves:
   - ``draft_first(bs, K)`` = median time to the end of the drafter's first forward (over the K
     verified tokens) in drafted steps, at every K with steps (bs and bs * B here);
   - ``step_overhead``: the median per-step residual of the wall time over the curve's forwards,
+    signed (a negative median is a real step faster than the dummy-batch forwards it is charged),
     ``plain``: ``step - C_ar(bs)``; ``undrafted``: ``step - C_ar(bs) - C_draft_first(bs, bs)``;
     ``drafted``: ``step - C_verify(bs, K) - C_draft(bs) - (C_draft_first(bs, K) - C_draft_first(bs, bs))``,
-    clipped at 0 (a negative median, a step faster than the curve's forwards, is kept in the notes
-    the caller writes into the curve's ``hardware.engine_steps``); p20/p80 are the residuals'
-    quantiles (p80 at least the clipped median).
+    one row per K bucket the runs verify (``num_tokens`` = bs and bs * B), since the residual moves
+    with K; p20/p80 are the residuals' quantiles.
 
 These are the formulas :class:`~dcut_sched.step_costs.StepCosts` sums, so the rows reproduce the
 measured median step by construction at the measured shapes.
@@ -210,7 +210,7 @@ def engine_step_rows(curve: CostCurve, records: Iterable[VllmStepTiming | dict],
 
     Returns:
         ``(draft, draft_first, step_overhead, notes)``; ``notes`` per ``kind/bs``: steps used and
-        the raw median residual (before clipping at 0), for the curve's provenance.
+        the median residual (and per K for drafted steps), for the curve's provenance.
 
     Raises:
         ValueError: a batch size without the steps a row needs (names the kind and bs).
@@ -222,11 +222,11 @@ def engine_step_rows(curve: CostCurve, records: Iterable[VllmStepTiming | dict],
     def pick(kind: str, bs: int) -> list[VllmStepTiming]:
         return [r for r in recs if r.kind == kind and r.wave == bs and r.num_requests == bs]
 
-    def overhead_row(kind: str, bs: int, resid: np.ndarray) -> None:
+    def overhead_row(kind: str, bs: int, resid: np.ndarray, num_tokens: int | None = None) -> None:
         med, p20, p80 = _quantiles(resid)
-        notes[f"{kind}/bs{bs}"] = {"steps": int(resid.size), "median_residual_ms": round(med, 3)}
-        med_ms = max(0.0, med)
-        overhead.append(StepOverheadRow(kind, bs, med_ms, p20, max(p80, med_ms), int(resid.size), "measured"))
+        if num_tokens is None:
+            notes[f"{kind}/bs{bs}"] = {"steps": int(resid.size), "median_residual_ms": round(med, 3)}
+        overhead.append(StepOverheadRow(kind, bs, med, p20, p80, int(resid.size), "measured", num_tokens))
 
     for bs in sorted(set(int(b) for b in batch_sizes)):
         plain = pick("plain", bs)
@@ -260,9 +260,14 @@ def engine_step_rows(curve: CostCurve, records: Iterable[VllmStepTiming | dict],
         model = np.array([tmp.draft_ms(bs) + float(tmp.verify_ms(bs, r.num_tokens))
                           + float(tmp.draft_first_ms(bs, r.num_tokens)) - float(tmp.draft_first_ms(bs, bs))
                           for r in drf])
-        overhead_row("drafted", bs, np.array([r.step_ms for r in drf]) - model)
-        for k in sorted(set(r.num_tokens for r in drf)):  # how the residual moves with K (notes only)
+        resid = np.array([r.step_ms for r in drf]) - model
+        med = float(np.median(resid))
+        notes[f"drafted/bs{bs}"] = {"steps": int(resid.size), "median_residual_ms": round(med, 3)}
+        buckets = [row.num_tokens for row in first if row.batch_size == bs]  # the K the runs verify
+        for k in sorted(set(r.num_tokens for r in drf)):
             sel = np.array([r.num_tokens == k for r in drf])
             notes[f"drafted/bs{bs}"].setdefault("median_residual_ms_by_num_tokens", {})[str(k)] = round(
-                float(np.median((np.array([r.step_ms for r in drf]) - model)[sel])), 3)
+                float(np.median(resid[sel])), 3)
+            if k in buckets:
+                overhead_row("drafted", bs, resid[sel], num_tokens=k)
     return draft, first, overhead, notes
