@@ -38,6 +38,7 @@ The machine is shared (2 cores, other jobs running): every stage logs ``os.getlo
 and end into ``bench_vllm_load.json``; read the figures with that load in mind.
 
     python analysis/bench_vllm.py --stage all --batch-sizes 1,2,4,8,16 --max-tokens 48
+    python analysis/bench_vllm.py --drafter dflash --peers topk,threshold     # analysis/results/vllm-dflash/
 """
 
 from __future__ import annotations
@@ -65,6 +66,32 @@ TRACE_RUN = "trace"
 #: ``cpu_share`` (engine CPU time / wall time) at which a run had both cores of the 2-core machine
 UNCONTENDED_CPU_SHARE = 1.9
 CURVE_NAME = "vllm-cpu-smollm2-135m-b8.json"
+#: The drafters the benchmark runs: the layer-skip draft model (vLLM ``draft_model``) or the shipped
+#: DFlash block drafter (vLLM ``dflash``: all B-1 drafts from one parallel pass).
+DRAFTERS = ("layer-skip", "dflash")
+DFLASH_DIR = REPO / "drafters" / "smollm2-135m-dflash"
+DRAFTER = {"name": "layer-skip"}  # set by main()
+
+
+def _dflash() -> bool:
+    return DRAFTER["name"] == "dflash"
+
+
+def _curve_name() -> str:
+    return "vllm-cpu-smollm2-135m-dflash-b8.json" if _dflash() else CURVE_NAME
+
+
+def _draft_description() -> str:
+    return ("SmolLM2-135M DFlash block drafter (drafters/smollm2-135m-dflash, vLLM dflash)" if _dflash()
+            else "SmolLM2-135M minus decoder layers 14,15 (vLLM draft_model)")
+
+
+def _draft(relative: bool) -> str:
+    """The ``draft`` of the jobs: the layer-skip folder, or ``dflash:`` + the drafter folder."""
+    if _dflash():
+        return "dflash:" + (_rel(DFLASH_DIR) if relative else str(DFLASH_DIR))
+    draft = write_pair()[1]
+    return _rel(draft) if relative else str(draft)
 
 
 def _load(out: Path, stage: str, when: str) -> None:
@@ -77,11 +104,11 @@ def _load(out: Path, stage: str, when: str) -> None:
 
 
 def stage_profile(args, out: Path) -> None:
-    target, draft = write_pair()
+    target, _ = write_pair()
     bss = ",".join(map(str, args.batch_sizes))
-    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--vllm", str(target), "--vllm-draft", str(draft),
+    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--vllm", str(target), "--vllm-draft", _draft(False),
            "--block-size", str(BLOCK_SIZE), "--batch-sizes", bss, "--context-len", str(args.context_len),
-           "--repeats", str(args.repeats), "--vllm-engine-steps", str(args.engine_steps), "--out", str(out / CURVE_NAME)]
+           "--repeats", str(args.repeats), "--vllm-engine-steps", str(args.engine_steps), "--out", str(out / _curve_name())]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
@@ -92,18 +119,18 @@ def _rel(path) -> str:
 
 
 def stage_engine(args, out: Path) -> None:
-    target, draft = (_rel(p) for p in write_pair())
+    target, draft = _rel(write_pair()[0]), _draft(True)
     rows = []
     for bs in args.batch_sizes:
         runs = []
-        for policy in POLICIES:
+        for policy in (*POLICIES, *args.peers):
             if policy == "nospec":
                 runs.append({"name": policy, "dcut": None})
                 continue
             dcut = {"policy": policy, "record_path": _rel(out / "records" / f"{policy}-bs{bs}.jsonl"),
                     "log_interval_s": 60.0}
             if policy in ("dcut", "fine"):
-                dcut["cost_curve"] = _rel(out / CURVE_NAME)
+                dcut["cost_curve"] = _rel(out / _curve_name())
             runs.append({"name": policy, "dcut": dcut})
         # the position-indexed trace run: drafts every step, verifies anchors only, so every output
         # position gets the draft's proposals and confidences (acceptance computed against the output)
@@ -150,7 +177,7 @@ def stage_engine(args, out: Path) -> None:
                          "drafted_steps": m.get("drafted_steps"),
                          "lossless": r["token_ids"] == base, "load_1min_start": round(load0, 2),
                          "load_1min_end": round(os.getloadavg()[0], 2)})
-        print(pd.DataFrame(rows[-len(POLICIES):]).to_string(index=False), flush=True)
+        print(pd.DataFrame(rows[-len(POLICIES) - len(args.peers):]).to_string(index=False), flush=True)
     frame = pd.DataFrame(rows)
     old = out / "bench_vllm_engine.csv"
     if old.exists():  # a rerun of some batch sizes keeps the others' rows (each row says its load)
@@ -189,7 +216,7 @@ def recorded_trace(out: Path, batch_sizes, max_decode_tokens: int | None = None)
         df = df[before < max_decode_tokens].reset_index(drop=True)
     meta = {VERSION_KEY: TRACE_VERSION, "indexing": "step", "block_size": str(BLOCK_SIZE),
             "target_model": "SmolLM2-135M-Instruct (fp32, vLLM 0.32.0 CPU)",
-            "draft_model": "SmolLM2-135M minus decoder layers 14,15 (vLLM draft_model)",
+            "draft_model": _draft_description(),
             "dataset": "dcut-prompts-v1", "temperature": "0", "source": "recorded"}
     return Trace.from_frame(df[["request_id", "pos", "accept_len", *conf_columns(BLOCK_SIZE)]], meta)
 
@@ -231,7 +258,7 @@ def position_trace(out: Path, bs: int):
     df = pd.DataFrame(sorted(seen.values(), key=lambda r: (r["request_id"], r["pos"])))
     meta = {VERSION_KEY: TRACE_VERSION, "indexing": "position", "block_size": str(BLOCK_SIZE),
             "target_model": "SmolLM2-135M-Instruct (fp32, vLLM 0.32.0 CPU)",
-            "draft_model": "SmolLM2-135M minus decoder layers 14,15 (vLLM draft_model)",
+            "draft_model": _draft_description(),
             "dataset": "dcut-prompts-v1", "temperature": "0", "source": "recorded"}
     return Trace.from_frame(df[["request_id", "pos", "accept_len", *conf_columns(BLOCK_SIZE)]], meta)
 
@@ -273,8 +300,8 @@ def stage_predict(args, out: Path) -> None:
 
     trace = recorded_trace(out, args.batch_sizes, args.max_tokens - 1)
     trace.save(out / "vllm-trace-b8.parquet")
-    curve = d.CostCurve.load(out / CURVE_NAME, check_hardware=False)
-    pols = ["ar", "full", "dcut", "fine"]
+    curve = d.CostCurve.load(out / _curve_name(), check_hardware=False)
+    pols = ["ar", "full", "dcut", "fine", *args.peers]
     eng = pd.read_csv(out / "bench_vllm_engine.csv")
     eng["sim_policy"] = eng["policy"].replace({"nospec": "ar"})
     waves = {bs: position_trace(out, bs) for bs in args.batch_sizes}
@@ -334,7 +361,7 @@ def stage_predict(args, out: Path) -> None:
         extra += (f" No run's engine had both cores (cpu_share < {UNCONTENDED_CPU_SHARE} throughout): another "
                   f"job shared the machine, so the step times are not the profiled ones.")
     md = ["# vLLM 0.32.0 on CPU: measured vs simulated", "",
-          f"SmolLM2-135M fp32 target, skip-14-15 draft, B = {BLOCK_SIZE}, {args.max_tokens} tokens per request, "
+          f"SmolLM2-135M fp32 target, draft: {_draft_description()}, B = {BLOCK_SIZE}, {args.max_tokens} tokens per request, "
           f"one wave of bs requests. Median |error| of the simulator's decode tokens/s: **{med:.1%}** (goal <= 10%)."
           + extra + f" Against end-to-end tokens/s (prefill step included, which the simulator does not model): "
           f"{med_e2e:.1%}.", "",
@@ -376,8 +403,17 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="profile: timed calls per cell")
     ap.add_argument("--engine-steps", type=int, default=40,
                     help="profile: new tokens per request of the held-out engine-step runs (0: dummy batches only)")
-    ap.add_argument("--out-dir", default=str(REPO / "analysis" / "results" / "vllm"))
+    ap.add_argument("--drafter", choices=DRAFTERS, default="layer-skip",
+                    help="layer-skip: the skip-14-15 draft model (vLLM draft_model); dflash: the shipped DFlash block "
+                         "drafter (vLLM dflash) (default: %(default)s)")
+    ap.add_argument("--peers", type=lambda s: [x for x in s.split(",") if x], default=[],
+                    help="further policies to run and predict, e.g. topk,threshold (default: none)")
+    ap.add_argument("--out-dir", default=None,
+                    help="default: analysis/results/vllm (layer-skip) or analysis/results/vllm-dflash")
     args = ap.parse_args(argv)
+    DRAFTER["name"] = args.drafter
+    if args.out_dir is None:
+        args.out_dir = str(REPO / "analysis" / "results" / ("vllm-dflash" if _dflash() else "vllm"))
     ok, reason = vllm_available()
     if not ok:
         print(f"bench_vllm: {reason}", file=sys.stderr)

@@ -118,7 +118,9 @@ def build_parser() -> CliParser:
     mode.add_argument("--vllm", type=_nonempty, metavar="MODEL",
                       help="time vLLM's own forward on dummy batches for the Hugging Face model folder MODEL, in "
                            "the vLLM environment (.venv-vllm; docs/vllm.md); with --vllm-draft also the draft step")
-    ap.add_argument("--vllm-draft", type=_nonempty, metavar="DIR", help="vllm: the draft model folder (vLLM method draft_model)")
+    ap.add_argument("--vllm-draft", type=_nonempty, metavar="DIR|dflash:DIR",
+                    help="vllm: the draft model folder (vLLM method draft_model), or dflash:DIR for a DFlash block "
+                         "drafter (vLLM method dflash, e.g. dflash:drafters/smollm2-135m-dflash)")
     ap.add_argument("--vllm-engine-steps", type=int_at_least(0, MAX_ENGINE_STEP_TOKENS), default=40, metavar="TOKENS",
                     help="vllm with --vllm-draft: also time real engine steps on held-out prompts (dcut_sched/data/traces/prompts.jsonl "
                          "rows 32..), TOKENS new tokens per request, for the step_overhead, draft_first and real draft "
@@ -522,7 +524,11 @@ def _main_vllm(args: argparse.Namespace) -> int:
     """``--vllm MODEL``: the in-engine profile (dcut_sched/profiler/vllm_engine.py)."""
     from .vllm_engine import VllmProfileError, profile_vllm, steps_path_for
 
-    check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": _config_inputs(args.vllm_draft)},
+    draft_dir = args.vllm_draft.removeprefix("dflash:") if args.vllm_draft else None
+    draft_files = _config_inputs(draft_dir)
+    if draft_files and os.path.isdir(draft_dir):
+        draft_files.append(os.path.join(draft_dir, "model.safetensors"))  # the weights: an input too
+    check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": draft_files},
                 {"--out": (args.out, None),
                  "--out's engine-step records": (str(steps_path_for(args.out)) if args.vllm_draft else None, None)})
 

@@ -18,7 +18,8 @@ conditional tests keep a few hundred samples.
 
 Without ``cpu_kernels`` (vLLM's CPU ``expand_kernel`` fallback truncates temperatures to int64 and
 writes into a copy) the same run gives p < 1e-10 for tokens 2 and 3 (token 2's mode drawn 59 times
-against 216 expected); with it p = 0.57 and 0.23 on this machine.
+against 216 expected); with it p = 0.57 and 0.23 on this machine. The same check runs over the DFlash
+block drafter (``dflash:drafters/smollm2-135m-dflash``), whose drafts vLLM verifies the same way.
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ def _chisquare(observed_tokens: list[int], reference: dict) -> tuple[float, int,
     return float(stats.chisquare(observed, expected).pvalue), n, list(zip(observed, expected))
 
 
-def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve):
+DFLASH_DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "dflash"])
+def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve, drafter):
+    """``draft_model``: the layer-skip draft (vLLM's draft-model path); ``dflash``: the shipped DFlash
+    block drafter (vLLM's ``DFlashProposer``, all B-1 drafts from one parallel pass)."""
     ok, reason = vllm_available()
     if not ok:
         if os.environ.get("CI"):
@@ -68,6 +75,8 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve):
     from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
 
     target, draft = write_pair()
+    if drafter == "dflash":
+        draft = f"dflash:{DFLASH_DRAFTER}"
     curve = make_curve(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), block_size=BLOCK_SIZE, base_ms=2.0,
                        per_token_ms=0.5)
     curve.save(tmp_path / "linear-b8.json")
