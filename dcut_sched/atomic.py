@@ -112,7 +112,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
                 created = _make_folders(path.parent)
                 if outputs is not None:
                     outputs.created += created
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix + ".tmp", dir=path.parent)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:80]}.", suffix=suffix + ".tmp", dir=path.parent)
             except OSError as exc:
                 raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
             tmp_path = Path(tmp)
@@ -196,7 +196,7 @@ def check_writable(path: str | os.PathLike) -> None:
             raise OSError(f"cannot write {path}: cannot make folders in {folder} (permission denied or read-only)")
         return
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe.tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:80]}.", suffix=".probe.tmp", dir=folder)
     except OSError as exc:
         raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["InputFileError", "JSONSyntaxError", "is_symlink_loop", "read_json", "read_json_strict", "read_text",
-           "parse_json", "parse_json_strict"]
+__all__ = ["InputFileError", "JSONSyntaxError", "check_value_bounds", "is_symlink_loop", "read_json",
+           "read_json_strict", "read_text", "parse_json", "parse_json_strict"]
 
 #: Limits of :func:`parse_json_strict`: nesting depth and digits of one number.
 MAX_JSON_DEPTH = 64
@@ -173,3 +173,37 @@ def parse_json_strict(text: str, where: str, *, max_depth: int = MAX_JSON_DEPTH,
         raise JSONSyntaxError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise InputFileError(f"{where}: JSON nested too deeply to read") from None
+
+
+#: The longest string a configuration value may hold (a path is at most 4,096 bytes on Linux).
+MAX_STRING_CHARS = 4096
+
+
+def check_value_bounds(value: Any, where: str, *, max_depth: int = MAX_JSON_DEPTH,
+                       max_digits: int = MAX_NUMBER_DIGITS, max_chars: int = MAX_STRING_CHARS) -> None:
+    """The rules of :func:`parse_json_strict` for a configuration given as Python objects (vLLM's
+    ``additional_config``, a dict built in code): nesting at most ``max_depth``, an integer of at
+    most ``max_digits`` digits, a string of at most ``max_chars`` characters. Walks without
+    recursion.
+
+    Raises:
+        InputFileError: one line naming ``where`` and the key path (``policy_params.ratios``).
+    """
+    todo: list[tuple[Any, str, int]] = [(value, "", 0)]
+    limit = 10 ** max_digits
+    while todo:
+        item, path, depth = todo.pop()
+        shown = path if len(path) <= 60 else path[:57] + "..."
+        at = f"{where}{'' if not path else ' key ' + repr(shown)}"
+        if depth > max_depth:
+            raise InputFileError(f"{at}: nested too deeply (more than {max_depth} levels)")
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int) and not -limit < item < limit:
+            raise InputFileError(f"{at}: an integer longer than {max_digits} digits; give a real value")
+        if isinstance(item, str) and len(item) > max_chars:
+            raise InputFileError(f"{at}: a string of {len(item):,} characters (at most {max_chars:,})")
+        if isinstance(item, dict):
+            todo += [(v, f"{path}.{k}" if path else str(k)[:60], depth + 1) for k, v in item.items()]
+        elif isinstance(item, (list, tuple)):
+            todo += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item)]

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "int_at_least", "param_value",
+__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "given_flags", "int_at_least", "param_value",
            "read_text_input", "same_file", "seed_type", "short_value", "torch_device"]
 
 #: The largest ``--seed`` any tool takes: seeds are stored as int64 in result files.
@@ -68,11 +68,27 @@ def finite_float(minimum: float | None = None, maximum: float | None = None, *, 
         if minimum is not None and (value <= minimum if open_low else value < minimum):
             raise argparse.ArgumentTypeError(f"{value:g} must be {'>' if open_low else '>='} {minimum:g}")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{value:g} is above the limit {maximum:g} (docs/reliability.md)")
+            raise argparse.ArgumentTypeError(f"{short_value(repr(value))} is above the limit {maximum:,.10g} "
+                                             f"(docs/reliability.md)")
         return value
 
     parse.__name__ = "finite number"
     return parse
+
+
+def given_flags(make_parser, argv, args: argparse.Namespace) -> set[str]:
+    """The dests of the flags given on the command line ``argv`` (a flag given with its default value
+    included), for checks of flags a run would ignore: ``argv`` parsed again by a fresh parser from
+    ``make_parser``, into a namespace whose every dest starts at a marker."""
+    # argparse sets a default only where the namespace lacks the attribute: start every dest at a marker
+    # (an empty list subclass, so ``append`` actions can extend it) and see which ones the flags replaced
+    ns = argparse.Namespace(**{dest: _NotGiven() for dest in vars(args)})
+    parsed = make_parser().parse_args(argv, namespace=ns)
+    return {dest for dest, value in vars(parsed).items() if not (type(value) is _NotGiven and not value)}
+
+
+class _NotGiven(list):
+    """The marker of :func:`given_flags`: a flag argparse left at its start value."""
 
 
 def seed_type(text: str) -> int:

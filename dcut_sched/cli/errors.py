@@ -98,7 +98,9 @@ def _one_line(exc: BaseException) -> str:
         text = str(exc.args[0])
     else:
         text = str(exc) or type(exc).__name__
-    return " ".join(text.split()) if "\n" not in text.strip() else text.strip()
+    # one line whatever the message holds: a newline (in a file name, a library's message) is shown
+    # escaped, so the error stays one line and a path is shown as it is
+    return text.strip().replace("\r", "\\r").replace("\n", "\\n")
 
 
 def run_cli(prog: str, body: Callable[[], int | None], *, errors: tuple[type[BaseException], ...] = ()) -> int:

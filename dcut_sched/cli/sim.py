@@ -14,7 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import check_json_input, check_paths, finite_float, int_at_least, param_value, seed_type, short_value
+from .args import (
+    MAX_SEED,
+    check_json_input,
+    check_paths,
+    finite_float,
+    given_flags,
+    int_at_least,
+    param_value,
+    seed_type,
+    short_value,
+)
 from .errors import CliParser, UsageError, run_cli
 from .graph_tokens import check_graph_tokens
 
@@ -436,6 +446,9 @@ def _run_seeds(args, console) -> None:
 
     if args.sweep or args.plot or (args.trace and len(args.trace) > 1) or (args.cost and len(args.cost) > 1):
         raise UsageError("--seeds runs one --trace and one --cost (no --sweep, no --plot)")
+    if args.seed + args.seeds - 1 > MAX_SEED:
+        raise UsageError(f"--seed {args.seed:,} with --seeds {args.seeds:,} runs seeds up to "
+                         f"{args.seed + args.seeds - 1:,}, above the largest seed {MAX_SEED:,}: lower --seed")
     d = _defaults()
     trace = _input_paths(args.trace, d.DEFAULT_TRACE, "--trace", "trace", False)[0]
     cost = _input_paths(args.cost, d.DEFAULT_COST, "--cost", "cost curve", False)[0]
@@ -443,6 +456,7 @@ def _run_seeds(args, console) -> None:
     check_paths({"--trace": trace, "--cost": cost}, {"--out": (args.out, TABLE_SUFFIXES)})
     steps = args.steps if args.steps is not None else d.DEFAULT_NUM_STEPS
     warmup = args.warmup if args.warmup is not None else min(d.DEFAULT_WARMUP_STEPS, max(steps - 1, 0))
+    _check_warmup(warmup, steps, args.mode)
     check_json_input(cost, "--cost", "a cost-curve JSON file (dcut-profile writes one)")
     config = _sim_config(args, num_steps=steps, warmup_steps=warmup,
                          policies=None if args.policies == ["all"] else args.policies, costs=[cost])
@@ -531,19 +545,30 @@ OPEN_FLAGS = frozenset({"rate", "load", "requests", "prompt_len", "prefill_ms", 
 DASK_FLAGS = ("scheduler", "scheduler_address", "scheduler_timeout")
 
 
+def _check_warmup(warmup: int, steps: int, mode: str) -> None:
+    if mode == "closed" and warmup >= steps:
+        raise UsageError(f"--warmup {warmup:,} must be less than --steps {steps:,} (the warm-up steps are left out of "
+                         f"the figures, so none would be left): lower --warmup or raise --steps")
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def check_flags_used(args, parser) -> None:
+def check_flags_used(args, given) -> None:
     """Refuse a flag the run would silently ignore: ``--rate`` in a closed loop, ``--steps`` in an
     open one, run flags with ``--selection-curve``, ``--scheduler`` with ``--seeds``, ``--jobs`` on
     a Dask sweep.
 
+    Args:
+        args: the parsed flags.
+        given: the dests of the flags given on the command line (:func:`~.args.given_flags`; a flag
+            given with its default value counts).
+
     Raises:
         UsageError: naming the flag, what it is for and the fix.
     """
-    given = [dest for dest, value in vars(args).items() if value != parser.get_default(dest)]
+    given = sorted(given)
     if args.selection_curve:
         for dest in given:
             if dest not in SELECTION_FLAGS:
@@ -593,6 +618,7 @@ def _run(args, console) -> None:
     if args.warmup is None:
         args.warmup = min(d.DEFAULT_BENCHMARK_WARMUP_STEPS if benchmarks else d.DEFAULT_WARMUP_STEPS,
                           max(args.steps - 1, 0))
+    _check_warmup(args.warmup, args.steps, args.mode)
     if args.policies == ["all"]:
         args.policies = None
     elif args.policies is None and benchmarks:
@@ -740,9 +766,8 @@ def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-sim``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
     def body() -> None:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        check_flags_used(args, parser)
+        args = build_parser().parse_args(argv)
+        check_flags_used(args, given_flags(build_parser, argv, args))
         from ..console import make_console  # after parsing: --help answers without importing rich
 
         _run(args, make_console())

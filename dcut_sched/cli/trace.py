@@ -226,6 +226,11 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from dcut_sched.traces import synth
 
     if args.list:
+        bare = vars(build_parser().parse_args(["synth", "--list"]))  # what --list alone parses to
+        extra = sorted(dest for dest, value in vars(args).items() if value != bare.get(dest))
+        if extra:
+            flag = "--" + extra[0].replace("_", "-")
+            raise UsageError(f"{flag} has no effect with --list (it prints the presets and writes nothing); drop {flag}")
         for name, preset in synth.PRESETS.items():
             print(f"{name}: B={preset.params.block_size}, target tau={preset.target_tau:.2f} -- {preset.source}")
         return 0

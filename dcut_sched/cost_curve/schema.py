@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 __all__ = [
-    "AR_ASSUMED_NO_ROWS", "AR_ASSUMED_V1", "BACKENDS", "GRAPH_MODES", "PROVENANCES", "SCHEMA", "SCHEMAS", "SCHEMA_V1",
+    "AR_ASSUMED_NO_ROWS", "AR_ASSUMED_V1", "BACKENDS", "GRAPH_MODES", "MAX_MS", "PROVENANCES", "SCHEMA", "SCHEMAS", "SCHEMA_V1",
     "STEP_KINDS", "ArRow", "AssumedArWarning", "CostCurveError", "CostCurveRangeError", "CurveValidation",
     "DraftFirstRow", "DraftRow", "StepOverheadRow", "VerifyRow",
 ]
@@ -42,9 +42,17 @@ GRAPH_MODES = ("full", "piecewise")
 #: step that verifies drafts and drafts the next block), ``undrafted`` (a step of a speculative
 #: engine that verifies anchors only, e.g. ``fine`` skipping its draft).
 STEP_KINDS = ("plain", "drafted", "undrafted")
+#: The largest time a cost-curve row may give (ms, about 2.8 hours per step): far above any real step,
+#: and low enough that a run's sums (up to 1e6 steps, --draft-scale up to 1e6) stay finite.
+MAX_MS = 1e7
 #: :attr:`CostCurve.ar_provenance` of a curve whose plain step is assumed, not measured.
 AR_ASSUMED_V1 = "assumed: C_verify(bs, bs) (v1 curve)"
 AR_ASSUMED_NO_ROWS = "assumed: C_verify(bs, bs) (no ar rows)"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class CostCurveError(ValueError):
@@ -172,13 +180,17 @@ class CurveValidation:
     def _ms(self, value: Any, where: str) -> float:
         got = _exact_float(value)
         if got is None or got <= 0:
-            raise self._fail(where, f"must be a positive finite number of ms, got {value!r}")
+            raise self._fail(where, f"must be a positive finite number of ms, got {_short(value)}")
+        if got > MAX_MS:
+            raise self._fail(where, f"{got:g} ms is above the limit {MAX_MS:g} ms", "a step time in ms, not an overflow")
         return got
 
     def _overhead_ms(self, value: Any, where: str) -> float:
         got = _exact_float(value)
         if got is None:
-            raise self._fail(where, f"must be a finite number of ms (a signed residual), got {value!r}")
+            raise self._fail(where, f"must be a finite number of ms (a signed residual), got {_short(value)}")
+        if abs(got) > MAX_MS:
+            raise self._fail(where, f"{got:g} ms is beyond the limit +-{MAX_MS:g} ms", "a step time in ms, not an overflow")
         return got
 
     def _row(self, cls_row: type, item: Any, where: str) -> Any:

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dcut_sched import CostCurve, CostCurveError
-from dcut_sched.cli.args import check_json_input, check_paths, int_at_least, seed_type, short_value
+from dcut_sched.cli.args import check_json_input, check_paths, given_flags, int_at_least, seed_type, short_value
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 from dcut_sched.cost_curve import AssumedArWarning
 
@@ -439,6 +439,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                    errors=(KeyError, CostCurveError, NoCudaError, PartialMismatch))
 
 
+#: The flags each kind of profile reads (argparse dests); a flag given to a profile that does not read
+#: it is refused (:func:`check_flags_used`) instead of being ignored.
+_MEASURED_FLAGS = frozenset({"mode", "model", "batch_sizes", "block_size", "context_len", "ratios", "grid_step",
+                             "draft", "draft_config", "warmups", "repeats", "rounds", "dtype", "seed", "resume",
+                             "fresh", "no_progress", "out", "report", "quiet"})
+MODE_FLAGS = {
+    "cpu": _MEASURED_FLAGS | {"threads"},
+    "gpu": _MEASURED_FLAGS | {"eager"},
+    "analytic": frozenset({"mode", "model", "device", "fit", "batch_sizes", "block_size", "context_len", "ratios",
+                           "grid_step", "draft", "draft_config", "dtype", "out", "report", "quiet"}),
+    "vllm": frozenset({"vllm", "vllm_draft", "vllm_engine_steps", "block_size", "batch_sizes", "context_len",
+                       "warmups", "repeats", "dtype", "out"}),
+}
+
+
+def check_flags_used(args: argparse.Namespace, given) -> None:
+    """Refuse a flag the chosen profile would ignore (``--resume`` or ``--repeats`` with ``--analytic``,
+    ``--device`` with ``--cpu``, ``--vllm-engine-steps`` without ``--vllm-draft``, ...).
+
+    Raises:
+        UsageError: naming the flag, the profile and the fix.
+    """
+    mode = "vllm" if args.vllm else args.mode
+    for dest in sorted(given):
+        if dest not in MODE_FLAGS[mode]:
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"{flag} has no effect on a --{mode} profile; drop {flag} (see dcut-profile --help for "
+                             f"which profile reads it)")
+    if "vllm_engine_steps" in given and not args.vllm_draft:
+        raise UsageError("--vllm-engine-steps times drafted engine steps: add --vllm-draft DIR or drop it")
+
+
 def _check_partial(args: argparse.Namespace, partial) -> None:
     """Before any work (model build, measurement): an existing ``OUT.partial`` needs ``--resume`` (it
     is then strictly typed by :func:`dcut_sched.profiler.harness.load_partial`, and a bad one refused and
@@ -457,6 +489,7 @@ def _check_partial(args: argparse.Namespace, partial) -> None:
 
 def _main(argv: list[str], console) -> int:
     args = build_parser().parse_args(argv)  # before the heavy imports: --help and usage errors stay fast
+    check_flags_used(args, given_flags(build_parser, argv, args))
     if args.vllm:
         return _main_vllm(args)
 

@@ -101,20 +101,21 @@ def _connect_client(address: str, timeout_s: float):
 
 
 def _check_address(address: str) -> None:
-    """Refuse an address ``distributed`` cannot parse (``tcp://::::``, a missing port, an unknown
-    protocol) before connecting: a malformed one otherwise fails inside the client's constructor,
+    """Refuse an address ``distributed`` cannot parse (``tcp://::::``, a missing host or port) or that is
+    not plain TCP (``tls://`` needs a security context, ``inproc://``/``ucx://``/``ws://`` other set-ups)
+    before connecting: a malformed one otherwise fails inside the client's constructor,
     whose half-built client then blocks interpreter exit on its own close."""
-    from distributed.comm import registry
     from distributed.comm.addressing import parse_address, parse_host_port
 
     try:
         protocol, location = parse_address(address)  # no scheme: tcp, as the client does
-        if protocol in ("tcp", "tls"):
-            _host, port = parse_host_port(location)
-            if not 0 < port < 65536:
-                raise ValueError(f"port {port} is not in 1..65535")
-        elif protocol not in registry.backends:
-            raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(sorted(registry.backends))})")
+        if protocol != "tcp":  # tls needs a security context, inproc/ucx/ws other set-ups: none is passed here
+            raise ValueError(f"protocol {protocol!r} is not supported here, only tcp://")
+        host, port = parse_host_port(location)
+        if not host:
+            raise ValueError("no host")
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is not in 1..65535")
     except ValueError as exc:
         raise ValueError(f"--scheduler-address {address[:80]!r} is not a Dask scheduler address ({exc}); "
                          f"give e.g. tcp://10.0.0.5:8786") from None
@@ -213,7 +214,8 @@ def sweep(
         check_simulation(_load_trace(t), _load_cost(c), config)
     cells = list(itertools.product(traces, costs, config.batch_sizes))
     own = executor is None
-    pool = (ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cells))), initializer=_worker_ignores_signals)
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    pool = (ProcessPoolExecutor(max_workers=max(1, min(workers, len(cells))), initializer=_worker_ignores_signals)
             if own else executor)  # never more workers than cells
     frames: dict[int, pd.DataFrame] = {}
     try:

@@ -77,6 +77,37 @@ def test_hostile_env_json_is_refused_in_one_line(text, match):
     assert "\n" not in str(exc.value) and len(str(exc.value)) < 300
 
 
+def _nested(depth: int):
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"policy": "tetris", "policy_params": {"draft_capacity": 10**5000}},
+     r"key 'policy_params.draft_capacity': an integer longer than 64 digits"),
+    ({"policy": "x" * 5000}, r"key 'policy': a string of 5,000 characters"),
+    ({"policy": "fine", "policy_params": {"objective": "x" * 5000}}, r"key 'policy_params.objective': a string"),
+    ({"log_interval_s": 10**400}, r"key 'log_interval_s': an integer longer than 64 digits"),
+    ({"policy": "dcut", "policy_params": {"ratios": _nested(70)}}, r"key 'policy_params.ratios\[0\].*nested too deeply"),
+    ({"record_path": ""}, r"key 'record_path' is empty"),
+    ({"cost_curve": " "}, r"key 'cost_curve' is empty"),
+    ({"record_path": "{tmp}"}, r"record_path: cannot write .*: it is a folder"),
+    ({"record_path": "{tmp}/c.json", "cost_curve": "{tmp}/c.json"}, r"record_path .*c.json is the cost_curve input file"),
+    ({"record_path": "{tmp}/r", "cost_curve": "{tmp}/r.worker.jsonl"},
+     r"record_path's worker records .* is the cost_curve input file"),
+    ({"policy": "y" * 200}, r"unknown policy 'y{37}\.\.\.' in key 'policy'"),
+])
+def test_a_config_built_in_code_meets_the_json_rules(doc, match, tmp_path):
+    """vLLM's ``additional_config`` arrives as Python objects, not JSON text: the same bounds (number
+    size, string length, nesting), non-empty paths and the output-path guard for the record files."""
+    doc = {k: (v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v) for k, v in doc.items()}
+    with pytest.raises(DCutConfigError, match=match) as exc:
+        DCutVllmConfig.from_mapping(doc, "additional_config['dcut']")
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 300, str(exc.value)
+
+
 def test_llm_kwargs():
     kw = llm_kwargs("T", "D", 8, "dcut", cost_curve="c.json", record_path="r.jsonl")
     assert kw["speculative_config"] == {"method": "draft_model", "model": "D", "num_speculative_tokens": 7}

@@ -53,13 +53,13 @@ CASES = [
      ["--selection-curve", "{T}/s.csv", "--trace", "{T}/good.parquet", "--selection-bs", "4096",
       "--selection-batches", "1000"], ["--selection-bs 4,096 x --selection-batches 1,000", "above the limit 1,000,000"]),
     # times and scales that would overflow a sum to inf (and the table to NaN)
-    ("sim-overhead-ms", "sim", [*SIM, "--overhead-ms", "1e308"], ["--overhead-ms", "above the limit 1e+06"]),
+    ("sim-overhead-ms", "sim", [*SIM, "--overhead-ms", "1e308"], ["--overhead-ms", "above the limit 1,000,000"]),
     ("sim-prefill-ms", "sim", [*SIM, "--mode", "open", "--prefill-ms", "1e308"], ["--prefill-ms", "above the limit"]),
     ("sim-draft-scale", "sim", [*SIM, "--draft-scale", "1e308"], ["--draft-scale", "above the limit"]),
     ("sim-draft-scale-nan", "sim", [*SIM, "--draft-scale", "nan"], ["--draft-scale", "is not finite"]),
     ("sim-scheduler-timeout-huge", "sim", [*SIM, "--scheduler-timeout", "1e300"],
-     ["--scheduler-timeout", "above the limit 3600"]),
-    ("sim-scheduler-timeout-1e9", "sim", [*SIM, "--scheduler-timeout", "1e9"], ["--scheduler-timeout", "3600"]),
+     ["--scheduler-timeout", "above the limit 3,600"]),
+    ("sim-scheduler-timeout-1e9", "sim", [*SIM, "--scheduler-timeout", "1e9"], ["--scheduler-timeout", "above the limit 3,600"]),
     # numbers too long to echo
     ("sim-requests-5000-digits", "sim", [*SIM, "--requests", HUGE], ["--requests", "is not an integer"]),
     ("sim-seed-huge", "sim", [*SIM, "--seed", "9" * 100], ["--seed", "above the limit 9,223,372,036,854,775,807"]),
@@ -85,6 +85,27 @@ CASES = [
     ("sim-selection-bs-alone", "sim", [*SIM, "--selection-bs", "8"], ["--selection-bs is for --selection-curve FILE"]),
     ("sim-jobs-on-dask", "sim", [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://127.0.0.1:1",
                                  "--jobs", "2"], ["--jobs has no effect with --scheduler dask"]),
+    # flags given with their default value are still flags the run would ignore
+    ("sim-load-default-closed-loop", "sim", [*SIM, "--load", "0.7"], ["--load is an open-loop flag"]),
+    ("sim-requests-default-closed-loop", "sim", [*SIM, "--requests", "400"], ["--requests is an open-loop flag"]),
+    ("sim-warmup-not-below-steps", "sim", [*SIM[:4], "--steps", "5", "--warmup", "10", "--batch-sizes", "2", "--quiet"],
+     ["--warmup 10 must be less than --steps 5"]),
+    ("sim-seeds-past-the-largest-seed", "sim", [*SIM, "--seeds", "3", "--seed", str(2**63 - 2)],
+     ["runs seeds up to 9,223,372,036,854,775,808, above the largest seed"]),
+    ("sim-limit-printed-exactly", "sim", [*SIM, "--overhead-ms", "1000001"],
+     ["1000001.0 is above the limit 1,000,000"]),
+    ("sim-newline-in-a-path", "sim", [*SIM[:2], "--cost", "{T}/miss\ning.json", *SIM[4:]], ["miss\\ning.json"]),
+    ("profile-analytic-resume", "profile", ["--analytic", "--device", "h200", "--out", "{T}/c.json", "--resume"],
+     ["--resume has no effect on a --analytic profile"]),
+    ("profile-analytic-repeats", "profile", ["--analytic", "--device", "h200", "--out", "{T}/c.json", "--repeats", "3"],
+     ["--repeats has no effect on a --analytic profile"]),
+    ("profile-cpu-device", "profile", ["--cpu", "--device", "h200", "--out", "{T}/c.json"],
+     ["--device has no effect on a --cpu profile"]),
+    ("profile-engine-steps-without-draft", "profile", ["--vllm", "{T}", "--vllm-engine-steps", "4", "--out", "{T}/c.json"],
+     ["--vllm-engine-steps times drafted engine steps: add --vllm-draft"]),
+    ("synth-list-with-out", "trace", ["synth", "--list", "--out", "{T}/s.parquet"], ["--out has no effect with --list"]),
+    ("sim-cost-row-too-large", "sim", [*SIM[:2], "--cost", "{T}/huge-cost.json", *SIM[4:]],
+     ["huge-cost.json", "above the limit 1e+07 ms"]),
     # Dask addresses refused before connecting
     ("sim-dask-address-malformed", "sim",
      [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://::::", "--scheduler-timeout", "1"],
@@ -94,7 +115,13 @@ CASES = [
      ["missing port number"]),
     ("sim-dask-address-protocol", "sim",
      [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "http://x:1", "--scheduler-timeout", "1"],
-     ["unknown protocol 'http'"]),
+     ["protocol 'http' is not supported here, only tcp://"]),
+    *[(f"sim-dask-address-{name}", "sim",
+       [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", address, "--scheduler-timeout", "1"], [needle])
+      for name, address, needle in (("tls", "tls://127.0.0.1:1", "protocol 'tls'"),
+                                    ("inproc", "inproc://foo", "protocol 'inproc'"),
+                                    ("ws", "ws://127.0.0.1:1", "protocol 'ws'"),
+                                    ("no-host", "tcp://:1", "(no host)"))],
     ("sim-dask-address-port", "sim",
      [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://a:99999", "--scheduler-timeout", "1"],
      ["port 99999 is not in 1..65535"]),
@@ -106,6 +133,11 @@ def test_refused_in_one_line(case, files, capsys):  # noqa: F811 (fixture)
     _id, cli, argv, needles = case
     if cli == "sim" and "dask" in argv:
         pytest.importorskip("distributed")
+    import json
+
+    doc = json.loads((files / "good-cost.json").read_text())
+    doc["verify"][0]["median_ms"] = 1e307  # finite, but a run's sums would overflow
+    (files / "huge-cost.json").write_text(json.dumps(doc))
     err = _run(cli, argv, files, capsys)
     assert len(err) < 400, err  # a 5,000-digit value is never echoed back
     for needle in needles:
@@ -124,13 +156,25 @@ def test_every_sim_flag_has_a_run_that_reads_it():
 
 def test_flags_that_a_run_reads_are_accepted():
     from dcut_sched.cli import sim
+    from dcut_sched.cli.args import given_flags
 
     parser = sim.build_parser()
     for argv in (["--mode", "open", "--rate", "5", "--requests", "10", "--prompt-len", "4"],
                  ["--steps", "10", "--warmup", "2", "--seeds", "2", "--jobs", "1"],
                  ["--selection-curve", "x.csv", "--selection-bs", "8", "--selection-batches", "3", "--seed", "4"],
                  ["--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://h:1", "--scheduler-timeout", "2"]):
-        sim.check_flags_used(parser.parse_args(argv), parser)
+        args = parser.parse_args(argv)
+        sim.check_flags_used(args, given_flags(sim.build_parser, argv, args))
+
+
+def test_given_flags_sees_flags_given_with_their_default_value():
+    from dcut_sched.cli import sim
+    from dcut_sched.cli.args import given_flags
+
+    argv = ["--load", "0.7", "--param", "dcut.ratios=[1.0]", "--param", "fine.granularity=4", "--quiet"]
+    args = sim.build_parser().parse_args(argv)
+    assert given_flags(sim.build_parser, argv, args) == {"load", "param", "quiet"}
+    assert given_flags(sim.build_parser, [], sim.build_parser().parse_args([])) == set()
 
 
 @pytest.mark.parametrize("text, ok", [("cpu", True), ("cuda", False), ("cuda:7", False), ("meta", False),

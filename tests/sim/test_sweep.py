@@ -33,6 +33,15 @@ def test_sweep_matches_simulate(paths):
     assert got["speedup_vs_ar"].tolist() == one["speedup_vs_ar"].tolist()
 
 
+def test_sweep_with_its_own_worker_processes_and_no_jobs_given(paths):
+    """``dcut-sim --sweep`` without ``--jobs``: the default pool (os.cpu_count workers, at most one per
+    cell) gives the rows of the single-process run."""
+    traces, costs = paths
+    df = sweep(traces[:1], costs, [2], policies=["dcut"], num_steps=20, warmup_steps=2)
+    one = simulate(traces[0], costs[0], policies=["dcut"], batch_sizes=[2], num_steps=20, warmup_steps=2)
+    assert df["tokens_per_s"].tolist() == one["tokens_per_s"].tolist()
+
+
 def test_sweep_checks_everything_first(paths):
     traces, costs = paths
     with pytest.raises(SimulationError, match="batch size 16"):
@@ -51,7 +60,8 @@ def test_sweep_on_a_dask_cluster_matches_local(paths, tmp_path):
               "--policies", "dcut,fine", "--steps", "30", "--warmup", "5", "--quiet"]
     local_out, dask_out = tmp_path / "local.csv", tmp_path / "dask.csv"
     assert main(common + ["--jobs", "1", "--out", str(local_out)]) == 0
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+    # a TCP scheduler (the CLI takes tcp:// addresses only), its worker in this process
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
                                   dashboard_address=None) as cluster:
         assert main(common + ["--scheduler", "dask", "--scheduler-address", cluster.scheduler_address,
                               "--out", str(dask_out)]) == 0

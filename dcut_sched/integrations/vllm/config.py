@@ -101,30 +101,47 @@ class DCutVllmConfig:
         from pydantic import ValidationError
 
         from ... import policies
+        from ...cli.args import short_value
+        from ...inputs import InputFileError, check_value_bounds
 
         if not isinstance(doc, Mapping):
             raise DCutConfigError(f"{source}: the D-Cut config must be a JSON object, got {type(doc).__name__}")
         known = {f for f in cls.__dataclass_fields__ if f not in ("source", "policy_object")}
-        unknown = sorted(map(str, set(doc) - known))
+        unknown = sorted(short_value(str(k)) for k in set(doc) - known)
         if unknown:
-            raise DCutConfigError(f"{source}: unknown D-Cut config key(s) {unknown}; known keys: {sorted(known)}")
+            raise DCutConfigError(f"{source}: unknown D-Cut config key(s) {unknown[:10]}; known keys: {sorted(known)}")
+        try:  # the rules a JSON config meets (parse_json_strict), for a mapping built in code
+            check_value_bounds(dict(doc), source)
+        except InputFileError as exc:
+            raise DCutConfigError(str(exc)) from None
         try:
             typed = _typed_model().model_validate(dict(doc))
         except ValidationError as exc:
             err = exc.errors()[0]
             key = ".".join(str(x) for x in err["loc"]) or "?"
-            raise DCutConfigError(f"{source}: key {key!r}: {err['msg']} (got {err.get('input')!r}); "
+            raise DCutConfigError(f"{source}: key {key!r}: {err['msg']} (got {short_value(repr(err.get('input')))}); "
                                   f"see docs/vllm.md for the keys and their types") from None
         policy = typed.policy
         if policy not in policies.names():
-            raise DCutConfigError(
-                f"{source}: unknown policy {policy!r} in key 'policy'; known policies: {', '.join(policies.names())}"
-            )
+            raise DCutConfigError(f"{source}: unknown policy {short_value(policy)!r} in key 'policy'; known policies: "
+                                  f"{', '.join(policies.names())}")
         params = dict(typed.policy_params)
         try:  # the one validation path (names, keys, kinds), then the one build (ranges)
             built = policies.get(policy, **params)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            raise DCutConfigError(f"{source}: bad 'policy_params' for policy {policy!r}: {exc}") from None
+            raise DCutConfigError(f"{source}: bad 'policy_params' for policy {policy!r}: {short_value(str(exc), 300)}") from None
+        for key in ("cost_curve", "profile_cache_dir", "record_path"):
+            if getattr(typed, key) is not None and not getattr(typed, key).strip():
+                raise DCutConfigError(f"{source}: key {key!r} is empty; give a path or leave the key out")
+        if typed.record_path is not None:  # the record files are outputs: never the curve, never a folder
+            from ...cli.args import check_paths
+
+            try:
+                check_paths({"cost_curve": typed.cost_curve},
+                            {"record_path": (typed.record_path, None),
+                             "record_path's worker records": (typed.record_path + ".worker.jsonl", None)})
+            except ValueError as exc:
+                raise DCutConfigError(f"{source}: key {exc}") from None
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
                    record_path=typed.record_path, log_interval_s=typed.log_interval_s, source=source,
