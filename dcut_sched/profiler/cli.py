@@ -268,8 +268,6 @@ def _resolve(args: argparse.Namespace):
     if args.mode != "analytic" and args.rounds > args.repeats:
         raise UsageError(f"--rounds {args.rounds} is more than --repeats {args.repeats}: each round times every cell "
                          "at least once; give --rounds <= --repeats")
-    if args.mode != "analytic" and (args.device or args.fit):
-        raise UsageError("--device and --fit belong to --analytic")
     if args.mode == "analytic" and not args.device:
         raise UsageError("--analytic needs --device (h200, h100, h20 or a100)")
     shape, cfg = resolve_model(args.model)
@@ -448,9 +446,10 @@ MODE_FLAGS = {
     "cpu": _MEASURED_FLAGS | {"threads"},
     "gpu": _MEASURED_FLAGS | {"eager"},
     "analytic": frozenset({"mode", "model", "device", "fit", "batch_sizes", "block_size", "context_len", "ratios",
-                           "grid_step", "draft", "draft_config", "dtype", "out", "report", "quiet"}),
+                           "grid_step", "draft", "draft_config", "dtype", "out", "report", "quiet", "no_progress"}),
+    # --quiet and --no-progress only quieten output: accepted by every profile
     "vllm": frozenset({"vllm", "vllm_draft", "vllm_engine_steps", "block_size", "batch_sizes", "context_len",
-                       "warmups", "repeats", "dtype", "out"}),
+                       "warmups", "repeats", "dtype", "out", "quiet", "no_progress"}),
 }
 
 

@@ -123,7 +123,8 @@ def test_analytic_models_the_decode_path_on_its_own(tmp_path):
     (["--cpu", "--model", "qwen3.5-35b-a3b"], "is MoE"),
     (["--cpu", "--model", "tiny", "--draft", "self-skip:14,15"], "out of range for tiny"),
     (["--cpu", "--draft", "eagle"], "draft spec 'eagle'"),
-    (["--cpu", "--device", "h20"], "belong to --analytic"),
+    (["--cpu", "--device", "h20"], "--device has no effect on a --cpu profile"),
+    (["--gpu", "--fit", "x.json"], "--fit has no effect on a --gpu profile"),
     (["--analytic", "--device", "h20", "--fit", "/nonexistent.json"], "--fit /nonexistent.json: no such file"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):

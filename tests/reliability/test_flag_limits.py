@@ -195,6 +195,20 @@ def test_torch_device_type(text, ok):
             torch_device(text)
 
 
+def test_a_gpu_index_this_machine_lacks(monkeypatch):
+    import argparse
+
+    import torch
+
+    from dcut_sched.cli.args import torch_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert torch_device("cuda:0") == "cuda:0"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'cuda:3': this machine has 1 CUDA GPU\(s\), cuda:0..cuda:0"):
+        torch_device("cuda:3")
+
+
 @pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: "
                                                              "can't allocate memory: you tried to allocate 9 bytes")])
 def test_an_allocation_that_fails_is_one_line(exc, capsys):

@@ -190,9 +190,8 @@ def test_several_traces_give_the_mean_over_benchmarks(files, tmp_path, capsys, m
     mean = df.groupby(["policy", "batch_size"])["speedup_vs_ar"].mean()
     for bs in (2, 4):
         assert f"{mean['dcut', bs]:.2f}x" in text
-    rc, _, err = run(["--trace", trace, "--trace", trace, "--cost", cost, "--selection-curve", tmp_path / "s.csv"],
-                     capsys)
-    assert rc == 2 and "one --trace" in err
+    rc, _, err = run(["--trace", trace, "--trace", trace, "--selection-curve", tmp_path / "s.csv"], capsys)
+    assert rc == 2 and "--selection-curve takes one --trace" in err
 
 
 def test_calibrate_flag(files, capsys):
