@@ -189,10 +189,14 @@ def check_value_bounds(value: Any, where: str, *, max_depth: int = MAX_JSON_DEPT
     Raises:
         InputFileError: one line naming ``where`` and the key path (``policy_params.ratios``).
     """
+    import numpy as np
+
     todo: list[tuple[Any, str, int]] = [(value, "", 0)]
     limit = 10 ** max_digits
     while todo:
         item, path, depth = todo.pop()
+        if isinstance(item, (np.generic, np.ndarray)):  # numpy values count as what they hold
+            item = item.item() if isinstance(item, np.generic) else item.tolist()
         shown = path if len(path) <= 60 else path[:57] + "..."
         at = f"{where}{'' if not path else ' key ' + repr(shown)}"
         if depth > max_depth:
@@ -203,7 +207,12 @@ def check_value_bounds(value: Any, where: str, *, max_depth: int = MAX_JSON_DEPT
             raise InputFileError(f"{at}: an integer longer than {max_digits} digits; give a real value")
         if isinstance(item, str) and len(item) > max_chars:
             raise InputFileError(f"{at}: a string of {len(item):,} characters (at most {max_chars:,})")
+        if isinstance(item, str) and "\x00" in item:
+            raise InputFileError(f"{at}: a string holding a NUL character")
         if isinstance(item, dict):
             todo += [(v, f"{path}.{k}" if path else str(k)[:60], depth + 1) for k, v in item.items()]
         elif isinstance(item, (list, tuple)):
             todo += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item)]
+        elif not (item is None or isinstance(item, (str, int, float))):
+            raise InputFileError(f"{at}: a {type(item).__name__}; give what JSON holds (an object, a list, a "
+                                 f"string, a number, a boolean or null)")

@@ -83,6 +83,9 @@ class StepCosts:
         self._drafted_overhead: dict[int, float] = {}
         self._drafted_at: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
         self._measured: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # a negative drafted residual can price a drafted step at <= 0 ms: only then is each checked
+        self._check_drafted = any(r.kind == "drafted" and r.median_ms < 0 for r in cost.step_overhead)
+        self._check_negative_rows()
 
     # ------------------------------------------------------------------ verification
     def verify_table(self, batch_size: int) -> tuple[int, np.ndarray]:
@@ -161,6 +164,7 @@ class StepCosts:
             out += self.draft_first_excess_ms(batch_size, num_tokens)
         if self.cost.overhead_by_tokens():
             out += float(self.cost.overhead_ms("drafted", batch_size, num_tokens))
+        if self._check_drafted:
             self._require_positive(out, "drafted", batch_size, num_tokens)
         return out
 
@@ -172,6 +176,24 @@ class StepCosts:
             by_bs = 0.0 if self.cost.overhead_by_tokens() else self.cost.overhead_ms("drafted", batch_size)
             hit = self._drafted_overhead[batch_size] = self.overhead_ms + by_bs
         return hit
+
+    def _check_negative_rows(self) -> None:
+        """At construction, every step a negative ``step_overhead`` row prices, at that row's cell
+        (where the curve covers it): so an engine refuses a broken curve before its first step,
+        whatever its policy looks up."""
+        for row in self.cost.step_overhead:
+            if row.median_ms >= 0:
+                continue
+            try:
+                if row.kind == "plain":
+                    self.plain_ms(row.batch_size)
+                elif row.kind == "undrafted":
+                    self.undrafted_ms(row.batch_size)
+                else:
+                    k = row.num_tokens if row.num_tokens is not None else self.token_range(row.batch_size)[0]
+                    self.drafted_ms(row.batch_size, k)
+            except CostCurveRangeError:  # a cell the curve's other rows do not cover: priced (and checked) if used
+                continue
 
     def _require_positive(self, total: Any, kind: str, batch_size: int, num_tokens: Any = None) -> None:
         """A step priced at <= 0 ms (a negative ``step_overhead`` residual larger than the forwards it
@@ -190,7 +212,10 @@ class StepCosts:
         Raises:
             CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
         """
-        return self.drafted_fixed_ms(batch_size) + self.budget_ms_at(batch_size, budgets)
+        out = self.drafted_fixed_ms(batch_size) + self.budget_ms_at(batch_size, budgets)
+        if self._check_drafted and out.size:
+            self._require_positive(out, "drafted", batch_size, np.asarray(budgets))
+        return out
 
     def budget_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
         """``[len(budgets)]`` float64: the part of a drafted step that depends on the budget K,

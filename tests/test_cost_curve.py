@@ -384,13 +384,17 @@ def test_a_step_priced_at_zero_or_less_is_refused():
 
     doc = _k_keyed_doc(o16=(2.6, -1e4))
     doc["step_overhead"][-3].update(p20_ms=None, p80_ms=None)
-    costs = StepCosts(CostCurve.from_dict(doc), 16)
+    # refused when the step costs are built (the engine's start), not at the first step that uses the cell
     with pytest.raises(CostCurveError, match="a drafted step at batch_size=16, num_tokens=256 is priced at"):
-        costs.drafted_ms_at(16, np.array([64, 256]))
+        StepCosts(CostCurve.from_dict(doc), 16)
     doc = _engine_rows_doc()
     doc["step_overhead"][0]["median_ms"] = -1e4
     with pytest.raises(CostCurveError, match="a plain step at batch_size=16 is priced at"):
-        StepCosts(CostCurve.from_dict(doc), 16).plain_ms(16)
+        StepCosts(CostCurve.from_dict(doc), 16)
+    doc = _engine_rows_doc()  # a drafted row without num_tokens, as older profiles write
+    doc["step_overhead"][3]["median_ms"] = -1e4
+    with pytest.raises(CostCurveError, match="a drafted step at batch_size=64, num_tokens=256 is priced at"):
+        StepCosts(CostCurve.from_dict(doc), 16)
 
 
 def test_a_key_given_twice_in_a_row_is_refused(tmp_path):

@@ -45,26 +45,26 @@ def build_parser() -> CliParser:
     t.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default dcut_sched/data/traces/prompts.jsonl)")
     t.add_argument("--seed", type=seed_type, default=d.seed)
-    t.add_argument("--steps", type=int_at_least(1), default=d.steps)
-    t.add_argument("--layers", type=int_at_least(1), default=d.num_layers, help="drafter decoder layers")
-    t.add_argument("--draft-vocab", type=int_at_least(0), default=d.draft_vocab_size,
+    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps)
+    t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers")
+    t.add_argument("--draft-vocab", type=int_at_least(0, 1_000_000), default=d.draft_vocab_size,
                    help="draft vocabulary size (0 = the target's whole vocabulary and LM head)")
-    t.add_argument("--num-prompts", type=int_at_least(4), default=d.num_generated_prompts,
+    t.add_argument("--num-prompts", type=int_at_least(4, 100_000), default=d.num_generated_prompts,
                    help="templated training prompts (plus 131 HumanEval problems)")
-    t.add_argument("--max-new-tokens", type=int_at_least(2), default=d.max_new_tokens)
+    t.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
     t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
-    t.add_argument("--seqs-per-step", type=int_at_least(1), default=d.seqs_per_step)
-    t.add_argument("--blocks-per-seq", type=int_at_least(1), default=d.blocks_per_seq)
-    t.add_argument("--eval-every", type=int_at_least(1), default=d.eval_every)
-    t.add_argument("--max-train-prompts", type=int_at_least(1), default=None, help="truncate the train prompts (smoke)")
-    t.add_argument("--max-eval-prompts", type=int_at_least(1), default=None, help="truncate the eval prompts (smoke)")
-    t.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's)")
+    t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
+    t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
+    t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every)
+    t.add_argument("--max-train-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the train prompts (smoke)")
+    t.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the eval prompts (smoke)")
+    t.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
     e = sub.add_parser("eval", help="tau of a drafter folder on the held-out prompts")
     e.add_argument("folder")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (default: the shipped prompt set, dcut_sched/data/traces/prompts.jsonl)")
-    e.add_argument("--max-new-tokens", type=int_at_least(2), default=d.max_new_tokens)
-    e.add_argument("--max-eval-prompts", type=int_at_least(1), default=None)
+    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
+    e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None)
     return p
 
 
@@ -96,8 +96,17 @@ def _train(args) -> int:
     t0 = time.time()
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
-    model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
-                                        eval_prompts=args.eval_prompts, fresh=args.fresh)
+    made = [f for f in (work, *work.parents) if not f.exists()]  # folders this run makes for its work dir
+    try:
+        model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
+                                            eval_prompts=args.eval_prompts, fresh=args.fresh)
+    except BaseException:
+        for folder in made:  # deepest first; a work dir holding resumable state is kept
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     wall = time.time() - t0
     command = " ".join(["dcut-drafter", "train", *(shlex.quote(a) for a in args.argv)])
     meta = {"settings": settings.to_json(), "train_seconds": round(state.elapsed_s, 1), "wall_seconds": round(wall, 1),

@@ -224,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
         texts = texts[: args.num_prompts]
     policy_cls = policies.policy_class(args.policy)  # its class attributes, without building one
     curve = cost_source = None
+    if args.cost and not policy_cls.needs_cost:
+        raise UsageError(f"--cost has no effect with --policy {args.policy} (it plans without a cost curve); "
+                         f"drop --cost or choose a policy that reads it (dcut, fine, ...)")
     if policy_cls.needs_cost:
         if args.cost:
             try:

@@ -100,7 +100,15 @@ def _one_line(exc: BaseException) -> str:
         text = str(exc) or type(exc).__name__
     # one line whatever the message holds: a newline (in a file name, a library's message) is shown
     # escaped, so the error stays one line and a path is shown as it is
-    return text.strip().replace("\r", "\\r").replace("\n", "\\n")
+    text = text.strip().replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) > MAX_MESSAGE_CHARS:  # a value echoed at length (a 100,000-character field, a huge path):
+        cut = len(text) - MAX_MESSAGE_CHARS  # keep the start (what and where) and the end (the fix)
+        text = f"{text[:MAX_MESSAGE_CHARS - 200]} [... {cut:,} characters cut ...] {text[-200:]}"
+    return text
+
+
+#: The longest error line a CLI prints; longer messages keep their first and last characters.
+MAX_MESSAGE_CHARS = 600
 
 
 def run_cli(prog: str, body: Callable[[], int | None], *, errors: tuple[type[BaseException], ...] = ()) -> int:

@@ -40,6 +40,8 @@ MAX_STEPS = 1_000_000
 MAX_REQUESTS = 100_000
 #: The most worker processes --jobs may ask for (docs/reliability.md): far above any machine's cores.
 MAX_JOBS = 1024
+#: The largest batch size or token count in --batch-sizes / --graph-tokens.
+MAX_LIST_VALUE = 1_000_000
 MAX_SELECTION_BATCHES = 100_000
 MAX_SELECTION_BS = 65_536
 #: The most sampled requests of a selection curve, --selection-bs x --selection-batches (arrays of
@@ -65,6 +67,11 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a comma-separated list of integers") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{short_value(text)!r}: need positive integers, e.g. 4,8,16,32,64")
+    if max(values) > MAX_LIST_VALUE:
+        raise argparse.ArgumentTypeError(f"{short_value(str(max(values)))} is above the limit {MAX_LIST_VALUE:,} "
+                                         f"(docs/reliability.md)")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{short_value(text)!r}: a value is given twice")
     return values
 
 
@@ -587,6 +594,14 @@ def check_flags_used(args, given) -> None:
         if args.seeds != 1 and dest in DASK_FLAGS:
             raise UsageError(f"{_flag(dest)} is for --sweep, and --seeds runs here (in --jobs processes): "
                              f"drop {_flag(dest)}")
+    if "scheduler" in given and not args.sweep and args.seeds == 1 and args.scheduler != "dask":  # dask: below
+        raise UsageError("--scheduler chooses where a --sweep runs: add --sweep or drop --scheduler")
+    if args.mode == "open" and "rate" in given and "load" in given:
+        raise UsageError("--load has no effect with --rate (the arrival rate is given): drop one of them")
+    if args.policies == ["ar"]:  # plain decoding only: nothing drafts
+        for dest in ("graph_tokens", "calibrate", "overhead_ms", "draft_scale"):
+            if dest in given:
+                raise UsageError(f"{_flag(dest)} has no effect with --policies ar (nothing drafts): drop it")
     if args.scheduler == "dask" and "jobs" in given:
         raise UsageError("--jobs has no effect with --scheduler dask (the cluster's workers run the jobs): drop --jobs")
 

@@ -282,7 +282,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from dcut_sched.traces import Trace, TraceError
     from dcut_sched.traces.stats import print_stats, trace_stats
 
-    check_paths({"FILE": args.file}, {"--out": (args.out, None)})
+    check_paths({"FILE": args.file}, {"--out": (args.out, (".json",))})
     try:
         trace = Trace.load(args.file)
     except TraceError as exc:
@@ -304,7 +304,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from dcut_sched.traces import Trace, TraceError
     from dcut_sched.traces.fit import fit_trace, print_fit
 
-    check_paths({"FILE": args.file}, {"--out": (args.out, None)})
+    check_paths({"FILE": args.file}, {"--out": (args.out, (".json",))})
     try:
         trace = Trace.load(args.file)
     except TraceError as exc:

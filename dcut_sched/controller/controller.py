@@ -218,10 +218,12 @@ class RatioController:
                 f"RatioController: conf must be a numpy array or torch tensor of shape [batch_size, "
                 f"{self.block_size - 1}]; got {type(conf).__name__} (wrap it with np.asarray / torch.as_tensor)"
             )
-        floating = conf.is_floating_point() if isinstance(conf, torch.Tensor) else np.issubdtype(conf.dtype, np.floating)
+        floating = conf.is_floating_point() if isinstance(conf, torch.Tensor) else conf.dtype.kind == "f"
         if not floating:
             raise TypeError(f"RatioController.plan: conf must be a floating array (draft confidences in [0, 1]); "
                             f"got dtype {conf.dtype}")
+        if isinstance(conf, torch.Tensor) and conf.device.type == "meta":
+            raise TypeError("RatioController.plan: conf is a meta tensor (no data); pass the confidences themselves")
         shape = tuple(conf.shape)
         if len(shape) != 2 or shape[0] < 1 or shape[1] != self.block_size - 1:
             raise ValueError(
@@ -313,7 +315,7 @@ class RatioController:
                 f"plan's batch size); got {shape}"
             )
         integer = (not accept_len.is_floating_point() and not accept_len.is_complex() and accept_len.dtype != torch.bool
-                   if isinstance(accept_len, torch.Tensor) else np.issubdtype(accept_len.dtype, np.integer))
+                   if isinstance(accept_len, torch.Tensor) else accept_len.dtype.kind in "iu")  # not timedelta64
         if not integer:
             raise TypeError(f"RatioController.observe: accept_len must be an integer array (drafts accepted per "
                             f"request); got dtype {accept_len.dtype}")

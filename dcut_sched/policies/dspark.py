@@ -38,6 +38,10 @@ from ..scores import Array, ScoreRanking
 from ..step_costs import StepCosts
 from .base import Policy, VerifyPlan, check_conf_shape, register
 
+#: The largest ``capture_limit``: far above any CUDA-graph capture size, and the candidate list
+#: (one size per 16 above 256) stays small.
+MAX_CAPTURE_LIMIT = 1 << 20
+
 
 def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
     """vLLM's default CUDA-graph capture sizes up to ``capture_limit``: 1, 2, 4, 8..256 by 8, 272.. by 16,
@@ -83,8 +87,9 @@ class DSpark(Policy):
     def __init__(self, ema_alpha: float = 0.8, capture_limit: int = 512):
         if not (0.0 < ema_alpha <= 1.0):
             raise ValueError(f"dspark: ema_alpha={ema_alpha} must be in (0, 1]")
-        if int(capture_limit) != capture_limit or capture_limit < 1:
-            raise ValueError(f"dspark: capture_limit={capture_limit} must be an integer >= 1")
+        if int(capture_limit) != capture_limit or not 1 <= capture_limit <= MAX_CAPTURE_LIMIT:
+            raise ValueError(f"dspark: capture_limit={capture_limit} must be an integer in [1, {MAX_CAPTURE_LIMIT:,}] "
+                             f"(a CUDA-graph capture size; vLLM's default largest is 512)")
         self.ema_alpha = float(ema_alpha)
         self.capture_limit = int(capture_limit)
         self.reset()

@@ -146,6 +146,9 @@ class Fine(Policy):
             raise ValueError(f"fine: probe_budget={probe_budget} must be in (0, 1)")
         self.granularity = int(granularity)
         self.allowed_num_tokens = None if allowed_num_tokens is None else tuple(int(k) for k in allowed_num_tokens)
+        if self.allowed_num_tokens is not None and (not self.allowed_num_tokens or min(self.allowed_num_tokens) < 1):
+            raise ValueError(f"fine: allowed_num_tokens must be token counts >= 1, got "
+                             f"{list(self.allowed_num_tokens)[:8]}")
         self.objective = objective
         self.ema_decay = float(ema_decay)
         self.probe_interval = int(probe_interval)

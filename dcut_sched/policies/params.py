@@ -15,7 +15,8 @@ project's validation library, see :mod:`dcut_sched.integrations.vllm.config`):
   boolean is refused);
 - an integral float is an integer (``8.0``), numpy scalars count as the Python kind they hold;
 - a sequence is a non-empty list or tuple of its item kind;
-- NaN, infinities and numbers beyond the float range are refused;
+- NaN, infinities and numbers beyond the float range are refused, and so is an integer beyond
+  :data:`MAX_INT_PARAM` (also as a list element);
 - a parameter whose annotation is none of these is not checked here (its constructor checks it).
 
 Errors are :class:`PolicyParamError` (a ``ValueError``) naming the policy, the key, the value and
@@ -181,9 +182,29 @@ def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
             raise PolicyParamError(f"policy {name}: {key}={_shown(value)} is not finite (or beyond the float range); give "
                                    f"a finite number (default {defaults[key]!r})") from None
         raise PolicyParamError(f"policy {name}: parameter {key} expects {words.get(key, 'another kind')}, got "
-                               f"{value!r} ({type(value).__name__}; default {defaults[key]!r})") from None
+                               f"{_shown(value)} ({type(value).__name__}; default {defaults[key]!r})") from None
     for key, value in params.items():  # an unchecked kind, or an integer beyond the float range
         if _non_finite(value):
             raise PolicyParamError(f"policy {name}: {key}={_shown(value)} is not finite (or beyond the float range); "
                                    f"give a finite number (default {defaults[key]!r})")
+        if _too_large(value):
+            raise PolicyParamError(f"policy {name}: {key}={_shown(value)} holds an integer beyond {MAX_INT_PARAM:,} "
+                                   f"(the limit of every integer parameter); give a real value (default "
+                                   f"{defaults[key]!r})")
     return params
+
+
+#: The largest integer any policy parameter may hold (a count of tokens, steps or requests; also an
+#: element of a list parameter): larger values overflow int64 arrays or size unbounded work.
+MAX_INT_PARAM = 2**31 - 1
+
+
+def _too_large(value: Any, depth: int = 0) -> bool:
+    value = _plain(value)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > MAX_INT_PARAM
+    if isinstance(value, (list, tuple)):
+        return depth < 8 and any(_too_large(v, depth + 1) for v in value)
+    return False

@@ -219,8 +219,8 @@ def parse_draft_spec(text: str) -> DraftSpec:
         return DraftSpec("self-skip", skip_layers=layers)
     if kind == "dflash" and arg:
         if arg.isdigit():
-            if int(arg) < 1:
-                raise ValueError(f"draft spec {text!r}: needs at least one layer")
+            if len(arg) > 4 or not 1 <= int(arg) <= 1024:
+                raise ValueError(f"draft spec {text[:40]!r}: a DFlash drafter of 1..1024 layers")
             return DraftSpec("dflash", num_layers=int(arg))
         return DraftSpec("dflash", config=arg)
     raise ValueError(f"draft spec {text!r}: expected {forms}")

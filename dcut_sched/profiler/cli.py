@@ -68,6 +68,8 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {short_value(text)!r}") from None
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {short_value(text)!r}")
+    if len(set(vals)) != len(vals):
+        raise argparse.ArgumentTypeError(f"a batch size is given twice in {short_value(text)!r}")
     if max(vals) > MAX_BATCH_SIZE:
         raise argparse.ArgumentTypeError(f"batch size {short_value(str(max(vals)))} is above the limit "
                                          f"{MAX_BATCH_SIZE:,} (docs/reliability.md)")
@@ -468,6 +470,9 @@ def check_flags_used(args: argparse.Namespace, given) -> None:
                              f"which profile reads it)")
     if "vllm_engine_steps" in given and not args.vllm_draft:
         raise UsageError("--vllm-engine-steps times drafted engine steps: add --vllm-draft DIR or drop it")
+    if "draft" in given and "draft_config" in given:
+        raise UsageError("--draft and --draft-config both name the draft step; give one (--draft-config C is "
+                         "--draft dflash:C)")
 
 
 def _check_partial(args: argparse.Namespace, partial) -> None:
@@ -504,7 +509,7 @@ def _main(argv: list[str], console) -> int:
     # the measured modes also write OUT.partial: it is an output like --out and --report
     check_paths({"--fit": args.fit, "--model": _config_inputs(args.model),
                  "--draft-config" if args.draft_config else "--draft": _config_inputs(_draft_config_path(args))},
-                {"--out": (args.out, None), "--report": (args.report, TABLE_SUFFIXES),
+                {"--out": (args.out, (".json",)), "--report": (args.report, TABLE_SUFFIXES),
                  "--out's resumable partial": (str(partial) if args.mode != "analytic" else None, None)})
     check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
     if args.mode != "analytic":
@@ -561,7 +566,7 @@ def _main_vllm(args: argparse.Namespace) -> int:
     if draft_files and os.path.isdir(draft_dir):
         draft_files.append(os.path.join(draft_dir, "model.safetensors"))  # the weights: an input too
     check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": draft_files},
-                {"--out": (args.out, None),
+                {"--out": (args.out, (".json",)),
                  "--out's engine-step records": (str(steps_path_for(args.out)) if args.vllm_draft else None, None)})
 
     try:

@@ -187,7 +187,7 @@ def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch
             of the old B) are dropped and the draft step of B slots is filled from the model, and the
             ``ar`` rows (independent of B) are kept. ``draft_first`` rows (the drafter's forward over
             a step's verified tokens) are kept like verify rows, where ``num_tokens <= bs * B``;
-            ``step_overhead`` rows (keyed by step kind and bs) are kept. The counts of dropped verify,
+            ``step_overhead`` rows are kept (drafted rows keyed by K where ``num_tokens <= bs * B``). The counts of dropped verify,
             draft and draft_first rows are recorded in ``hardware.fit.derived_block_size``.
     """
     block = curve.block_size if block_size is None else int(block_size)
@@ -204,6 +204,8 @@ def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch
         verify += [VerifyRow(bs, int(k), round(float(m), 4), provenance="fitted") for k, m in zip(missing, ms)]
     drafts = list(curve.draft) if block == curve.block_size else []
     draft_first = [r for r in curve.draft_first if r.num_tokens <= r.batch_size * block]
+    # K-keyed drafted overhead rows are cells like draft_first's: kept where num_tokens <= bs * B
+    overhead = [r for r in curve.step_overhead if r.num_tokens is None or r.num_tokens <= r.batch_size * block]
     if draft is not None and draft.kind != "none":
         have_d = {r.batch_size for r in drafts}
         for bs in sorted(set(batch_sizes) - have_d):
@@ -222,13 +224,15 @@ def fill_curve(curve: CostCurve, shape: ModelShape, fit: EfficiencyFit, *, batch
         hardware["fit"]["derived_block_size"] = {"from": curve.block_size, "to": block,
                                                  "dropped_verify_rows": len(curve.verify) - len(keep),
                                                  "dropped_draft_rows": len(curve.draft),
-                                                 "dropped_draft_first_rows": len(curve.draft_first) - len(draft_first)}
+                                                 "dropped_draft_first_rows": len(curve.draft_first) - len(draft_first),
+                                                 "dropped_step_overhead_rows": len(curve.step_overhead) - len(overhead)}
     if extra_hardware:
         hardware.update(extra_hardware)
     model = dict(curve.model)
     if draft is not None:
         model["draft"] = draft.label()
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-    return replace(curve, verify=verify, draft=drafts, draft_first=draft_first, ar=ar, hardware=hardware,
+    return replace(curve, verify=verify, draft=drafts, draft_first=draft_first, step_overhead=overhead, ar=ar,
+                   hardware=hardware,
                    model=model, path=None, created=created, block_size=block,
                    source=source if source is not None else curve.source, loaded_schema=None)

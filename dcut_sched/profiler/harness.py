@@ -155,7 +155,9 @@ def _partial_model():
 
         from pydantic import BaseModel, ConfigDict, Field
 
-        Sample = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+        from dcut_sched.cost_curve.schema import MAX_MS
+
+        Sample = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]  # what a curve row may hold
 
         class PartialProfile(BaseModel):
             model_config = ConfigDict(strict=True, extra="forbid")
@@ -216,7 +218,11 @@ def _load_partial(path: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     old = doc["settings"]
     diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     if diff:
-        shown = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff[:4])
+        def short(value: Any) -> str:
+            text = repr(value)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        shown = "; ".join(f"{str(k)[:60]}: {short(old.get(k))} -> {short(settings.get(k))}" for k in diff[:4])
         raise PartialMismatch(f"partial file {path}: made with other settings ({shown}); rerun with the same "
                               f"options, or with --fresh to ignore and replace it")
     return doc
@@ -275,8 +281,13 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     if resume and path is not None and path.exists():
         doc = _load_partial(path, settings)
         for key, vals in doc["samples_ms"].items():
-            if key in samples:
-                samples[key] = list(vals)[:repeats]
+            if key not in samples:
+                raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: not a cell of this profile; "
+                                      f"{PARTIAL_FIX}")
+            if len(vals) > repeats:
+                raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: {len(vals):,} samples, more "
+                                      f"than --repeats {repeats}; {PARTIAL_FIX}")
+            samples[key] = list(vals)
         seconds = doc["measure_seconds"]
         run.resumed_cells = sum(1 for v in samples.values() if len(v) >= repeats)
     per_visit = -(-repeats // rounds)

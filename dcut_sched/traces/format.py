@@ -418,6 +418,9 @@ def check_trace_columns(
         return faults
     if faults:
         return faults
+    if block > 32768:  # before the column list is built: a block size of 10^22 would never finish
+        add("block_size", f"{str(block)[:30]} is too large for a trace (at most 32768)")
+        return faults
 
     needed = ["request_id", "pos", "accept_len", *conf_columns(block)]
     missing = [c for c in needed if c not in df.columns]
@@ -432,10 +435,6 @@ def check_trace_columns(
     if len(df) == 0:
         add("request_id", "the trace has no rows")
         return faults
-    if block > 32768:
-        add("block_size", f"{block} is too large for a trace (at most 32768)")
-        return faults
-
     # Types first: exact dtypes or lossless casts (module docstring), so nothing below truncates,
     # wraps or merges values.
     for name, dtype in (("request_id", np.int32), ("pos", np.int32), ("accept_len", accept_len_dtype(block))):

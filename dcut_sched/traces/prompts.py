@@ -41,9 +41,9 @@ def load_prompt_records(path: str | os.PathLike) -> list[Prompt]:
     from ..inputs import InputFileError, parse_json, read_text
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise PromptError(f"{path}: no such prompt file")
-    try:
+    try:  # read_text refuses a folder, a pipe or a device by name
         text = read_text(path, "a JSON-lines prompt file (id, category, prompt per line)")
     except InputFileError as exc:
         raise PromptError(str(exc)) from None

@@ -313,3 +313,28 @@ def test_resume_in_the_middle_of_a_round(tmp_path):
                       partial_path=partial, resume=True, progress=False)
     assert len(first.calls) + len(second.calls) == 8 * 3
     assert all(r["repeats"] == 3 for r in run.verify) and len(run.verify) == 8
+
+
+@pytest.mark.parametrize("samples, match", [
+    ({"bogus:1": [1.0]}, r"field samples_ms.bogus:1: not a cell of this profile"),
+    ("many", r"1,000 samples, more than --repeats 3"),
+    ("huge", r"samples_ms\..*less than or equal to 10000000"),
+])
+def test_resume_refuses_samples_this_profile_would_not_take(tmp_path, samples, match):
+    """A partial of the same settings, but samples for a cell this profile lacks, more samples than
+    --repeats, or a time no curve row may hold: refused naming the file and the field, kept as it is."""
+    cells = build_cells([1, 2], 4)
+    partial = partial_path_for(tmp_path / "c.json")
+    key = cells[0].key
+    if samples == "many":
+        samples = {key: [1.0] * 1000}
+    elif samples == "huge":
+        samples = {key: [1e300, 1e300]}
+    partial.write_text(json.dumps({"schema": "dcut.profile-partial/1", "settings": {"model": "x"},
+                                   "samples_ms": samples, "skipped": {}, "measure_seconds": 1.0}))
+    before = partial.read_bytes()
+    work = StandIn(StepClock())
+    with pytest.raises(PartialMismatch, match=match):
+        run_profile(EagerTimer(work, clock=work.clock), cells, warmups=0, repeats=3, partial_path=partial,
+                    settings={"model": "x"}, resume=True, progress=False)
+    assert partial.read_bytes() == before and not work.calls

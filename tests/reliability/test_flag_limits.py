@@ -106,6 +106,43 @@ CASES = [
     ("synth-list-with-out", "trace", ["synth", "--list", "--out", "{T}/s.parquet"], ["--out has no effect with --list"]),
     ("sim-cost-row-too-large", "sim", [*SIM[:2], "--cost", "{T}/huge-cost.json", *SIM[4:]],
      ["huge-cost.json", "above the limit 1e+07 ms"]),
+    # fifth pass: sizes hidden in values, more ignored flags, output suffixes, devices as inputs
+    ("sim-batch-size-huge", "sim", [*SIM[:4], "--batch-sizes", "9" * 25, "--quiet"],
+     ["--batch-sizes", "above the limit 1,000,000"]),
+    ("sim-batch-size-twice", "sim", [*SIM[:4], "--batch-sizes", "2,2", "--quiet"], ["--batch-sizes", "given twice"]),
+    ("sim-dspark-capture-limit", "sim", [*SIM, "--policies", "dspark", "--param", "dspark.capture_limit=100000000"],
+     ["capture_limit=100000000 must be an integer in [1, 1,048,576]"]),
+    ("sim-fine-allowed-huge", "sim", [*SIM, "--policies", "fine", "--param", "fine.allowed_num_tokens=[" + "9" * 20 + "]"],
+     ["holds an integer beyond 2,147,483,647"]),
+    ("sim-fine-allowed-negative", "sim", [*SIM, "--policies", "fine", "--param", "fine.allowed_num_tokens=[-4,8]"],
+     ["allowed_num_tokens must be token counts >= 1"]),
+    ("sim-param-string-echo", "sim", [*SIM, "--policies", "tetris", "--param", "tetris.draft_capacity=" + "a" * 5000],
+     ["draft_capacity expects an integer"]),
+    ("sim-scheduler-without-sweep", "sim", [*SIM, "--scheduler", "local"], ["--scheduler chooses where a --sweep runs"]),
+    ("sim-load-with-rate", "sim", [*SIM[:4], "--mode", "open", "--rate", "5", "--load", "0.7", "--batch-sizes", "2",
+                                   "--quiet"], ["--load has no effect with --rate"]),
+    ("sim-ar-only-calibrate", "sim", [*SIM, "--policies", "ar", "--calibrate"],
+     ["--calibrate has no effect with --policies ar"]),
+    ("sim-negative-drafted-row", "sim", [*SIM[:2], "--cost", "{T}/negative-cost.json", *SIM[4:]],
+     ["negative-cost.json", "a drafted step at batch_size=", "is priced at"]),
+    ("engine-cost-unread", "engine", ["--policy", "full", "--cost", "{T}/good-cost.json"],
+     ["--cost has no effect with --policy full"]),
+    ("drafter-max-new-tokens", "drafter", ["train", "--out", "{T}/d", "--work-dir", "{T}/wd", "--max-new-tokens",
+                                           "9" * 20], ["--max-new-tokens", "above the limit 8,192"]),
+    ("profile-batch-size-twice", "profile", ["--analytic", "--device", "h200", "--batch-sizes", "2,2", "--out",
+                                             "{T}/c.json"], ["a batch size is given twice"]),
+    ("profile-dflash-layers-huge", "profile", ["--analytic", "--device", "h200", "--draft", "dflash:" + "9" * 20,
+                                               "--out", "{T}/c.json"], ["a DFlash drafter of 1..1024 layers"]),
+    ("profile-draft-and-draft-config", "profile", ["--analytic", "--device", "h200", "--draft", "none",
+                                                   "--draft-config", "2", "--out", "{T}/c.json"],
+     ["--draft and --draft-config both name the draft step"]),
+    ("profile-out-not-json", "profile", ["--analytic", "--device", "h200", "--out", "{T}/c.csv"],
+     ["--out", "unknown output format '.csv'"]),
+    ("sim-trace-block-size-huge", "sim", ["--trace", "{T}/huge-block.parquet", *SIM[2:]],
+     ["block_size", "is too large for a trace (at most 32768)"]),
+    ("stats-out-not-json", "trace", ["stats", "{T}/good.parquet", "--out", "{T}/s.txt"], ["unknown output format '.txt'"]),
+    ("record-prompts-device", "trace", ["record", "--prompts", "/dev/zero", "--out", "{T}/r.parquet"],
+     ["/dev/zero: is not a regular file"]),
     # Dask addresses refused before connecting
     ("sim-dask-address-malformed", "sim",
      [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", "tcp://::::", "--scheduler-timeout", "1"],
@@ -138,6 +175,15 @@ def test_refused_in_one_line(case, files, capsys):  # noqa: F811 (fixture)
     doc = json.loads((files / "good-cost.json").read_text())
     doc["verify"][0]["median_ms"] = 1e307  # finite, but a run's sums would overflow
     (files / "huge-cost.json").write_text(json.dumps(doc))
+    doc = json.loads((files / "good-cost.json").read_text())
+    doc["step_overhead"] = [{"kind": "drafted", "batch_size": bs, "median_ms": -5000.0}
+                            for bs in sorted({r["batch_size"] for r in doc["verify"]})]
+    (files / "negative-cost.json").write_text(json.dumps(doc))  # a drafted step priced below 0 ms
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(files / "good.parquet")
+    meta = {**table.schema.metadata, b"block_size": b"9" * 23}
+    pq.write_table(table.replace_schema_metadata(meta), files / "huge-block.parquet")
     err = _run(cli, argv, files, capsys)
     assert len(err) < 400, err  # a 5,000-digit value is never echoed back
     for needle in needles:
@@ -297,3 +343,48 @@ def test_failed_vllm_profile_leaves_no_file(tmp_path, monkeypatch):
                                  warmups=0, repeats=1, dtype="float32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake_python", "model"]
     assert Path(vllm_engine.steps_path_for(out)).name == "c.steps.jsonl"
+
+
+def test_a_long_message_is_cut_to_one_short_line(capsys):
+    from dcut_sched.cli.errors import MAX_MESSAGE_CHARS, run_cli
+
+    def body():
+        raise ValueError("bad field x: " + "y" * 100_000 + " ; give a real value")
+
+    assert run_cli("dcut-x", body) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < MAX_MESSAGE_CHARS + 100, len(err)
+    assert "bad field x" in err and "give a real value" in err and "characters cut" in err
+
+
+def test_controller_refuses_a_timedelta_count_and_a_meta_tensor(make_curve):
+    import numpy as np
+    import torch
+
+    from dcut_sched.controller import RatioController
+
+    ctrl = RatioController(make_curve(block_size=8), 8, "dcut")
+    ctrl.plan(np.full((2, 7), 0.5))
+    with pytest.raises(TypeError, match="accept_len must be an integer array"):
+        ctrl.observe(np.array([1, 2], dtype="timedelta64[s]"))
+    with pytest.raises(TypeError, match="meta tensor"):
+        ctrl.plan(torch.ones(2, 7, device="meta"))
+
+
+def test_drafter_leaves_no_work_folder_it_made(tmp_path, monkeypatch, capsys):
+    """A training run that fails leaves no empty work folder behind (one holding resumable state is kept)."""
+    from dcut_sched import model
+    from dcut_sched.cli import drafter
+    from dcut_sched.drafters import train
+
+    monkeypatch.setattr(model.LlamaModel, "from_smollm2", classmethod(lambda cls, **k: object()))
+    monkeypatch.setattr("dcut_sched.model.tokenizer.load_smollm2_tokenizer", lambda: object())
+
+    def fail(settings, *, work_dir, **kw):
+        work_dir.mkdir(parents=True)
+        raise ValueError("training failed")
+
+    monkeypatch.setattr(train, "run_training", fail)
+    assert drafter.main(["train", "--out", str(tmp_path / "d"), "--work-dir", str(tmp_path / "a" / "wd")]) == 2
+    assert "training failed" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
