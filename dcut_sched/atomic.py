@@ -22,7 +22,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["OutputSet", "all_or_none", "atomic_path", "atomic_write_text", "atomic_write_with", "check_writable"]
+__all__ = ["OutputSet", "all_or_none", "atomic_path", "atomic_write_text", "atomic_write_with", "check_writable",
+           "existing_folder", "missing_folders", "remove_empty_folders"]
 
 
 class OutputSet:
@@ -44,7 +45,7 @@ class OutputSet:
         for tmp, _ in self.staged:
             tmp.unlink(missing_ok=True)
         self.staged.clear()
-        _remove_folders(self.created)
+        remove_empty_folders(self.created)
         self.created.clear()
 
 
@@ -130,29 +131,40 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         if tmp_path is not None and (outputs is None or (tmp_path, path) not in outputs.staged):
             tmp_path.unlink(missing_ok=True)
         if outputs is None:
-            _remove_folders(created)
+            remove_empty_folders(created)
         raise
+
+
+def missing_folders(folder: str | os.PathLike) -> list[Path]:
+    """The folders on the way to ``folder`` (itself included) that do not exist yet, deepest first."""
+    folder, missing = Path(folder), []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def existing_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` if it exists, else its nearest existing ancestor."""
+    missing = missing_folders(folder)
+    return missing[-1].parent if missing else Path(folder)
 
 
 def _make_folders(folder: Path) -> list[Path]:
     """``folder.mkdir(parents=True, exist_ok=True)``; returns the folders it made, deepest first."""
-    missing = []
-    while not folder.exists() and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    folder_made: list[Path] = []
-    for f in reversed(missing):
+    made = missing_folders(folder)
+    for f in reversed(made):
         f.mkdir(exist_ok=True)
-        folder_made.insert(0, f)
-    return folder_made
+    return made
 
 
-def _remove_folders(folders: list[Path]) -> None:
-    """Remove folders this module made for a write that did not complete, deepest first, while empty."""
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove folders a write or a run made and did not fill (its result did not complete), deepest
+    first; a folder that is not empty (another writer's file, resumable state) is kept."""
     for f in sorted(set(folders), key=lambda p: len(p.parts), reverse=True):
         try:
             f.rmdir()
-        except OSError:  # not empty (another writer's file) or already gone
+        except OSError:  # not empty or already gone
             pass
 
 
@@ -186,9 +198,7 @@ def check_writable(path: str | os.PathLike) -> None:
     path = Path(path)
     if path.is_dir():
         raise OSError(f"cannot write {path}: it is a folder, give a file name")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    folder = existing_folder(path.parent)
     if not folder.is_dir():
         raise OSError(f"cannot write {path}: {folder} is a file, not a folder")
     if folder != path.parent:

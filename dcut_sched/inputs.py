@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["InputFileError", "JSONSyntaxError", "check_value_bounds", "is_symlink_loop", "read_json",
-           "read_json_strict", "read_text", "parse_json", "parse_json_strict"]
+           "read_json_strict", "read_text", "parse_json", "parse_json_strict", "shown"]
 
 #: Limits of :func:`parse_json_strict`: nesting depth and digits of one number.
 MAX_JSON_DEPTH = 64
@@ -29,6 +29,13 @@ MAX_TEXT_BYTES = 256 << 20
 _BINARY_MAGIC = {b"PAR1": "a Parquet file", b"\x89PNG": "a PNG image", b"%PDF": "a PDF file",
                  b"PK\x03\x04": "a zip archive", b"\x7fELF": "an executable", b"GGUF": "a GGUF model file",
                  b"\x1f\x8b": "a gzip file"}
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (a 5,000-digit number or a
+    3,000-item list is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class InputFileError(ValueError):

@@ -212,21 +212,20 @@ class StepCosts:
         Raises:
             CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
         """
-        out = self.drafted_fixed_ms(batch_size) + self.budget_ms_at(batch_size, budgets)
-        if self._check_drafted and out.size:
-            self._require_positive(out, "drafted", batch_size, np.asarray(budgets))
-        return out
+        return self.drafted_fixed_ms(batch_size) + self.budget_ms_at(batch_size, budgets)
 
     def budget_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
         """``[len(budgets)]`` float64: the part of a drafted step that depends on the budget K,
-        ``C_verify(bs, K) + draft_first_excess_ms(bs, K)`` (just :meth:`verify_ms_at` on a curve
-        without ``draft_first`` rows); cached per (bs, budgets), read-only.
+        ``C_verify(bs, K) + draft_first_excess_ms(bs, K)`` (``+ O_drafted(bs, K)`` for K-keyed rows;
+        just :meth:`verify_ms_at` on a curve with neither); cached per (bs, budgets), read-only.
 
         Raises:
             CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
+            CostCurveError: a negative drafted ``step_overhead`` residual prices a drafted step
+                (this part plus :meth:`drafted_fixed_ms`) at <= 0 ms.
         """
         verify = self.verify_ms_at(batch_size, budgets)
-        if not (self.cost.has_draft_first() or self.cost.overhead_by_tokens()):
+        if not (self.cost.has_draft_first() or self.cost.overhead_by_tokens() or self._check_drafted):
             return verify
         key = (int(batch_size), tuple(np.asarray(budgets, dtype=np.int64).tolist()))
         hit = self._drafted_at.get(key)
@@ -238,8 +237,8 @@ class StepCosts:
                 hit = hit + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
             if self.cost.overhead_by_tokens():
                 hit = hit + np.asarray(self.cost.overhead_ms("drafted", batch_size, ks), dtype=np.float64)
-                if ks.size:
-                    self._require_positive(hit + self.drafted_fixed_ms(batch_size), "drafted", batch_size, ks)
+            if self._check_drafted and ks.size:  # the whole drafted step, once per (bs, budgets)
+                self._require_positive(hit + self.drafted_fixed_ms(batch_size), "drafted", batch_size, ks)
             hit = self._drafted_at[key] = np.asarray(hit, dtype=np.float64)
             hit.setflags(write=False)
         return hit

@@ -28,7 +28,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "given_flags", "int_at_least", "param_value",
+__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "flag_of", "given_flags", "int_at_least",
+           "param_value",
            "read_text_input", "same_file", "seed_type", "short_value", "torch_device"]
 
 #: The largest ``--seed`` any tool takes: seeds are stored as int64 in result files.
@@ -74,6 +75,11 @@ def finite_float(minimum: float | None = None, maximum: float | None = None, *, 
 
     parse.__name__ = "finite number"
     return parse
+
+
+def flag_of(dest: str) -> str:
+    """The command-line flag of an ``argparse`` dest (``selection_bs`` -> ``--selection-bs``)."""
+    return "--" + dest.replace("_", "-")
 
 
 def given_flags(make_parser, argv, args: argparse.Namespace) -> set[str]:

@@ -96,16 +96,14 @@ def _train(args) -> int:
     t0 = time.time()
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
-    made = [f for f in (work, *work.parents) if not f.exists()]  # folders this run makes for its work dir
+    from ..atomic import missing_folders, remove_empty_folders
+
+    made = missing_folders(work)  # the folders this run makes for its work dir
     try:
         model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
                                             eval_prompts=args.eval_prompts, fresh=args.fresh)
     except BaseException:
-        for folder in made:  # deepest first; a work dir holding resumable state is kept
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        remove_empty_folders(made)  # a work dir holding resumable state is kept
         raise
     wall = time.time() - t0
     command = " ".join(["dcut-drafter", "train", *(shlex.quote(a) for a in args.argv)])

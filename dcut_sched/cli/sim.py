@@ -19,6 +19,7 @@ from .args import (
     check_json_input,
     check_paths,
     finite_float,
+    flag_of,
     given_flags,
     int_at_least,
     param_value,
@@ -558,10 +559,6 @@ def _check_warmup(warmup: int, steps: int, mode: str) -> None:
                          f"the figures, so none would be left): lower --warmup or raise --steps")
 
 
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
 def check_flags_used(args, given) -> None:
     """Refuse a flag the run would silently ignore: ``--rate`` in a closed loop, ``--steps`` in an
     open one, run flags with ``--selection-curve``, ``--scheduler`` with ``--seeds``, ``--jobs`` on
@@ -579,21 +576,21 @@ def check_flags_used(args, given) -> None:
     if args.selection_curve:
         for dest in given:
             if dest not in SELECTION_FLAGS:
-                raise UsageError(f"{_flag(dest)} has no effect with --selection-curve (it reads one --trace, "
-                                 f"--selection-bs, --selection-batches and --seed); drop {_flag(dest)}")
+                raise UsageError(f"{flag_of(dest)} has no effect with --selection-curve (it reads one --trace, "
+                                 f"--selection-bs, --selection-batches and --seed); drop {flag_of(dest)}")
         return
     for dest in given:
         if dest in ("selection_bs", "selection_batches"):
-            raise UsageError(f"{_flag(dest)} is for --selection-curve FILE; add it or drop {_flag(dest)}")
+            raise UsageError(f"{flag_of(dest)} is for --selection-curve FILE; add it or drop {flag_of(dest)}")
         if args.mode == "closed" and dest in OPEN_FLAGS:
-            raise UsageError(f"{_flag(dest)} is an open-loop flag and the run is closed-loop: add --mode open or "
-                             f"drop {_flag(dest)}")
+            raise UsageError(f"{flag_of(dest)} is an open-loop flag and the run is closed-loop: add --mode open or "
+                             f"drop {flag_of(dest)}")
         if args.mode == "open" and dest in CLOSED_FLAGS:
-            raise UsageError(f"{_flag(dest)} sizes a closed-loop run and --mode open runs --requests arrivals: "
-                             f"drop {_flag(dest)} (or use --requests)")
+            raise UsageError(f"{flag_of(dest)} sizes a closed-loop run and --mode open runs --requests arrivals: "
+                             f"drop {flag_of(dest)} (or use --requests)")
         if args.seeds != 1 and dest in DASK_FLAGS:
-            raise UsageError(f"{_flag(dest)} is for --sweep, and --seeds runs here (in --jobs processes): "
-                             f"drop {_flag(dest)}")
+            raise UsageError(f"{flag_of(dest)} is for --sweep, and --seeds runs here (in --jobs processes): "
+                             f"drop {flag_of(dest)}")
     if "scheduler" in given and not args.sweep and args.seeds == 1 and args.scheduler != "dask":  # dask: below
         raise UsageError("--scheduler chooses where a --sweep runs: add --sweep or drop --scheduler")
     if args.mode == "open" and "rate" in given and "load" in given:
@@ -601,7 +598,7 @@ def check_flags_used(args, given) -> None:
     if args.policies == ["ar"]:  # plain decoding only: nothing drafts
         for dest in ("graph_tokens", "calibrate", "overhead_ms", "draft_scale"):
             if dest in given:
-                raise UsageError(f"{_flag(dest)} has no effect with --policies ar (nothing drafts): drop it")
+                raise UsageError(f"{flag_of(dest)} has no effect with --policies ar (nothing drafts): drop it")
     if args.scheduler == "dask" and "jobs" in given:
         raise UsageError("--jobs has no effect with --scheduler dask (the cluster's workers run the jobs): drop --jobs")
 

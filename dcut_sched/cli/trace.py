@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, finite_float, int_at_least, seed_type, torch_device
+from .args import check_paths, finite_float, flag_of, int_at_least, seed_type, torch_device
 from .errors import CliParser, UsageError, run_cli
 
 __all__ = ["build_parser", "main"]
@@ -229,7 +229,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         bare = vars(build_parser().parse_args(["synth", "--list"]))  # what --list alone parses to
         extra = sorted(dest for dest, value in vars(args).items() if value != bare.get(dest))
         if extra:
-            flag = "--" + extra[0].replace("_", "-")
+            flag = flag_of(extra[0])
             raise UsageError(f"{flag} has no effect with --list (it prints the presets and writes nothing); drop {flag}")
         for name, preset in synth.PRESETS.items():
             print(f"{name}: B={preset.params.block_size}, target tau={preset.target_tau:.2f} -- {preset.source}")

@@ -26,6 +26,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from ..inputs import shown
+
 __all__ = [
     "AR_ASSUMED_NO_ROWS", "AR_ASSUMED_V1", "BACKENDS", "GRAPH_MODES", "MAX_MS", "PROVENANCES", "SCHEMA", "SCHEMAS", "SCHEMA_V1",
     "STEP_KINDS", "ArRow", "AssumedArWarning", "CostCurveError", "CostCurveRangeError", "CurveValidation",
@@ -48,11 +50,6 @@ MAX_MS = 1e7
 #: :attr:`CostCurve.ar_provenance` of a curve whose plain step is assumed, not measured.
 AR_ASSUMED_V1 = "assumed: C_verify(bs, bs) (v1 curve)"
 AR_ASSUMED_NO_ROWS = "assumed: C_verify(bs, bs) (no ar rows)"
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class CostCurveError(ValueError):
@@ -180,7 +177,7 @@ class CurveValidation:
     def _ms(self, value: Any, where: str) -> float:
         got = _exact_float(value)
         if got is None or got <= 0:
-            raise self._fail(where, f"must be a positive finite number of ms, got {_short(value)}")
+            raise self._fail(where, f"must be a positive finite number of ms, got {shown(value)}")
         if got > MAX_MS:
             raise self._fail(where, f"{got:g} ms is above the limit {MAX_MS:g} ms", "a step time in ms, not an overflow")
         return got
@@ -188,7 +185,7 @@ class CurveValidation:
     def _overhead_ms(self, value: Any, where: str) -> float:
         got = _exact_float(value)
         if got is None:
-            raise self._fail(where, f"must be a finite number of ms (a signed residual), got {_short(value)}")
+            raise self._fail(where, f"must be a finite number of ms (a signed residual), got {shown(value)}")
         if abs(got) > MAX_MS:
             raise self._fail(where, f"{got:g} ms is beyond the limit +-{MAX_MS:g} ms", "a step time in ms, not an overflow")
         return got

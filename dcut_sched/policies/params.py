@@ -35,6 +35,8 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from ..inputs import shown
+
 __all__ = ["PolicyParamError", "UnknownPolicyError", "param_defaults", "validate_params"]
 
 
@@ -147,11 +149,6 @@ def _non_finite(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def keys_text(cls: type) -> str:
     """``"key (default ...), ..."`` of ``cls``'s parameters, for messages."""
     keys = param_defaults(cls)
@@ -179,16 +176,16 @@ def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
         key = str(exc.errors()[0]["loc"][0])
         value = params[key]
         if _non_finite(value):
-            raise PolicyParamError(f"policy {name}: {key}={_shown(value)} is not finite (or beyond the float range); give "
+            raise PolicyParamError(f"policy {name}: {key}={shown(value)} is not finite (or beyond the float range); give "
                                    f"a finite number (default {defaults[key]!r})") from None
         raise PolicyParamError(f"policy {name}: parameter {key} expects {words.get(key, 'another kind')}, got "
-                               f"{_shown(value)} ({type(value).__name__}; default {defaults[key]!r})") from None
+                               f"{shown(value)} ({type(value).__name__}; default {defaults[key]!r})") from None
     for key, value in params.items():  # an unchecked kind, or an integer beyond the float range
         if _non_finite(value):
-            raise PolicyParamError(f"policy {name}: {key}={_shown(value)} is not finite (or beyond the float range); "
+            raise PolicyParamError(f"policy {name}: {key}={shown(value)} is not finite (or beyond the float range); "
                                    f"give a finite number (default {defaults[key]!r})")
         if _too_large(value):
-            raise PolicyParamError(f"policy {name}: {key}={_shown(value)} holds an integer beyond {MAX_INT_PARAM:,} "
+            raise PolicyParamError(f"policy {name}: {key}={shown(value)} holds an integer beyond {MAX_INT_PARAM:,} "
                                    f"(the limit of every integer parameter); give a real value (default "
                                    f"{defaults[key]!r})")
     return params

@@ -31,7 +31,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from dcut_sched import CostCurve, CostCurveError
-from dcut_sched.cli.args import check_json_input, check_paths, given_flags, int_at_least, seed_type, short_value
+from dcut_sched.cli.args import (
+    check_json_input,
+    check_paths,
+    flag_of,
+    given_flags,
+    int_at_least,
+    seed_type,
+    short_value,
+)
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 from dcut_sched.cost_curve import AssumedArWarning
 
@@ -465,7 +473,7 @@ def check_flags_used(args: argparse.Namespace, given) -> None:
     mode = "vllm" if args.vllm else args.mode
     for dest in sorted(given):
         if dest not in MODE_FLAGS[mode]:
-            flag = "--" + dest.replace("_", "-")
+            flag = flag_of(dest)
             raise UsageError(f"{flag} has no effect on a --{mode} profile; drop {flag} (see dcut-profile --help for "
                              f"which profile reads it)")
     if "vllm_engine_steps" in given and not args.vllm_draft:

@@ -218,12 +218,10 @@ def _load_partial(path: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     old = doc["settings"]
     diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     if diff:
-        def short(value: Any) -> str:
-            text = repr(value)
-            return text if len(text) <= 60 else text[:57] + "..."
+        from dcut_sched.inputs import shown
 
-        shown = "; ".join(f"{str(k)[:60]}: {short(old.get(k))} -> {short(settings.get(k))}" for k in diff[:4])
-        raise PartialMismatch(f"partial file {path}: made with other settings ({shown}); rerun with the same "
+        changed = "; ".join(f"{str(k)[:60]}: {shown(old.get(k), 60)} -> {shown(settings.get(k), 60)}" for k in diff[:4])
+        raise PartialMismatch(f"partial file {path}: made with other settings ({changed}); rerun with the same "
                               f"options, or with --fresh to ignore and replace it")
     return doc
 

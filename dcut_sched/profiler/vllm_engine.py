@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from dcut_sched.atomic import all_or_none, atomic_path
+from dcut_sched.atomic import all_or_none, atomic_path, existing_folder
 from dcut_sched.cost_curve import CostCurve
 
 __all__ = ["profile_vllm", "steps_path_for"]
@@ -47,7 +47,7 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
     out = Path(out)
     # The profile process writes into a private folder beside --out; the curve (and its engine-step
     # records) reach their places together, only after the curve loads: a failed run leaves nothing.
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".vllm-profile", dir=_existing(out.parent)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".vllm-profile", dir=existing_folder(out.parent)) as tmp:
         staged = Path(tmp) / out.name
         cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.profile", "--model", str(model),
                "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
@@ -79,8 +79,3 @@ def steps_path_for(out: str | Path) -> Path:
     """The engine-step records the profile writes beside its curve (``OUT.steps.jsonl``)."""
     return Path(out).with_suffix(".steps.jsonl")
 
-
-def _existing(folder: Path) -> Path:
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder

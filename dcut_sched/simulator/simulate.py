@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveRangeError
+from ..inputs import shown
 from ..policies import Policy
 from ..step_costs import StepCosts
 from ..traces import Trace, TraceError, check_trace_columns
@@ -28,10 +29,6 @@ PolicySpec = Union[str, Policy, tuple]
 
 
 
-def _shown(value, limit: int = 120) -> str:
-    """``value`` for a message, cut to ``limit`` characters (a 3,000-item list is not echoed)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 def _label(name: str, params: Mapping[str, Any]) -> str:
     """``name``, or ``name(key=value,...)`` with the parameters that differ from the constructor's
@@ -75,7 +72,7 @@ def policy_specs(
         except KeyError as exc:
             raise SimulationError(str(exc.args[0])) from None
         except ValueError as exc:
-            raise SimulationError(f"policy {name!r} with parameters {_shown(params)}: {exc}") from None
+            raise SimulationError(f"policy {name!r} with parameters {shown(params, 120)}: {exc}") from None
         out.append((_label(name, params), name, params))
     labels = [label for label, _, _ in out]
     dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
@@ -110,7 +107,7 @@ def resolve_policies(
         try:
             out.append((label, policy_registry.get(name, **given)))
         except (TypeError, ValueError) as exc:
-            raise SimulationError(f"policy {name!r} with parameters {_shown(given)}: {exc}") from None
+            raise SimulationError(f"policy {name!r} with parameters {shown(given, 120)}: {exc}") from None
     return out
 
 
