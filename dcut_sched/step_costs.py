@@ -33,7 +33,7 @@ interpolation (:meth:`StepCosts.measured_verify`, what ``vllm_adaptive`` reads).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -194,6 +194,69 @@ class StepCosts:
                     self.drafted_ms(row.batch_size, k)
             except CostCurveRangeError:  # a cell the curve's other rows do not cover: priced (and checked) if used
                 continue
+
+    def check(self, batch_sizes: Iterable[int], *, drafted: bool = True, undrafted: bool = True,
+              plain: bool = False, every_budget: bool = False,
+              budgets: Callable[[int], Sequence[int] | np.ndarray] | None = None) -> None:
+        """Price, once, every step a run can take at each of ``batch_sizes``, so that a curve that
+        cannot answer one of them is refused before the run's first step, not in the middle of it.
+
+        At each batch size ``bs``: the verify cells must cover some budget in ``[bs, bs*B]``; with
+        ``drafted``, the draft step and the whole drafted step at every budget the verify cells cover
+        there (``draft_first`` and K-keyed ``step_overhead`` cells must cover those budgets too, and
+        every one must be priced > 0 ms, between measured cells included); with ``plain`` /
+        ``undrafted``, those steps (their ``step_overhead`` rows must reach ``bs``, priced > 0 ms).
+        ``every_budget``: every budget ``bs..bs*B`` must be covered (a run that charges whatever a
+        policy picks, the simulator). ``budgets``: ``budgets(bs)``, the budgets a policy verifies at
+        ``bs`` (e.g. ``dcut``'s ratio buckets), each of which must be covered. Nothing is cached: a
+        controller checks every batch size of its curve without keeping their tables.
+
+        Raises:
+            CostCurveRangeError: a batch size, budget or step outside the curve's cells (the message
+                names the batch size and the missing rows).
+            CostCurveError: a step priced at <= 0 ms (a negative ``step_overhead`` residual).
+        """
+        for bs in batch_sizes:
+            bs = int(bs)
+            hi = bs * self.block_size
+            lo_curve, hi_curve = self.cost.token_range(bs)
+            first, last = max(lo_curve, bs), min(hi_curve, hi)
+            wanted = (bs, hi) if every_budget else None
+            if first > last or (wanted and (first > bs or last < hi)):
+                raise CostCurveRangeError(
+                    f"{self._where()}: at batch_size={bs} it covers num_tokens {lo_curve}..{hi_curve}, not "
+                    f"{bs}..{hi} (every request verifies 1..B={self.block_size} slots); profile those token counts")
+            if budgets is not None:
+                ks = np.asarray(budgets(bs), dtype=np.int64)
+                missing = ks[(ks < first) | (ks > last)]
+                if missing.size:
+                    raise CostCurveRangeError(
+                        f"{self._where()}: the policy verifies num_tokens={int(missing[0])} at batch_size={bs}, "
+                        f"and the curve covers {first}..{last} there; profile that token count (the K bucket)")
+            if drafted:
+                ks = np.arange(first, last + 1, dtype=np.int64)
+                self._require_positive(self.drafted_fixed_ms(bs) + self._budget_ms(bs, ks), "drafted", bs, ks)
+            if plain and not self._assumed_plain_covered(bs, first):
+                self.plain_ms(bs)
+            if undrafted and not (self.truly_skips and self._assumed_plain_covered(bs, first)):
+                self.undrafted_ms(bs)
+
+    def _assumed_plain_covered(self, batch_size: int, first: int) -> bool:
+        """Whether the plain step at ``batch_size`` is the assumed ``C_verify(bs, bs)`` of a curve
+        without ``ar`` and ``plain`` overhead rows, and the verify cells cover it (so pricing it would
+        only add the assumed-step warning, which the first plain step gives)."""
+        return self.cost.ar_assumed and not self.cost.has_overhead("plain") and first == batch_size
+
+    def _budget_ms(self, batch_size: int, ks: np.ndarray) -> np.ndarray:
+        """The budget-dependent part of a drafted step at each budget of ``ks`` (see
+        :meth:`budget_ms_at`), uncached and unchecked."""
+        out = np.asarray(self.cost.verify_ms(batch_size, ks), dtype=np.float64)
+        if self.cost.has_draft_first():
+            c = self.cost.draft_first_ms
+            out = out + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
+        if self.cost.overhead_by_tokens():
+            out = out + np.asarray(self.cost.overhead_ms("drafted", batch_size, ks), dtype=np.float64)
+        return out
 
     def _require_positive(self, total: Any, kind: str, batch_size: int, num_tokens: Any = None) -> None:
         """A step priced at <= 0 ms (a negative ``step_overhead`` residual larger than the forwards it

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import policies
     from ..controller import RatioController
-    from ..cost_curve import CostCurve, CostCurveError
+    from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
     from ..drafters import load_dflash, parse_draft_spec
     from ..drafters.dflash import DraftCheckpointError
     from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
@@ -237,7 +237,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             curve, cost_source = default_cost_curve(args.block_size, args.batch_size, draft_spec.kind)
     try:
-        ctrl = RatioController(curve, args.block_size, policy=args.policy, calibrate=args.calibrate, **params)
+        ctrl = RatioController(curve, args.block_size, policy=args.policy, calibrate=args.calibrate,
+                               max_batch_size=args.batch_size, **params)
+    except (CostCurveError, CostCurveRangeError) as exc:  # before the model loads: the curve cannot serve the run
+        raise UsageError(f"--cost: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"policy {args.policy}: {exc}") from None
     try:

@@ -40,7 +40,7 @@ import torch
 
 from .. import policies as _policies
 from ..calibration import OnlineCalibrator
-from ..cost_curve import CostCurve
+from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from ..defaults import DEFAULT_POLICY
 from ..policies import VerifyPlan
 from ..scores import Array
@@ -144,12 +144,23 @@ class RatioController:
             the bank's captured token counts.
         calibrator: a ready :class:`~dcut_sched.calibration.OnlineCalibrator` (implies
             ``calibrate=True``); default: a fresh one for ``block_size``.
+        max_batch_size: the largest batch :meth:`plan` will be given; a batch drains down to 1, so
+            every batch size 1..``max_batch_size`` is checked (None: the curve's measured range,
+            its smallest to its largest batch size). Each is checked
+            here, for what the policy reads (:attr:`~dcut_sched.policies.Policy.cost_terms`,
+            :meth:`StepCosts.check <dcut_sched.step_costs.StepCosts.check>`), so a curve that
+            cannot price one of them is refused now, not by a ``plan`` in the middle of serving.
         **policy_params: passed to ``dcut_sched.policies.get(policy, ...)``.
 
     Raises:
         KeyError: unknown policy name.
-        CostCurveError: the curve was measured for another block size.
-        ValueError: the policy needs a cost curve and none was given; bad policy parameters.
+        CostCurveError: the curve was measured for another block size, or prices a step the policy
+            reads at <= 0 ms.
+        CostCurveRangeError: the curve cannot price a step the policy reads at a batch size up to
+            ``max_batch_size`` (a missing K bucket, ``step_overhead`` or ``draft_first`` rows that
+            stop short).
+        ValueError: a block size < 2; the policy needs a cost curve and none was given; bad policy
+            parameters.
     """
 
     def __init__(
@@ -160,11 +171,13 @@ class RatioController:
         calibrate: bool = False,
         graph_bank: Any = None,
         calibrator: OnlineCalibrator | None = None,
+        max_batch_size: int | None = None,
         **policy_params: Any,
     ):
         self.block_size = int(block_size)
-        if self.block_size < 1:
-            raise ValueError(f"RatioController: block_size={block_size} must be >= 1")
+        if self.block_size < 2:
+            raise ValueError(f"RatioController: block_size={block_size} leaves no draft slot (a block is the anchor "
+                             f"and B-1 drafts, confidences [bs, B-1]); give a block size >= 2")
         # the one StepCosts of this controller: every step time its policy reads (CostCurveError on
         # a curve measured for another block size)
         self.costs = None if cost is None else StepCosts(cost, self.block_size)
@@ -184,6 +197,8 @@ class RatioController:
             raise ValueError(
                 f"RatioController: policy {policy!r} needs a cost curve (CostCurve.load(...)); got cost=None"
             )
+        if self.costs is not None and self.policy.needs_cost:
+            self._check_costs(max_batch_size)
         self.cost = cost
         self.calibrate = bool(calibrate or calibrator is not None)
         self.calibrator = calibrator if calibrator is not None else (
@@ -193,6 +208,23 @@ class RatioController:
         # object the simulator runs (controller/step_driver.py).
         self.driver = StepDriver(self.policy, self.costs, self.block_size, calibrator=self.calibrator,
                                  graph_cells=graph_bank)
+
+    def _check_costs(self, max_batch_size: int | None) -> None:
+        """Refuse, now, a curve on which some ``plan`` up to ``max_batch_size`` would raise."""
+        policy, costs = self.policy, self.costs
+        measured = costs.measured_batch_sizes
+        top = measured[-1] if max_batch_size is None else max_batch_size
+        if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+            raise ValueError(f"RatioController: max_batch_size={max_batch_size!r} must be an integer >= 1")
+        terms = policy.cost_terms
+        budgets = ((lambda bs: policy.budgets(bs, self.block_size))
+                   if "budgets" in terms and hasattr(policy, "budgets") else None)
+        try:
+            costs.check(range(1 if max_batch_size is not None else measured[0], int(top) + 1), drafted="drafted" in terms,
+                        undrafted="undrafted" in terms, budgets=budgets)
+        except (CostCurveError, CostCurveRangeError) as exc:
+            raise type(exc)(f"RatioController: policy {policy.name!r} cannot plan every batch size up to "
+                            f"{top} on this curve: {exc}") from None
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:

@@ -94,6 +94,11 @@ class Policy(ABC):
     Class attributes:
         name: registry key.
         needs_cost: :meth:`plan` needs :class:`~dcut_sched.step_costs.StepCosts`.
+        cost_terms: what :meth:`plan` / :meth:`plan_without_draft` read from the step costs, which
+            :class:`~dcut_sched.controller.RatioController` checks at construction
+            (:meth:`StepCosts.check <dcut_sched.step_costs.StepCosts.check>`): ``"budgets"``
+            (``C_verify`` at :meth:`budgets`), ``"drafted"`` (whole drafted steps at the budgets the
+            curve covers), ``"undrafted"`` (the step without a draft).
         needs_accept_len: :meth:`plan` needs the true acceptance lengths (only the oracle).
         drafts_first_step: whether the first step of a run drafts.
         speculative: whether the policy runs on a speculative engine (its steps without a draft
@@ -103,6 +108,7 @@ class Policy(ABC):
 
     name: ClassVar[str] = ""
     needs_cost: ClassVar[bool] = False
+    cost_terms: ClassVar[frozenset[str]] = frozenset()
     needs_accept_len: ClassVar[bool] = False
     drafts_first_step: ClassVar[bool] = True
     speculative: ClassVar[bool] = True

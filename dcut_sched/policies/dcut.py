@@ -32,6 +32,7 @@ class DCut(Policy):
 
     name = "dcut"
     needs_cost = True
+    cost_terms = frozenset({"budgets"})
 
     def __init__(self, ratios: Sequence[float] = (0.25, 0.5, 0.75, 1.0)):
         ratios = tuple(float(r) for r in ratios)

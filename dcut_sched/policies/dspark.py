@@ -83,6 +83,7 @@ class DSpark(Policy):
 
     name = "dspark"
     needs_cost = True
+    cost_terms = frozenset({"drafted"})
 
     def __init__(self, ema_alpha: float = 0.8, capture_limit: int = 512):
         if not (0.0 < ema_alpha <= 1.0):

@@ -123,6 +123,7 @@ class Fine(Policy):
 
     name = "fine"
     needs_cost = True
+    cost_terms = frozenset({"drafted", "undrafted"})
 
     def __init__(
         self,

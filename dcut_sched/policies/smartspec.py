@@ -90,6 +90,7 @@ class SmartSpec(Policy):
 
     name = "smartspec"
     needs_cost = True
+    cost_terms = frozenset({"drafted", "undrafted"})
 
     def __init__(self, history_decay: float = 0.9, max_draft_len: int | None = None):
         if not (0.0 <= history_decay < 1.0):

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 import pandas as pd
 
 from .. import policies as policy_registry
-from ..cost_curve import CostCurve, CostCurveRangeError
+from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from ..inputs import shown
 from ..policies import Policy
 from ..step_costs import StepCosts
@@ -128,28 +128,19 @@ def _load(trace: Trace | str | os.PathLike, cost: CostCurve | str | os.PathLike)
 def _check_batch_sizes(costs: StepCosts, batch_sizes: Sequence[int], drafting: bool, mode: str) -> None:
     """Raise :class:`SimulationError` unless every step the runs can take is inside the cost curve.
 
-    Asks ``costs`` (the step costs the runs will use) for each batch size's verify table, draft step
-    and plain step, so a curve that cannot answer one of them fails here, before anything runs.
-    (The batch sizes themselves were checked by :class:`SimConfig`.)
+    :meth:`StepCosts.check` (the step costs the runs will use) prices, at each batch size the runs
+    reach (open loop: every one up to each maximum, as the batch drains), the plain step and, for
+    drafting policies, every budget ``bs..bs*B`` of a drafted step and the undrafted step; so a
+    curve that cannot answer one of them fails here, before anything runs. (The batch sizes
+    themselves were checked by :class:`SimConfig`.)
     """
-    cost, block_size = costs.cost, costs.block_size
-    where = f"cost curve {cost.path}" if cost.path else "cost curve"
+    cost = costs.cost
     measured = ", ".join(map(str, cost.batch_sizes))
     for bs in batch_sizes:
-        needed = range(1, bs + 1) if mode == "open" else (bs,)
-        for b in needed:
+        for b in (range(1, bs + 1) if mode == "open" else (bs,)):
             try:
-                first, last = costs.token_range(b)
-                if first > b or (drafting and last < b * block_size):
-                    raise CostCurveRangeError(
-                        f"{where}: at batch_size={b} it covers num_tokens {first}..{last}, not "
-                        f"{b}..{b * block_size if drafting else b} (every request verifies 1..B={block_size} "
-                        f"slots); profile those token counts"
-                    )
-                costs.plain_ms(b)
-                if drafting:
-                    costs.draft_ms(b)
-            except CostCurveRangeError as exc:
+                costs.check([b], drafted=drafting, undrafted=drafting, plain=True, every_budget=drafting)
+            except (CostCurveRangeError, CostCurveError) as exc:
                 why = (f" (open loop: the batch size varies over 1..{bs}, so the curve must cover each of them; "
                        f"measured batch sizes: {measured})" if mode == "open" else "")
                 raise SimulationError(f"batch size {b} cannot be simulated{why}: {exc}") from None
