@@ -7,8 +7,10 @@ Two levels:
 - :func:`all_or_none`: a command's outputs as one unit. Inside the ``with`` block every
   :func:`atomic_path` of this thread stages its temp file instead of renaming it; the renames happen
   together when the block ends without an exception (with SIGINT/SIGTERM held back for those few
-  ``os.replace`` calls), and every staged temp file is removed when it raises. So a late failure
-  (a bad plot after the table was written, Ctrl-C) leaves the old files, never half of the new set.
+  ``os.replace`` calls), and every staged temp file is removed when it raises. A rename that fails
+  (a destination that cannot be replaced) puts the files already renamed back
+  (:meth:`OutputSet.commit`). So a late failure (a bad plot after the table was written, Ctrl-C,
+  an immutable destination) leaves the old files, never half of the new set.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -34,10 +37,42 @@ class OutputSet:
         self.created: list[Path] = []  # folders made for the outputs, removed again on discard
 
     def commit(self) -> None:
-        """Rename every staged file over its destination (signals held back meanwhile)."""
+        """Rename every staged file over its destination (signals held back meanwhile), all or none.
+
+        Each existing destination is first kept under a hard link beside it; if a rename fails (a
+        destination that became a folder, an immutable file, a read-only mount), the destinations
+        already renamed get their previous file back (or are removed where there was none) and the
+        error names the one that failed. The kept links are removed at the end either way.
+
+        Raises:
+            OSError: a destination could not be replaced (``cannot write PATH: ...; no output was
+                changed``); the staged temp files are left for :meth:`discard`.
+        """
         with _signals_held():
-            for tmp, dest in self.staged:
-                os.replace(tmp, dest)
+            kept: list[tuple[Path, Path | None]] = []  # (destination, its previous file or None), renamed ones
+            try:
+                for tmp, dest in self.staged:
+                    old = _keep(dest)
+                    try:
+                        os.replace(tmp, dest)
+                    except OSError:
+                        if old is not None:
+                            old.unlink(missing_ok=True)
+                        raise
+                    kept.append((dest, old))
+            except OSError as exc:
+                for dest, old in reversed(kept):
+                    with contextlib.suppress(OSError):
+                        if old is None:
+                            dest.unlink()
+                        else:
+                            os.replace(old, dest)
+                failed = self.staged[len(kept)][1]
+                raise OSError(f"cannot write {failed}: {exc.strerror or exc}; no output was changed "
+                              f"(outputs are written all or none)") from None
+            for _, old in kept:
+                if old is not None:
+                    old.unlink(missing_ok=True)
             self.staged.clear()
 
     def discard(self) -> None:
@@ -47,6 +82,27 @@ class OutputSet:
         self.staged.clear()
         remove_empty_folders(self.created)
         self.created.clear()
+
+
+def _keep(dest: Path) -> Path | None:
+    """A hard link to the file at ``dest`` beside it (None when there is none; a symlink is kept as a
+    symlink), so that a commit that fails later can put it back; a file system without hard links
+    keeps a copy instead."""
+    if not (dest.is_symlink() or dest.is_file()):
+        return None
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name[:80]}.", suffix=".old.tmp", dir=dest.parent)
+    os.close(fd)
+    old = Path(name)
+    if dest.is_symlink():  # the link itself is what a rename replaces
+        old.unlink()
+        os.symlink(os.readlink(dest), old)
+        return old
+    try:
+        old.unlink()
+        os.link(dest, old)
+    except OSError:
+        shutil.copy2(dest, old)
+    return old
 
 
 _CURRENT: contextvars.ContextVar[OutputSet | None] = contextvars.ContextVar("dcut_output_set", default=None)

@@ -23,6 +23,7 @@ from .args import (
     given_flags,
     int_at_least,
     param_value,
+    same_file,
     seed_type,
     short_value,
 )
@@ -225,6 +226,12 @@ def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: st
         return paths
     if len(given) > 1 and not several:
         raise UsageError(f"{flag} given {len(given)} times; add --sweep to run several")
+    for j, path in enumerate(given):  # a set: a file given twice would be run (and counted) twice
+        for earlier in given[:j]:
+            if path == earlier:
+                raise UsageError(f"{flag} {path} is given twice; give each {what} once")
+            if same_file(path, earlier, flags=(flag, flag)):
+                raise UsageError(f"{flag} {earlier} and {flag} {path} are the same file; give each {what} once")
     return given
 
 

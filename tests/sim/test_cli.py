@@ -84,7 +84,9 @@ def test_selection_curve_cli(files, tmp_path, capsys):
 def test_sweep_cli(files, tmp_path, capsys):
     trace, cost = files
     out = tmp_path / "sweep.csv"
-    rc, _, err = run(["--sweep", "--trace", trace, "--cost", cost, "--cost", cost, "--batch-sizes", "2,4",
+    other = tmp_path / "c2.json"  # a second curve file (the same file twice is refused: inputs are a set)
+    other.write_bytes(cost.read_bytes())
+    rc, _, err = run(["--sweep", "--trace", trace, "--cost", cost, "--cost", other, "--batch-sizes", "2,4",
                       "--policies", "dcut", "--jobs", "2", "--out", out, *FAST], capsys)
     assert rc == 0, err
     df = pd.read_csv(out)
