@@ -20,6 +20,7 @@ import itertools
 import math
 import os
 import signal
+import socket
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -28,7 +29,7 @@ import pandas as pd
 
 from ..cost_curve import CostCurve
 from ..traces import Trace
-from .config import SimConfig
+from .config import SimConfig, SimulationError
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS
 from .simulate import check_simulation, sim_config, simulate
 
@@ -71,12 +72,26 @@ def _connect_client(address: str, timeout_s: float):
     box: dict[str, Any] = {}
     done, abandoned = threading.Event(), threading.Event()
 
+    class _Client(Client):
+        """A client whose half-built instance (its constructor raised) is closed here, quietly and
+        within a bound, instead of by its ``__del__`` later (a traceback after the error line)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            box["half"] = self
+            super().__init__(*args, **kwargs)
+
+        def __del__(self) -> None:
+            with contextlib.suppress(Exception):
+                super().__del__()
+
     def connect() -> None:
         try:
-            client = Client(address, timeout=timeout_s, set_as_default=False)
+            client = _Client(address, timeout=timeout_s, set_as_default=False)
         except Exception as exc:  # reported by the waiting thread
             box["error"] = exc
+            _close_half_built(box.pop("half", None))
         else:
+            box.pop("half", None)
             box["client"] = client
             if abandoned.is_set():
                 client.close()
@@ -94,10 +109,27 @@ def _connect_client(address: str, timeout_s: float):
         raise ValueError(f"no Dask scheduler answered at {address!r} within {timeout_s:g} s "
                          f"(--scheduler-timeout); {fix}")
     if "error" in box:
-        cause = " ".join(str(box["error"]).split())[:200] or type(box["error"]).__name__
+        error = box["error"]
+        if isinstance(error, (OSError, TimeoutError)):  # refused, reset, closed, timed out: the cause says which
+            cause = " ".join(str(error).split())[:200] or type(error).__name__
+        else:  # a reply that is not Dask's protocol: its decoder's complaint (sizes, dimensions) means nothing here
+            cause = "something answered there, but not a Dask scheduler: its reply is not the Dask protocol"
         raise ValueError(f"no Dask scheduler answered at {address!r} within {timeout_s:g} s "
                          f"(--scheduler-timeout) ({cause}); {fix}")
     return box["client"]
+
+
+def _close_half_built(client: Any) -> None:
+    """Close a client whose constructor raised, at most about a second, with nothing printed: its
+    own close waits on a connection that never opened (``2 x timeout``), so the loop is stopped
+    and the client marked closed, leaving its ``__del__`` nothing to do."""
+    if client is None:
+        return
+    with contextlib.suppress(Exception):
+        client.close(timeout=1)
+    with contextlib.suppress(Exception):
+        client.status = "closed"
+        client._loop_runner.stop()
 
 
 def _check_address(address: str) -> None:
@@ -164,10 +196,21 @@ def sweep_job(trace_path: str, cost_path: str, batch_size: int, config: SimConfi
 
     ``config``: the sweep's :class:`~.config.SimConfig` (one picklable object; a dict of its fields
     is accepted too). A plain module-level function of picklable arguments, so any executor or
-    cluster engine can run it.
+    cluster engine can run it. ``trace_path``/``cost_path`` are absolute (:func:`sweep` resolves
+    them before submitting), since a worker's working folder is its own.
+
+    Raises:
+        SimulationError: a file this worker cannot see, naming its host, process and working
+            folder (the workers must see the paths dcut-sim read, e.g. on a shared file system).
     """
     if not isinstance(config, SimConfig):
         config = SimConfig.from_dict(config)
+    for flag, path in (("--trace", trace_path), ("--cost", cost_path)):
+        if not os.path.isfile(path):  # checked by the client before submitting: this worker sees another file system
+            raise SimulationError(
+                f"{flag} {path}: no such file in the view of the sweep worker on {socket.gethostname()} (pid "
+                f"{os.getpid()}, working folder {os.getcwd()}), though dcut-sim itself read it; the workers must "
+                f"see the --trace/--cost paths at the same place (a shared file system)")
     df = simulate(_load_trace(trace_path), _load_cost(cost_path), config.replace(batch_sizes=(int(batch_size),)))
     df["trace"] = trace_path
     df["cost"] = cost_path
@@ -213,15 +256,19 @@ def sweep(
     for t, c in itertools.product(traces, costs):
         check_simulation(_load_trace(t), _load_cost(c), config)
     cells = list(itertools.product(traces, costs, config.batch_sizes))
+    # a worker runs in its own working folder (a Dask worker started elsewhere): it gets absolute paths,
+    # and the rows keep the names as given
+    where = {p: os.path.abspath(p) for p in (*traces, *costs)}
     own = executor is None
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     pool = (ProcessPoolExecutor(max_workers=max(1, min(workers, len(cells))), initializer=_worker_ignores_signals)
             if own else executor)  # never more workers than cells
     frames: dict[int, pd.DataFrame] = {}
     try:
-        futures = {pool.submit(sweep_job, t, c, int(bs), config): n for n, (t, c, bs) in enumerate(cells)}
+        futures = {pool.submit(sweep_job, where[t], where[c], int(bs), config): n for n, (t, c, bs) in enumerate(cells)}
         for done, fut in enumerate(as_completed(futures), start=1):
-            frames[futures[fut]] = fut.result()
+            n = futures[fut]
+            frames[n] = fut.result().assign(trace=cells[n][0], cost=cells[n][1])
             if on_job is not None:
                 on_job(done, len(cells))
     except KeyboardInterrupt:
