@@ -391,10 +391,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
         timer: Any = GraphTimer(workload)
     else:
         timer = EagerTimer(workload, synchronize=torch.cuda.synchronize if gpu else None)
-    settings = {"mode": args.mode, "backend": backend, "model": workload.describe(), "block_size": args.block_size,
-                "context_len": args.context_len, "dtype": args.dtype, "draft": draft.label(),
-                "device_name": hardware["device_name"], "warmups": args.warmups, "repeats": args.repeats,
-                "rounds": args.rounds, "seed": args.seed}
+    settings = {**_flag_settings(args, draft), "model": workload.describe(), "device_name": hardware["device_name"]}
     if not args.quiet:
         console.print(f"model {cfg.name} built in {build_s:.1f} s ({backend}, {args.dtype}); measuring "
                       f"{len(cells)} cells, {args.warmups} warm-ups + {args.repeats} repeats each in "
@@ -499,6 +496,56 @@ def _check_partial(args: argparse.Namespace, partial) -> None:
     load_partial(partial)
 
 
+#: The settings a partial file records (harness ``settings``) that come from one flag each, and that
+#: flag: a resume over a partial measured with another value is refused naming it.
+_SETTING_FLAGS = {"backend": "--cpu/--gpu/--eager", "block_size": "--block-size", "context_len": "--context-len",
+                  "dtype": "--dtype", "draft": "--draft", "warmups": "--warmups", "repeats": "--repeats",
+                  "rounds": "--rounds", "seed": "--seed", "threads": "--threads"}
+
+
+def _flag_settings(args: argparse.Namespace, draft) -> dict[str, Any]:
+    """The partial file's settings that this run's flags fix (after :func:`_resolve`), without
+    building anything; :func:`_run_measured` records them, with the model and the device."""
+    settings = {"mode": args.mode,
+                "backend": "cpu-eager" if args.mode == "cpu" else ("cuda-eager" if args.eager else "cuda-graph"),
+                "block_size": args.block_size, "context_len": args.context_len, "dtype": args.dtype,
+                "draft": draft.label(), "warmups": args.warmups, "repeats": args.repeats, "rounds": args.rounds,
+                "seed": args.seed}
+    if args.mode == "cpu":
+        settings["threads"] = args.threads
+    return settings
+
+
+def _check_partial_matches(args: argparse.Namespace, draft, partial) -> None:
+    """Before the model is built: the ``OUT.partial`` to resume was measured with this run's flags
+    (:data:`_SETTING_FLAGS`; a partial of an older version without ``threads`` counts as another
+    thread count), and its cells are cells of this run's grid. The model and the device are
+    compared by the harness once the model is built (:func:`~.harness.run_profile`)."""
+    from dcut_sched.inputs import shown
+
+    from .grid import build_cells
+    from .harness import PARTIAL_FIX, PartialMismatch, load_partial
+
+    doc = load_partial(partial)
+    old = doc["settings"]
+    diff = [(key, old.get(key), value) for key, value in _flag_settings(args, draft).items()
+            if key != "mode" and old.get(key) != value]
+    if diff:
+        def text(value: Any) -> str:
+            return "not recorded" if value is None else value if isinstance(value, str) else shown(value, 40)
+
+        changed = "; ".join(f"{_SETTING_FLAGS[k]}: {text(a)} then, {text(b)} now" for k, a, b in diff[:4])
+        raise PartialMismatch(f"partial file {partial}: measured with other settings ({changed}); resume with the "
+                              f"settings it was measured with, or rerun with --fresh to ignore and replace it")
+    keys = {c.key for c in build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step,
+                                       draft=draft.kind != "none", ar=True)}
+    stray = sorted(k for k in doc["samples_ms"] if k not in keys)
+    if stray:
+        raise PartialMismatch(f"partial file {partial}: cell {stray[0][:60]} is not a cell of this run's grid "
+                              f"(--batch-sizes, --ratios, --grid-step, --block-size, --draft); resume with the grid it "
+                              f"was measured with, or {PARTIAL_FIX}")
+
+
 def _main(argv: list[str], console) -> int:
     args = build_parser().parse_args(argv)  # before the heavy imports: --help and usage errors stay fast
     check_flags_used(args, given_flags(build_parser, argv, args))
@@ -523,6 +570,8 @@ def _main(argv: list[str], console) -> int:
     if args.mode != "analytic":
         _check_partial(args, partial)
     shape, cfg, draft = _resolve(args)
+    if args.mode != "analytic" and args.resume and not args.fresh and partial.exists():
+        _check_partial_matches(args, draft, partial)
     if args.mode == "analytic":
         curve, _ = _run_analytic(args, shape, draft, console)
     else:
