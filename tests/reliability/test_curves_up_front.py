@@ -186,3 +186,27 @@ def test_shipped_curves_pass_every_check():
             if name != "oracle":
                 RatioController(curve, curve.block_size, policy=name)
         StepCosts(curve, curve.block_size).check(range(1, curve.batch_sizes[-1] + 1), plain=True, every_budget=True)
+
+
+def test_vllm_plugin_checks_the_curve_up_to_max_num_seqs(tmp_path):
+    """The plugin's controller is checked for 1..max_num_seqs (no vLLM needed to build it)."""
+    from types import SimpleNamespace
+
+    from dcut_sched.integrations.vllm.config import DCutConfigError, DCutVllmConfig
+    from dcut_sched.integrations.vllm.startup import build_controller
+
+    path = tmp_path / "c.json"
+    CostCurve.from_dict(_undrafted_low_bs()).save(path)
+    cfg = DCutVllmConfig.from_mapping({"policy": "fine", "cost_curve": str(path)}, "additional_config['dcut']")
+
+    def vllm_config(max_num_seqs: int):
+        return SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+
+    assert build_controller(cfg, vllm_config(2), B).policy.name == "fine"
+    with pytest.raises(DCutConfigError) as info:
+        build_controller(cfg, vllm_config(4), B)
+    message = str(info.value)
+    assert message.startswith(f"additional_config['dcut']: cost curve {path} cannot serve batch sizes up to "
+                              f"max_num_seqs 4 (RatioController: policy 'fine' cannot plan every batch size up to 4")
+    assert "undrafted step overhead batch_size=3 is outside" in message
+    assert message.endswith("; profile up to max_num_seqs or lower max_num_seqs")

@@ -36,8 +36,13 @@ def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
             f"{curve.block_size}, but vLLM serves block size {block_size} (num_speculative_tokens "
             f"{block_size - 1} + 1); profile it with dcut-profile --vllm MODEL --block-size {block_size}"
         )
-    ctrl = RatioController(curve, block_size, policy, calibrate=cfg.calibrate)
     max_bs = int(vllm_config.scheduler_config.max_num_seqs)
+    try:  # every step the policy reads, at every batch size up to max_num_seqs, priced now
+        ctrl = RatioController(curve, block_size, policy, calibrate=cfg.calibrate, max_batch_size=max_bs)
+    except (CostCurveError, CostCurveRangeError) as exc:
+        raise DCutConfigError(f"{cfg.source}: cost curve {curve.path or cfg.cost_curve} cannot serve batch sizes up "
+                              f"to max_num_seqs {max_bs} ({exc}); profile up to max_num_seqs or lower "
+                              f"max_num_seqs") from None
     if curve is not None:
         try:
             for bs in range(1, max_bs + 1):
