@@ -22,6 +22,9 @@ The simulator charges these times, and the policies (``ar``, ``dcut``, ``fine``,
 the same object, so a policy's objective and the time the simulator charges cannot drift apart.
 Each batch size's table (every budget ``bs..bs*B`` the curve covers) is built once, so a step is
 answered by an array index and never calls the interpolator in an inner loop.
+:meth:`StepCosts.check` prices every step a run can take at the batch sizes it reaches, once, where
+the run starts (the simulator's checks, :class:`~dcut_sched.controller.RatioController`), so a curve
+that cannot price one is refused before the first step rather than in the middle of a run.
 
 :class:`StepCosts` is the only cost type a policy sees. It is built once where a cost curve enters:
 :class:`~dcut_sched.controller.RatioController` (and with it the vLLM plugin and ``dcut-engine``),
@@ -208,8 +211,9 @@ class StepCosts:
         ``undrafted``, those steps (their ``step_overhead`` rows must reach ``bs``, priced > 0 ms).
         ``every_budget``: every budget ``bs..bs*B`` must be covered (a run that charges whatever a
         policy picks, the simulator). ``budgets``: ``budgets(bs)``, the budgets a policy verifies at
-        ``bs`` (e.g. ``dcut``'s ratio buckets), each of which must be covered. Nothing is cached: a
-        controller checks every batch size of its curve without keeping their tables.
+        ``bs`` (e.g. ``dcut``'s ratio buckets), each of which must be covered. The budget tables are
+        not cached (only the per-batch-size step times are): a controller checks every batch size
+        of its curve without keeping a table for each.
 
         Raises:
             CostCurveRangeError: a batch size, budget or step outside the curve's cells (the message
@@ -221,8 +225,7 @@ class StepCosts:
             hi = bs * self.block_size
             lo_curve, hi_curve = self.cost.token_range(bs)
             first, last = max(lo_curve, bs), min(hi_curve, hi)
-            wanted = (bs, hi) if every_budget else None
-            if first > last or (wanted and (first > bs or last < hi)):
+            if first > last or (every_budget and (first > bs or last < hi)):
                 raise CostCurveRangeError(
                     f"{self._where()}: at batch_size={bs} it covers num_tokens {lo_curve}..{hi_curve}, not "
                     f"{bs}..{hi} (every request verifies 1..B={self.block_size} slots); profile those token counts")

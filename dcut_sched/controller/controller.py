@@ -144,12 +144,11 @@ class RatioController:
             the bank's captured token counts.
         calibrator: a ready :class:`~dcut_sched.calibration.OnlineCalibrator` (implies
             ``calibrate=True``); default: a fresh one for ``block_size``.
-        max_batch_size: the largest batch :meth:`plan` will be given; a batch drains down to 1, so
-            every batch size 1..``max_batch_size`` is checked (None: the curve's measured range,
-            its smallest to its largest batch size). Each is checked
-            here, for what the policy reads (:attr:`~dcut_sched.policies.Policy.cost_terms`,
-            :meth:`StepCosts.check <dcut_sched.step_costs.StepCosts.check>`), so a curve that
-            cannot price one of them is refused now, not by a ``plan`` in the middle of serving.
+        max_batch_size: the largest batch :meth:`plan` will be given. A batch drains down to 1, so
+            every batch size 1..``max_batch_size`` is checked here (None: the curve's measured
+            range) for what the policy reads (:attr:`~dcut_sched.policies.Policy.cost_terms`,
+            :meth:`StepCosts.check <dcut_sched.step_costs.StepCosts.check>`): a curve that cannot
+            price one of them is refused now, not by a ``plan`` in the middle of serving.
         **policy_params: passed to ``dcut_sched.policies.get(policy, ...)``.
 
     Raises:
@@ -220,8 +219,8 @@ class RatioController:
         budgets = ((lambda bs: policy.budgets(bs, self.block_size))
                    if "budgets" in terms and hasattr(policy, "budgets") else None)
         try:
-            costs.check(range(1 if max_batch_size is not None else measured[0], int(top) + 1), drafted="drafted" in terms,
-                        undrafted="undrafted" in terms, budgets=budgets)
+            costs.check(range(1 if max_batch_size is not None else measured[0], int(top) + 1),
+                        drafted="drafted" in terms, undrafted="undrafted" in terms, budgets=budgets)
         except (CostCurveError, CostCurveRangeError) as exc:
             raise type(exc)(f"RatioController: policy {policy.name!r} cannot plan every batch size up to "
                             f"{top} on this curve: {exc}") from None
