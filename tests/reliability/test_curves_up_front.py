@@ -13,7 +13,6 @@ from dcut_sched.cli import sim as sim_cli
 from dcut_sched.controller import RatioController
 from dcut_sched.cost_curve import CostCurveError, CostCurveRangeError
 from dcut_sched.step_costs import StepCosts
-
 from tests.conftest import linear_curve
 from tests.sim.conftest import random_trace
 
