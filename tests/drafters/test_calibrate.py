@@ -50,3 +50,40 @@ def test_calibration_prompts_spread_over_the_training_list():
     train = list(range(100))
     assert calibration_prompts(train, 5) == [0, 25, 50, 74, 99]
     assert calibration_prompts(train, 200) == train
+
+
+def test_calibrate_refuses_a_missing_drafter_folder(tmp_path, capsys):
+    from dcut_sched.cli import drafter
+
+    assert drafter.main(["calibrate", "--draft", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "nope") in err
+    assert drafter.main(["calibrate", "--draft", str(tmp_path), "--prompts", "1"]) == 2
+    assert "argument --prompts: 1 must be >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibrate_replaces_a_malformed_prior_at_tiny_scale(tmp_path, capsys):
+    """The real command on a copy of the shipped drafter, 3 training prompts x 24 tokens (~10 s)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from dcut_sched.cli import drafter
+
+    shipped = Path(__file__).resolve().parents[2] / "drafters" / "smollm2-135m-dflash"
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "heldout.json"):
+        shutil.copy(shipped / name, folder / name)
+    (folder / "calibration.json").write_text("{not json")
+    assert drafter.main(["calibrate", "--draft", str(folder), "--prompts", "3", "--max-new-tokens", "24",
+                         "--threads", "1"]) == 0
+    prior = load_checkpoint(folder).calibration_prior
+    prov = prior.provenance
+    assert prov["prompts"] == 3 and prov["seed"] == 0 and prov["continuations"] == {"greedy": 3, "t0.7": 2,
+                                                                                     "max_new_tokens": 24}
+    assert prov["command"].startswith("dcut-drafter calibrate --draft") and "never the held-out prompts" in prov["prompt_split"]
+    assert prov["log_loss_calibrated"] <= prov["log_loss_raw"]
+    assert prov["by_depth"][0]["depth"] == 1 and {"ece_raw", "ece_calibrated"} <= set(prov["by_depth"][0])
+    assert json.loads(capsys.readouterr().out)["slope"] == prior.slope
