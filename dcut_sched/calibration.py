@@ -664,6 +664,7 @@ class LogisticCalibrator:
         self.a, self.b = self._prior_ab[0].copy(), self._prior_ab[1].copy()
         self._at_identity = self.prior.is_identity
         self._torch_ab: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._half_ab: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
         self._since_refit = 0
         self.num_observed_requests = 0
         self.num_refits = 0
@@ -695,8 +696,22 @@ class LogisticCalibrator:
             out = torch.sigmoid(ab[0] + ab[1] * (torch.log(c) - torch.log1p(-c)))
             return torch.where(conf <= 0, torch.zeros_like(out), torch.where(conf >= 1, torch.ones_like(out), out))
         conf_np = np.asarray(conf)
-        with np.errstate(divide="ignore"):
-            return _logistic_map(conf_np, self.a, self.b).astype(conf_np.dtype, copy=False)
+        half_a, half_b = self._half_ab.get(conf_np.dtype) or self._half_params(conf_np.dtype)
+        with np.errstate(divide="ignore"):  # logit(0) = -inf and logit(1) = inf map to 0 and 1 (b > 0)
+            x = np.log(conf_np)
+            x -= np.log1p(-conf_np)
+        x *= half_b
+        x += half_a
+        np.tanh(x, out=x)
+        x *= 0.5
+        x += 0.5
+        return x
+
+    def _half_params(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """``(a / 2, b / 2)`` in ``dtype`` (the map is ``1/2 + tanh(a/2 + b/2 logit(c)) / 2``), cached."""
+        dt = dtype if dtype.kind == "f" else np.dtype(np.float64)
+        pair = self._half_ab[dtype] = ((0.5 * self.a).astype(dt), (0.5 * self.b).astype(dt))
+        return pair
 
     # ------------------------------------------------------------------ observations
     def observe(self, conf: Array, num_accepted: Array, lengths: Array) -> None:
@@ -712,8 +727,8 @@ class LogisticCalibrator:
             lengths = torch.as_tensor(lengths, device=dev).to(torch.int64)
             num_accepted = verified_prefix_tokens(num_accepted.clamp(min=0), lengths) - 1
             observed, accepted = censored_outcomes(num_accepted, lengths, nd)
-            c = conf.to(torch.float64).clamp(_EPS, 1.0 - _EPS)
-            x = torch.log(c) - torch.log1p(-c)
+            c = conf.to(torch.float64)
+            x = (torch.log(c) - torch.log1p(-c)).clamp(-self.logit_range, self.logit_range)
             bins = ((x + self.logit_range) * (self.num_bins / (2 * self.logit_range))).floor().clamp(0, self.num_bins - 1)
             cell = (bins.to(torch.int64) + torch.as_tensor(self._cell_offsets, device=dev)).reshape(-1)
             obs = observed.reshape(-1).to(torch.float64)
@@ -722,18 +737,22 @@ class LogisticCalibrator:
             held = self._device_new.get(dev)
             self._device_new[dev] = add if held is None else held + add
         else:
-            conf = np.asarray(conf)
-            num_accepted = np.asarray(num_accepted, dtype=np.int64)
+            conf = np.asarray(conf, dtype=np.float64)
             lengths = np.asarray(lengths, dtype=np.int64)
-            num_accepted = verified_prefix_tokens(np.maximum(num_accepted, 0), lengths) - 1
+            num_accepted = np.minimum(np.maximum(np.asarray(num_accepted, dtype=np.int64), 0), lengths - 1)
             observed, accepted = censored_outcomes(num_accepted, lengths, nd)
-            x = _logit(conf.astype(np.float64))
-            bins = np.clip(((x + self.logit_range) * (self.num_bins / (2 * self.logit_range))).astype(np.int64),
-                           0, self.num_bins - 1)
-            cell = (bins + self._cell_offsets)[observed]
-            self._new[0] += np.bincount(cell, minlength=size)
-            self._new[1] += np.bincount((bins + self._cell_offsets)[accepted], minlength=size)
-            self._new[2] += np.bincount(cell, weights=x[observed], minlength=size)
+            r = self.logit_range
+            with np.errstate(divide="ignore"):
+                x = np.log(conf)
+                x -= np.log1p(-conf)
+            x = np.minimum(np.maximum(x, -r), r)  # statistics of logits beyond +-logit_range count at the edge
+            bins = np.minimum(((x + r) * (self.num_bins / (2 * r))).astype(np.int64), self.num_bins - 1)
+            bins += self._cell_offsets
+            cell = bins[observed]
+            new = self._new
+            new[0] += np.bincount(cell, minlength=size)
+            new[1] += np.bincount(bins[accepted], minlength=size)
+            new[2] += np.bincount(cell, weights=x[observed], minlength=size)
         self.num_observed_requests += bs
         self._tick(bs)
 
@@ -789,6 +808,7 @@ class LogisticCalibrator:
         self.a, self.b = a, b
         self._at_identity = False
         self._torch_ab = {}
+        self._half_ab = {}
 
     def __repr__(self) -> str:
         return (f"LogisticCalibrator(block_size={self.block_size}, prior_depths={len(self.prior.intercepts)}, "
