@@ -585,7 +585,8 @@ class LogisticCalibrator:
     the prior's ``(intercept_t, slope)``. Each observed step adds its censored outcomes
     (:func:`censored_outcomes`) to per-depth bins on the logit scale (count, accepted, sum of
     logits: three scatter-adds, bounded memory ``3 x (B-1) x num_bins``). Every ``refit_every``
-    requests (rows of :meth:`observe` and of :meth:`observe_plain`) the bins forget with a half-life
+    requests (rows of :meth:`observe` and of :meth:`observe_plain`; sooner at the start: after 16
+    requests, then whenever the requests since the last refit reach half of all so far) the bins forget with a half-life
     of ``half_life`` requests, and each depth's two parameters are refitted by a few vectorised Newton
     steps on the bins plus ``prior_strength`` pseudo-observations drawn from the prior (half at the
     logit where the prior says 1/4, half where it says 3/4). With no data, or after the data has been
@@ -599,7 +600,7 @@ class LogisticCalibrator:
         block_size: B (``None``: taken from the first call, then fixed).
         prior: the drafter's :class:`CalibrationPrior` (default: the identity).
         prior_strength: pseudo-observations per depth that the prior counts for (> 0).
-        refit_every: requests between refits (>= 1).
+        refit_every: requests between refits in the steady state (>= 1).
         half_life: requests over which the observed counts halve (> 0; ``None``: never forget).
         num_bins: bins of ``logit(conf)`` on ``[-logit_range, logit_range]`` (>= 2).
         newton_steps: Newton steps per refit (>= 1), from the current parameters.
@@ -609,7 +610,7 @@ class LogisticCalibrator:
     """
 
     def __init__(self, block_size: int | None = None, *, prior: CalibrationPrior | None = None,
-                 prior_strength: float = 32.0, refit_every: int = 256, half_life: float | None = 4096.0,
+                 prior_strength: float = 32.0, refit_every: int = 128, half_life: float | None = 4096.0,
                  num_bins: int = 32, logit_range: float = 8.0, newton_steps: int = 4):
         if not (prior_strength > 0 and np.isfinite(prior_strength)):
             raise ValueError(f"LogisticCalibrator: prior_strength={prior_strength} must be a finite number > 0")
@@ -628,7 +629,7 @@ class LogisticCalibrator:
         self.logit_range = float(logit_range)
         self.newton_steps = int(newton_steps)
         self.block_size: int | None = None
-        self._since_refit = self.num_observed_requests = self.num_refits = 0
+        self._since_refit = self._clock = self.num_observed_requests = self.num_refits = 0
         if block_size is not None:
             self._set_block_size(int(block_size))
 
@@ -665,7 +666,7 @@ class LogisticCalibrator:
         self._at_identity = self.prior.is_identity
         self._torch_ab: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
         self._half_ab: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
-        self._since_refit = 0
+        self._since_refit = self._clock = 0
         self.num_observed_requests = 0
         self.num_refits = 0
 
@@ -763,7 +764,9 @@ class LogisticCalibrator:
 
     def _tick(self, requests: int) -> None:
         self._since_refit += requests
-        if self._since_refit >= self.refit_every:
+        self._clock += requests
+        # every refit_every requests, sooner at the start (after 16, then after half the requests so far)
+        if self._since_refit >= min(self.refit_every, max(16, self._clock // 2)):
             self.refit()
 
     def counts(self) -> tuple[np.ndarray, np.ndarray]:

@@ -175,3 +175,16 @@ def test_bad_parameters_are_named():
             LogisticCalibrator(B, **kw)
     with pytest.raises(ValueError, match="block size 8"):
         LogisticCalibrator(B).transform(np.zeros((2, 3)))
+
+
+def test_refits_come_early_then_every_refit_every_requests():
+    cal = LogisticCalibrator(B, refit_every=128)
+    conf = np.full((4, D), 0.5)
+    refits_at = []
+    for step in range(1, 101):
+        before = cal.num_refits
+        cal.observe(conf, np.zeros(4, dtype=np.int64), np.full(4, B))
+        if cal.num_refits > before:
+            refits_at.append(4 * step)
+    assert refits_at == [16, 32, 64, 128, 256, 384]  # after 16, doubling, then every 128
+    assert cal.transform(conf)[0, 0] < 0.2  # every first draft at 0.5 was rejected
