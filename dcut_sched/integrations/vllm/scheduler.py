@@ -12,8 +12,8 @@ and unplanned requests, metrics window, step records). Per engine step (EngineCo
 2. ``schedule``: vLLM's (``1 + len(spec_token_ids)`` tokens per request), with
    ``num_spec_tokens_to_schedule = 0`` when the plan says not to draft next.
 3. ``update_from_output``: the accepted drafts go back to the controller, with the step's wall
-   time (from the previous ``update_from_output``; a step after an idle gap, longer than its own
-   forward, is not timed) for the cost-curve check.
+   time (from the previous ``update_from_output``) for the cost-curve check; a step that also ran
+   prefill tokens, or came after an idle gap longer than its own forward, is not timed.
 
 Start-up fails clearly on another vLLM version or a bad config (:mod:`.config`, :mod:`.startup`).
 """
@@ -56,6 +56,7 @@ class DCutScheduler(Scheduler):
         self._dcut_in_flight = None  # that plan and what was scheduled of it
         self._dcut_last_update = None  # perf_counter at the end of the last update_from_output
         self._dcut_scheduled_at = None  # perf_counter when this step's schedule() began
+        self._dcut_decode_only = False  # whether this step scheduled decode tokens only (no prefill)
         cal = self.dcut_controller.calibrator
         logger.info("D-Cut: policy %s, block size %d, cost curve %s, calibration %s (%s)", cfg.policy,
                     self.dcut_block_size,
@@ -92,13 +93,15 @@ class DCutScheduler(Scheduler):
         plan, self._dcut_pending = self._dcut_pending, None
         if plan is not None and not plan.draft_next:
             out.num_spec_tokens_to_schedule = 0
-        self._dcut_in_flight = self.dcut.schedule(
-            plan, out.num_scheduled_tokens, {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()},
-            num_spec_tokens_to_schedule=int(out.num_spec_tokens_to_schedule))
+        spec = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
+        self._dcut_decode_only = sum(out.num_scheduled_tokens.values()) == len(out.num_scheduled_tokens) + sum(spec.values())
+        self._dcut_in_flight = self.dcut.schedule(plan, out.num_scheduled_tokens, spec,
+                                                  num_spec_tokens_to_schedule=int(out.num_spec_tokens_to_schedule))
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         flight, self._dcut_in_flight = self._dcut_in_flight, None
+        step_ms = self._dcut_step_ms()
         if flight is not None and model_runner_output is not None:
             sampled = model_runner_output.sampled_token_ids or []
             index = model_runner_output.req_id_to_index or {}
@@ -107,15 +110,16 @@ class DCutScheduler(Scheduler):
                 i = index.get(rid)
                 if i is not None and i < len(sampled) and len(sampled[i]):
                     accepted[rid] = len(sampled[i]) - 1
-            self.dcut.observe(flight, accepted, step_ms=self._dcut_step_ms())
+            self.dcut.observe(flight, accepted, step_ms=step_ms)
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _dcut_step_ms(self) -> float | None:
-        """Wall ms from the previous ``update_from_output`` to this one; ``None`` for the first step and
-        after an idle gap (the time before this step's ``schedule`` exceeds the step's own forward)."""
+        """Wall ms from the previous ``update_from_output`` to this one; ``None`` for the first step, a
+        step with prefill tokens (the cost curve prices decode steps), and after an idle gap (the time
+        before this step's ``schedule`` exceeds the step's own forward)."""
         now, last, began = time.perf_counter(), self._dcut_last_update, self._dcut_scheduled_at
         self._dcut_last_update = now
-        if last is None or began is None or began - last > now - began:
+        if last is None or began is None or not self._dcut_decode_only or began - last > now - began:
             return None
         return (now - last) * 1e3
 
