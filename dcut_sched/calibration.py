@@ -587,7 +587,9 @@ class LogisticCalibrator:
     logits: three scatter-adds, bounded memory ``3 x (B-1) x num_bins``). Every ``refit_every``
     requests (rows of :meth:`observe` and of :meth:`observe_plain`; sooner at the start: after 16
     requests, then whenever the requests since the last refit reach half of all so far) the bins forget with a half-life
-    of ``half_life`` requests, and each depth's two parameters are refitted by a few vectorised Newton
+    of ``half_life`` requests (``unobserved_half_life`` for a depth that got no observation since the
+    last refit: a policy that stopped verifying it sees it return to the prior, no lock-out), and
+    each depth's two parameters are refitted by a few vectorised Newton
     steps on the bins plus ``prior_strength`` pseudo-observations drawn from the prior (half at the
     logit where the prior says 1/4, half where it says 3/4). With no data, or after the data has been
     forgotten, the map is the prior; with much data it follows the data.
@@ -602,6 +604,7 @@ class LogisticCalibrator:
         prior_strength: pseudo-observations per depth that the prior counts for (> 0).
         refit_every: requests between refits in the steady state (>= 1).
         half_life: requests over which the observed counts halve (> 0; ``None``: never forget).
+        unobserved_half_life: the same for a depth with no new observation (> 0; ``None``: ``half_life``).
         num_bins: bins of ``logit(conf)`` on ``[-logit_range, logit_range]`` (>= 2).
         newton_steps: Newton steps per refit (>= 1), from the current parameters.
 
@@ -611,13 +614,15 @@ class LogisticCalibrator:
 
     def __init__(self, block_size: int | None = None, *, prior: CalibrationPrior | None = None,
                  prior_strength: float = 32.0, refit_every: int = 128, half_life: float | None = 4096.0,
-                 num_bins: int = 32, logit_range: float = 8.0, newton_steps: int = 4):
+                 unobserved_half_life: float | None = 256.0, num_bins: int = 32, logit_range: float = 8.0,
+                 newton_steps: int = 4):
         if not (prior_strength > 0 and np.isfinite(prior_strength)):
             raise ValueError(f"LogisticCalibrator: prior_strength={prior_strength} must be a finite number > 0")
         if refit_every < 1:
             raise ValueError(f"LogisticCalibrator: refit_every={refit_every} must be >= 1")
-        if half_life is not None and not 0 < half_life < float("inf"):
-            raise ValueError(f"LogisticCalibrator: half_life={half_life} must be a finite number > 0 (or None)")
+        for name, value in (("half_life", half_life), ("unobserved_half_life", unobserved_half_life)):
+            if value is not None and not 0 < value < float("inf"):
+                raise ValueError(f"LogisticCalibrator: {name}={value} must be a finite number > 0 (or None)")
         if num_bins < 2 or not logit_range > 0 or newton_steps < 1:
             raise ValueError(f"LogisticCalibrator: num_bins={num_bins} must be >= 2, logit_range={logit_range} > 0, "
                              f"newton_steps={newton_steps} >= 1")
@@ -625,6 +630,7 @@ class LogisticCalibrator:
         self.prior_strength = float(prior_strength)
         self.refit_every = int(refit_every)
         self.half_life = None if half_life is None else float(half_life)
+        self.unobserved_half_life = None if unobserved_half_life is None else float(unobserved_half_life)
         self.num_bins = int(num_bins)
         self.logit_range = float(logit_range)
         self.newton_steps = int(newton_steps)
@@ -638,7 +644,7 @@ class LogisticCalibrator:
         return {"block_size": self.block_size, "prior": {"intercepts": list(self.prior.intercepts),
                                                          "slope": self.prior.slope},
                 "prior_strength": self.prior_strength, "refit_every": self.refit_every,
-                "half_life": self.half_life, "num_bins": self.num_bins, "logit_range": self.logit_range,
+                "half_life": self.half_life, "unobserved_half_life": self.unobserved_half_life, "num_bins": self.num_bins, "logit_range": self.logit_range,
                 "newton_steps": self.newton_steps}
 
     def _set_block_size(self, block_size: int) -> None:
@@ -784,8 +790,12 @@ class LogisticCalibrator:
         new = self._new
         for t in self._device_new.values():  # one device-to-host copy per device
             new = new + t.cpu().numpy()
-        decay = 1.0 if self.half_life is None else 0.5 ** (self._since_refit / self.half_life)
-        self._stats = self._stats * decay + new.reshape(self._stats.shape)
+        new = new.reshape(self._stats.shape)
+        decay = np.full(self.block_size - 1, 1.0 if self.half_life is None else 0.5 ** (self._since_refit / self.half_life))
+        if self.unobserved_half_life is not None:  # a depth with no observation since the last refit
+            idle = new[0].sum(1) == 0
+            decay[idle] = np.minimum(decay[idle], 0.5 ** (self._since_refit / self.unobserved_half_life))
+        self._stats = self._stats * decay[None, :, None] + new
         self._new = np.zeros_like(self._new)
         self._device_new = {}
         self._since_refit = 0
