@@ -660,6 +660,7 @@ class LogisticCalibrator:
         self._pseudo_n = np.full((d, 2), self.prior_strength / 2)
         self._pseudo_y = self._pseudo_n * q[None, :]
         self._cell_offsets = np.arange(d)[None, :] * self.num_bins
+        self._torch_offsets: dict[Any, torch.Tensor] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -737,7 +738,10 @@ class LogisticCalibrator:
             c = conf.to(torch.float64)
             x = (torch.log(c) - torch.log1p(-c)).clamp(-self.logit_range, self.logit_range)
             bins = ((x + self.logit_range) * (self.num_bins / (2 * self.logit_range))).floor().clamp(0, self.num_bins - 1)
-            cell = (bins.to(torch.int64) + torch.as_tensor(self._cell_offsets, device=dev)).reshape(-1)
+            offsets = self._torch_offsets.get(dev)
+            if offsets is None:  # copied to the device once, not per step
+                offsets = self._torch_offsets[dev] = torch.as_tensor(self._cell_offsets, device=dev)
+            cell = (bins.to(torch.int64) + offsets).reshape(-1)
             obs = observed.reshape(-1).to(torch.float64)
             w = torch.stack([obs, accepted.reshape(-1).to(torch.float64), obs * x.reshape(-1)])
             add = torch.zeros(3, size, dtype=torch.float64, device=dev).index_add_(1, cell, w)
