@@ -408,7 +408,7 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
     obs.phase_ended(step, "verify", (t3 - t2) * 1e3)
     # every planned request ran its plan: nothing dropped, nothing unplanned
     flight = requests.schedule(planned, reqs, {q: n - 1 for q, n in zip(reqs, lengths)} if planned.drafted else {})
-    requests.observe(flight, dict(zip(reqs, accepted)))
+    requests.observe(flight, dict(zip(reqs, accepted)), step_ms=(t3 - t0) * 1e3)
     record = EngineStepRecord(
         step=step,
         request_ids=reqs,

@@ -16,7 +16,9 @@ Keys (all optional):
                      B = ``num_speculative_tokens + 1``; without one a policy that needs a curve
                      profiles vLLM at start-up and caches the file (``profile_cache_dir``)
 ``profile_cache_dir``  folder of start-up profiles [``$DCUT_SCHED_CACHE/vllm-profiles``]
-``calibrate``        learn a confidence-to-acceptance map online [false]
+``calibrate``        score per-depth calibrated confidences, learnt online from the drafter's
+                     ``calibration.json`` prior (``speculative_config.model``/calibration.json when
+                     that is a local folder) or the identity [true]
 ``record_path``      write one JSON line per engine step (plan, verified lengths, accepted
                      tokens, plan time, each planned request's confidences, draft token ids
                      and output tokens so far) to this file, the worker's verified lengths to
@@ -86,7 +88,7 @@ class DCutVllmConfig:
     policy_params: dict = field(default_factory=dict)
     cost_curve: str | None = None
     profile_cache_dir: str | None = None
-    calibrate: bool = False
+    calibrate: bool = True
     record_path: str | None = None
     log_interval_s: float = 10.0
     skip_undrafted_block: bool = True
@@ -244,7 +246,7 @@ def _typed_model():
             policy_params: dict[str, Any] = Field(default_factory=dict)
             cost_curve: str | None = None
             profile_cache_dir: str | None = None
-            calibrate: bool = False
+            calibrate: bool = True
             record_path: str | None = None
             log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
             skip_undrafted_block: bool = True
