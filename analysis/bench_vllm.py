@@ -187,6 +187,125 @@ def stage_engine(args, out: Path) -> None:
     frame.to_csv(old, index=False)
 
 
+#: Prompt sets of the rounds stage: the project's held-out prompts, and prompts of kinds unlike the
+#: drafter's training prompts (docs/drafters.md, "Held-out sets").
+PROMPT_SETS = {"heldout": REPO / "dcut_sched" / "data" / "traces" / "prompts.jsonl",
+               "unlike": REPO / "dcut_sched" / "data" / "traces" / "prompts-unlike.jsonl"}
+#: vLLM's own speculative decoding without D-Cut, the configurations a vLLM user would pick instead:
+#: a fixed number of drafts per request, or Dynamic SD's per-batch-size schedule (built by
+#: :func:`dynamic_sd_schedule` from the same cost curve).
+VLLM_PEERS = ("vllm-k2", "vllm-k4", "vllm-dynsd")
+ROUND_CONFIGS = ("nospec", "full", "dcut", "fine", *VLLM_PEERS)
+#: the shipped trace of the DFlash drafter (the project's engine, its 80 held-out prompts, B = 8): the
+#: Dynamic SD schedule is chosen on its requests that no benchmark wave runs (ids >= 16)
+SCHEDULE_TRACE = REPO / "dcut_sched" / "data" / "traces" / "smollm2-135m-dflash-b8.parquet"
+
+
+def dynamic_sd_schedule(curve_path: Path, batch_sizes, trace_path: Path = SCHEDULE_TRACE,
+                        first_request: int = 16) -> dict[int, int]:
+    """The best fixed number of drafts K per batch size that the cost curve implies: for each bs, the
+    K in 0..B-1 whose simulated closed-loop tokens/s is highest (K = 0: plain decoding, ``ar``; K > 0:
+    every request verifies its first K drafts, ``uniform`` at rho = (K + 1) / B), replaying the
+    shipped DFlash trace's requests from ``first_request`` on (prompts no benchmark wave decodes)."""
+    import dcut_sched as d
+    from dcut_sched.traces.format import Trace
+
+    trace = Trace.load(trace_path)
+    df = trace.to_frame()
+    trace = Trace.from_frame(df[df["request_id"] >= first_request].reset_index(drop=True), trace.metadata)
+    curve = d.CostCurve.load(curve_path, check_hardware=False)
+    from dcut_sched.simulator.simulate import policy_specs
+
+    specs = [("ar", {})] + [("uniform", {"rho": (k + 1) / BLOCK_SIZE}) for k in range(1, BLOCK_SIZE)]
+    k_of = {label: k for k, (label, _, _) in enumerate(policy_specs(specs))}
+    sim = d.simulate(trace, curve, policies=specs, batch_sizes=list(batch_sizes), mode="closed", seed=0)
+    return {int(bs): k_of[g.loc[g["tokens_per_s"].idxmax(), "policy"]] for bs, g in sim.groupby("batch_size")}
+
+
+def _round_run(name: str, bs: int, r: int, out: Path, schedule: dict[int, int]) -> dict:
+    """One run of the rounds stage (a D-Cut policy, vLLM without speculation, or a vLLM peer)."""
+    if name == "nospec":
+        return {"name": f"{name}#{r}", "dcut": None}
+    if name in VLLM_PEERS:
+        spec = ({"num_speculative_tokens_per_batch_size": [[1, 1024, schedule[bs]]]} if name == "vllm-dynsd"
+                else {"num_speculative_tokens": int(name.removeprefix("vllm-k"))})
+        return {"name": f"{name}#{r}", "dcut": None, "vllm_spec": spec}
+    dcut = {"policy": name, "log_interval_s": 600.0}
+    if policies_need_curve(name):
+        dcut["cost_curve"] = _rel(out / _curve_name())
+    return {"name": f"{name}#{r}", "dcut": dcut}
+
+
+def policies_need_curve(name: str) -> bool:
+    from dcut_sched import policies
+
+    return policies.get(name).needs_cost
+
+
+def stage_rounds(args, out: Path) -> None:
+    """Interleaved rounds (analysis/rounds.py) of every configuration on both prompt sets: writes
+    ``bench_vllm_rounds_runs.csv`` (one row per run), ``bench_vllm_rounds.csv`` and ``.md``."""
+    sys.path.insert(0, str(REPO / "analysis"))
+    from rounds import floor_summary, rotated, summary_markdown
+
+    target = _rel(write_pair()[0])
+    configs = (*ROUND_CONFIGS, *args.peers)
+    schedule = dynamic_sd_schedule(out / _curve_name(), args.batch_sizes)
+    print(f"Dynamic SD schedule (K per bs) from the curve: {schedule}", flush=True)
+    rows = []
+    for pset in args.prompt_sets:
+        for bs in args.batch_sizes:
+            runs = [{"name": "warmup#-1", "dcut": None}]
+            for r in range(args.rounds):
+                runs += [_round_run(name, bs, r, out, schedule) for name in rotated(configs, r)]
+            job = {"target": target, "draft": _draft(True), "block_size": BLOCK_SIZE,
+                   "prompts": {"file": _rel(PROMPT_SETS[pset]), "n": bs, "chat": True},
+                   "max_tokens": args.max_tokens, "max_num_seqs": bs, "max_model_len": 1024, "runs": runs,
+                   "step_timing": True}
+            (out / "records").mkdir(parents=True, exist_ok=True)
+            jf, rf = out / "records" / f"rounds-{pset}-bs{bs}.json", out / "records" / f"rounds-{pset}-bs{bs}.out.json"
+            jf.write_text(json.dumps(job))
+            load0 = os.getloadavg()[0]
+            subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf), "--out",
+                            str(rf)], check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=3600)
+            res = json.loads(rf.read_text())
+            rf.unlink()  # token ids of every run: large, and re-made by the job file
+            base = res["runs"][0]["token_ids"]
+            for run in res["runs"][1:]:
+                if "error" in run:
+                    raise RuntimeError(f"{pset} bs {bs} {run['name']}: {run['error']['message']}")
+                name, r = run["name"].split("#")
+                decode_tokens = run["output_tokens"] - len(run["token_ids"])
+                decode_s = run["generate_s"] - run["prefill_s"]
+                m = run["dcut_metrics"] or {}
+                rows.append({"prompt_set": pset, "batch_size": bs, "round": int(r), "config": name,
+                             "tokens_per_s": decode_tokens / decode_s, "end_to_end_tokens_per_s": run["tok_per_s"],
+                             "cpu_share": run["generate_cpu_s"] / run["generate_s"],
+                             "drafted_steps": m.get("drafted_steps"), "steps": m.get("steps"),
+                             "accepted_per_request_step": m.get("accepted_per_request_step"),
+                             "lossless": run["token_ids"] == base, "load_start": round(load0, 2),
+                             "load_end": round(os.getloadavg()[0], 2)})
+            print(f"rounds {pset} bs {bs}: done (load {load0:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out / "bench_vllm_rounds_runs.csv", index=False)
+    summary = floor_summary(frame, "fine", ("nospec", "full"), "nospec")
+    summary.to_csv(out / "bench_vllm_rounds.csv", index=False)
+    md = ["# vLLM 0.32.0 on CPU: D-Cut against plain decoding, full verification and vLLM's own choices", "",
+          f"SmolLM2-135M fp32, draft: {_draft_description()}, B = {BLOCK_SIZE}, one wave of bs prompts x "
+          f"{args.max_tokens} greedy tokens, {args.rounds} interleaved rounds (configurations in rotating order, "
+          f"`nospec` = vLLM without speculation in every round, a warm-up engine first). Peers: `vllm-k2`/`vllm-k4` "
+          f"= vLLM's DFlash with 2/4 drafts per request; `vllm-dynsd` = vLLM's Dynamic SD with the K per bs the "
+          f"same cost curve implies ({schedule}; `analysis/bench_vllm.py`, `dynamic_sd_schedule`).", "",
+          summary_markdown(summary, "fine", ("nospec", "full"), configs),
+          f"cpu_share per run: min {frame.cpu_share.min():.2f}, median {frame.cpu_share.median():.2f}; 1-min load "
+          f"{frame.load_start.min():.2f}-{frame.load_end.max():.2f}; every run lossless: {bool(frame.lossless.all())}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `python analysis/bench_vllm.py --drafter dflash "
+          f"--stage rounds` regenerates this file."]
+    (out / "bench_vllm_rounds.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
 def recorded_trace(out: Path, batch_sizes, max_decode_tokens: int | None = None):
     """Step-indexed trace from the ``full`` runs: one row per (request, drafted step).
 
@@ -396,7 +515,12 @@ def stage_predict(args, out: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="see the module docstring")
-    ap.add_argument("--stage", choices=["profile", "engine", "predict", "all"], default="all")
+    ap.add_argument("--stage", choices=["profile", "engine", "predict", "rounds", "all"], default="all",
+                    help="all = profile, engine, predict; rounds (the interleaved floor benchmark with vLLM's own "
+                         "peers, both prompt sets) runs only when named (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds: interleaved rounds (>= 2) [3]")
+    ap.add_argument("--prompt-sets", type=lambda s: [x for x in s.split(",") if x], default=list(PROMPT_SETS),
+                    help=f"rounds: comma list of {', '.join(PROMPT_SETS)} [all]")
     ap.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16])
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--context-len", type=int, default=96, help="profile: cached tokens per request")
@@ -420,8 +544,12 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stage, fn in (("profile", stage_profile), ("engine", stage_engine), ("predict", stage_predict)):
-        if args.stage in (stage, "all"):
+    unknown = set(args.prompt_sets) - set(PROMPT_SETS)
+    if unknown or not args.prompt_sets or args.rounds < 2:
+        ap.error(f"--prompt-sets: choose from {', '.join(PROMPT_SETS)}; --rounds >= 2")
+    for stage, fn in (("profile", stage_profile), ("engine", stage_engine), ("predict", stage_predict),
+                      ("rounds", stage_rounds)):
+        if args.stage == stage or (args.stage == "all" and stage != "rounds"):
             _load(out, stage, "start")
             fn(args, out)
             _load(out, stage, "end")

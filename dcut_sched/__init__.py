@@ -20,6 +20,8 @@ _EXPORTS: dict[str, str] = {
     "ControllerPlan": ".controller",
     "RatioController": ".controller",
     "VerifyGraphBank": ".controller",
+    "CalibrationPrior": ".calibration",
+    "LogisticCalibrator": ".calibration",
     "OnlineCalibrator": ".calibration",
     "AssumedArWarning": ".cost_curve",
     "CostCurve": ".cost_curve",

@@ -5,6 +5,8 @@
 ``training_curve.csv``, ``heldout.json`` and the card ``README.md``. Working state (the generated
 data, the resumable checkpoint) lives in ``--work-dir``; a second run with the same settings
 resumes, ``--fresh`` starts over. ``dcut-drafter eval DIR`` re-measures tau on the held-out prompts.
+``dcut-drafter calibrate --draft DIR`` fits the drafter's per-depth calibration prior on a split of
+its training prompts and writes ``DIR/calibration.json`` (docs/drafters.md, "Calibration prior").
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def build_parser() -> CliParser:
                   epilog=("examples:\n"
                           f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (40-50 min on 2 cores)\n"
                           "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4\n"
-                          f"  dcut-drafter eval {DEFAULT_OUT}\n"))
+                          f"  dcut-drafter eval {DEFAULT_OUT}\n"
+                          f"  dcut-drafter calibrate --draft {DEFAULT_OUT}   # its calibration.json\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
     t.add_argument("--out", default=DEFAULT_OUT, help=f"drafter folder to write (default {DEFAULT_OUT})")
@@ -65,7 +68,30 @@ def build_parser() -> CliParser:
                    help="held-out prompt file (default: the shipped prompt set, dcut_sched/data/traces/prompts.jsonl)")
     e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
     e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None)
+    c = sub.add_parser("calibrate", help="fit the per-depth calibration prior on training prompts, write calibration.json",
+                       description="Fit the drafter's per-depth calibration prior (sigmoid(a_t + b logit(c_t)), "
+                                   "docs/design.md 2.7) by maximum likelihood on a split of its TRAINING prompts "
+                                   "(never the held-out ones): N training prompts spread evenly over the seeded "
+                                   "training list, continued greedily (and every other one also at T = 0.7), the "
+                                   "drafter run at every anchor. Writes DIR/calibration.json atomically, with the "
+                                   "log-loss and the ECE by depth before and after on that split.")
+    c.add_argument("--draft", required=True, metavar="DIR", help="the drafter folder (its calibration.json is written there)")
+    c.add_argument("--prompts", type=int_at_least(2, 100_000), default=CALIBRATION_PROMPTS, metavar="N",
+                   help=f"training prompts to continue (default {CALIBRATION_PROMPTS})")
+    c.add_argument("--seed", type=seed_type, default=None, metavar="S",
+                   help="seed of the training prompt list and of the sampled continuations (default: the drafter's "
+                        "training seed from its heldout.json, else the training default)")
+    c.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=CALIBRATION_TOKENS,
+                   help=f"tokens per continuation (default {CALIBRATION_TOKENS})")
+    c.add_argument("--eval-prompts", default=None,
+                   help="the held-out prompt file the training split excludes (default: the shipped prompt set)")
+    c.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
     return p
+
+
+#: ``calibrate``'s defaults: training prompts and tokens per continuation.
+CALIBRATION_PROMPTS = 64
+CALIBRATION_TOKENS = 96
 
 
 def _train(args) -> int:
@@ -290,7 +316,104 @@ def _eval(args) -> int:
     return 0
 
 
-_COMMANDS = {"train": _train, "eval": _eval}
+def calibration_prompts(train, count: int) -> list:
+    """``count`` prompts spread evenly over the training list ``train`` (every category, the
+    HumanEval ones included), in list order."""
+    if count >= len(train):
+        return list(train)
+    return [train[round(i * (len(train) - 1) / (count - 1))] for i in range(count)]
+
+
+def calibration_blocks(model, target, seqs):
+    """Every anchor's block of each sequence (features filled): ``conf [N, B-1]``, drafts accepted
+    ``[N]`` with every slot verified, and ``num_slots [N]`` (slots left before the sequence's end),
+    at the drafter's block size (``train.acceptance``, batched per sequence)."""
+    import numpy as np
+
+    from ..drafters.train import acceptance
+
+    embed = target.embed_tokens.weight.detach()
+    lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
+    block = model.config.block_size
+    conf, accept, slots = [], [], []
+    for s in seqs:
+        for row in acceptance(model, [s], block, embed, lm_head):
+            conf.append(row["conf"])
+            accept.append(row["accept_len"])
+            slots.append(np.minimum(block - 1, s.length - s.prompt_len - 1 - row["pos"]))
+    if not conf:
+        raise UsageError("no anchor to draft from: the continuations are empty (raise --max-new-tokens)")
+    return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
+
+
+def _calibrate(args) -> int:
+    import torch
+
+    from ..calibration import PRIOR_NAME, calibration_report, fit_prior
+    from ..drafters.data import continue_prompts, prompt_split, sequence_features
+    from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
+    from ..drafters.train import TrainSettings
+    from ..inputs import InputFileError, parse_json_strict, read_text
+    from ..model.llama import LlamaModel
+    from ..model.tokenizer import load_smollm2_tokenizer
+    from ..traces.prompts import PromptError
+
+    folder = Path(args.draft)
+    out = folder / PRIOR_NAME
+    check_paths({"--draft": [str(folder / CONFIG_NAME), str(folder / WEIGHTS_NAME)], "--eval-prompts": args.eval_prompts},
+                {"calibration.json": (str(out), (".json",))})
+    model = load_checkpoint(folder, calibration=False)  # a malformed calibration.json is what this replaces
+    settings = TrainSettings()
+    seed, num_generated = settings.seed, settings.num_generated_prompts
+    report_path = folder / "heldout.json"
+    if report_path.is_file():  # the drafter's own training settings: the same training prompt list
+        try:
+            trained = parse_json_strict(read_text(report_path, "the drafter's training report"), str(report_path))
+            seed = int(trained["settings"]["seed"])
+            num_generated = int(trained["settings"]["num_generated_prompts"])
+        except (InputFileError, KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"--draft {report_path}: no settings.seed / settings.num_generated_prompts ({exc}); "
+                             f"pass --seed, or re-save the drafter with dcut-drafter train") from None
+    if args.seed is not None:
+        seed = args.seed
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        train, _ = prompt_split(num_generated, seed, args.eval_prompts)
+    except PromptError as exc:
+        raise UsageError(f"--eval-prompts: {exc}") from None
+    prompts = calibration_prompts(train, args.prompts)
+    t0 = time.time()
+    target = LlamaModel.from_smollm2()
+    tok = load_smollm2_tokenizer()
+    seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=seed)
+    seqs += continue_prompts(target, tok, prompts[::2], max_new_tokens=args.max_new_tokens,
+                             temperature=settings.temperature, seed=seed)
+    sequence_features(target, seqs, model.config.target_layer_ids)
+    conf, accept, slots = calibration_blocks(model, target, seqs)
+    command = " ".join(["dcut-drafter", "calibrate", *(shlex.quote(a) for a in args.argv)])
+    try:
+        prior = fit_prior(conf, accept, slots)
+    except ValueError as exc:
+        raise UsageError(f"{exc} (--prompts {args.prompts}, --max-new-tokens {args.max_new_tokens})") from None
+    report = calibration_report(conf, accept, slots, prior)
+    provenance = {
+        "command": command, "seed": seed, "prompts": len(prompts), "prompt_split": (
+            f"training prompts of prompt_split({num_generated}, seed {seed}), {len(prompts)} spread evenly over "
+            f"the list; never the held-out prompts"),
+        "continuations": {"greedy": len(prompts), f"t{settings.temperature:g}": len(prompts[::2]),
+                          "max_new_tokens": args.max_new_tokens},
+        "block_size": model.config.block_size, "blocks": int(conf.shape[0]), "seconds": round(time.time() - t0, 1),
+        **report}
+    prior = prior.model_copy(update={"provenance": provenance})
+    prior.save(out)
+    print(json.dumps({"out": str(out), "intercepts": prior.intercepts, "slope": prior.slope,
+                      "log_loss": [report["log_loss_raw"], report["log_loss_calibrated"]],
+                      "ece": [report["ece_raw"], report["ece_calibrated"]]}, indent=2))
+    return 0
+
+
+_COMMANDS = {"train": _train, "eval": _eval, "calibrate": _calibrate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

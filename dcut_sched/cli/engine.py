@@ -108,7 +108,9 @@ def build_parser() -> CliParser:
                    help="verification policy (default: %(default)s, the project's default everywhere)")
     g.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
                    help="policy parameter, repeatable (e.g. rho=0.5, tau=0.3, granularity=4)")
-    g.add_argument("--calibrate", action="store_true", help="learn a confidence->acceptance map online and score with it")
+    g.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
+                   help="score per-depth calibrated confidences, learnt online from the drafter's calibration.json "
+                        "prior (dflash:PATH) or the identity (default: on; --no-calibrate scores raw confidences)")
     g.add_argument("--batch-size", type=int_at_least(1, MAX_BATCH_SIZE), default=8, help="requests decoded at a time (default: 8)")
     g.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: slots per block, B-1 drafts (default: 16)")
     g.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=32, help="tokens generated per request (default: 32)")
@@ -238,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
             curve, cost_source = default_cost_curve(args.block_size, args.batch_size, draft_spec.kind)
     try:
         ctrl = RatioController(curve, args.block_size, policy=args.policy, calibrate=args.calibrate,
-                               max_batch_size=args.batch_size, **params)
+                               max_batch_size=args.batch_size,
+                               calibration_prior=dflash.calibration_prior if dflash is not None else None, **params)
     except (CostCurveError, CostCurveRangeError) as exc:  # before the model loads: the curve cannot serve the run
         raise UsageError(f"--cost: {exc}") from None
     except (TypeError, ValueError) as exc:

@@ -18,9 +18,11 @@ this class adds the shape checks, the CPU-tensor fast path and the layouts:
   their lengths, which is harmless because greedy verification is lossless). The number of such rows
   is accumulated on the device and read only when :attr:`RatioController.metrics` is read. The
   policy is then called with ``validate=False``.
-- **Calibration** (``calibrate=True``): the confidences go through an
-  :class:`~dcut_sched.calibration.OnlineCalibrator` before the policy scores them, and
-  :meth:`RatioController.observe` feeds it the step's outcomes.
+- **Calibration** (on by default): the confidences go through a
+  :class:`~dcut_sched.calibration.LogisticCalibrator` (per-depth logistic map, started from the
+  drafter's :class:`~dcut_sched.calibration.CalibrationPrior` when one is given, else the identity)
+  before the policy scores them, and :meth:`RatioController.observe` feeds it the step's outcomes.
+  ``calibrate=False`` scores the raw confidences.
 - **Layouts** for the verification forward and a ragged rejection sampler
   (:mod:`dcut_sched.controller.layouts`), and the graph cell to replay when a
   :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank` is attached.
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 
 from .. import policies as _policies
-from ..calibration import OnlineCalibrator
+from ..calibration import CalibrationPrior, LogisticCalibrator
 from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from ..defaults import DEFAULT_POLICY
 from ..policies import VerifyPlan
@@ -138,12 +140,16 @@ class RatioController:
         block_size: B, slots per request (confidences are ``[bs, B-1]``).
         policy: a registered policy name (``dcut_sched.policies.names()``), or a policy already
             built by :func:`dcut_sched.policies.get` (then no ``policy_params``).
-        calibrate: learn a confidence-to-acceptance map online and score calibrated confidences.
+        calibrate: learn a confidence-to-acceptance map online and score calibrated confidences
+            (default on; ``False``: raw confidences).
         graph_bank: a :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank`; plans then carry
             the cell to replay, and ``fine`` (unless given ``allowed_num_tokens``) only considers
             the bank's captured token counts.
-        calibrator: a ready :class:`~dcut_sched.calibration.OnlineCalibrator` (implies
-            ``calibrate=True``); default: a fresh one for ``block_size``.
+        calibrator: a ready calibrator (``transform``/``observe``/``observe_plain``, e.g.
+            :class:`~dcut_sched.calibration.OnlineCalibrator`; implies ``calibrate=True``); default: a
+            :class:`~dcut_sched.calibration.LogisticCalibrator` for ``block_size`` from ``calibration_prior``.
+        calibration_prior: the drafter's :class:`~dcut_sched.calibration.CalibrationPrior` (its
+            ``calibration.json``); ``None``: the identity.
         max_batch_size: the largest batch :meth:`plan` will be given. A batch drains down to 1, so
             every batch size 1..``max_batch_size`` is checked here (None: the curve's measured
             range) for what the policy reads (:attr:`~dcut_sched.policies.Policy.cost_terms`,
@@ -167,9 +173,10 @@ class RatioController:
         cost: CostCurve | None,
         block_size: int,
         policy: str | _policies.Policy = DEFAULT_POLICY,
-        calibrate: bool = False,
+        calibrate: bool = True,
         graph_bank: Any = None,
-        calibrator: OnlineCalibrator | None = None,
+        calibrator: Any = None,
+        calibration_prior: CalibrationPrior | None = None,
         max_batch_size: int | None = None,
         **policy_params: Any,
     ):
@@ -201,7 +208,8 @@ class RatioController:
         self.cost = cost
         self.calibrate = bool(calibrate or calibrator is not None)
         self.calibrator = calibrator if calibrator is not None else (
-            OnlineCalibrator(self.block_size) if self.calibrate else None
+            LogisticCalibrator(self.block_size, prior=calibration_prior) if self.calibrate and self.block_size >= 2
+            else None
         )
         # The per-step sequence (sanitise, calibrate, plan, observe) and the counters: the same
         # object the simulator runs (controller/step_driver.py).

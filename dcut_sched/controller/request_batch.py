@@ -11,10 +11,24 @@ through one :class:`RequestBatch`, three calls per step:
 2. :meth:`RequestBatch.schedule`: what the engine really runs. Planned requests it runs are
    *verified* (with ``1 +`` the drafts it runs), planned ones it does not run (finished or
    preempted in between) are *dropped*, requests it runs drafts for without a plan are *unplanned*.
-3. :meth:`RequestBatch.observe` (drafts accepted per request id): feeds the controller (once per
-   plan, in plan order; a dropped request counts 0), adds the step to the metrics window, writes
-   the step record (one JSON line, when a record path is set) and hands the window to the
-   ``on_window`` callback every ``log_interval_s`` seconds.
+3. :meth:`RequestBatch.observe` (drafts accepted per request id, and the engine's measured
+   ``step_ms`` when it has one): feeds the controller (once per plan, in plan order; a dropped
+   request counts 0), adds the step to the metrics window, writes the step record (one JSON line,
+   when a record path is set), hands the window to the ``on_window`` callback every
+   ``log_interval_s`` seconds, and checks the two predictions (below).
+
+Predicted against actual (docs/controller.md, "Observability"):
+
+- **calibration**: on drafted steps that dropped no request, the plan's expected accepted drafts
+  (``expected_tokens`` less one token per verified request) against the drafts accepted;
+- **cost curve**: on steps the engine timed, the controller's :class:`~dcut_sched.step_costs.StepCosts`
+  price of the step (``drafted_ms(bs, K)``, or ``undrafted_ms(bs)`` for a plan without draft)
+  against ``step_ms``.
+
+Both are summed in the metrics window (:func:`summarize_metrics`: per-step means and the relative
+error ``predicted / actual - 1``). Over the last ``drift_window`` such steps, a relative error
+beyond ``drift_threshold`` (25 %) calls ``on_warning`` once with a line that names the fix; it warns
+again only after the error has come back within the threshold (one warning per drift episode).
 
 The step record (the JSONL format ``record_path`` writes; docs/vllm.md):
 
@@ -34,6 +48,8 @@ The step record (the JSONL format ``record_path`` writes; docs/vllm.md):
                        ``num_output`` ``{id: tokens before the step}``: only when recording
                        (``{}`` for a plan without draft)
 ``unplanned``          ``{id: slots}``; ``accepted``: ``{id: drafts accepted}`` as observed
+``step_ms``            the engine's measured step time and ``predicted_ms`` the cost curve's price
+                       (``null`` without a curve): only when the engine passed ``step_ms``
 =====================  =====================================================================
 
 Plan fields are absent from a step that ran without a plan. No engine import; numpy only (the
@@ -43,19 +59,31 @@ controller object carries torch, this module does not need it).
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["METRIC_FIELDS", "Flight", "MetricsWindow", "RequestBatch", "StepPlan", "confidence_matrix",
-           "summarize_metrics"]
+__all__ = ["DRIFT_THRESHOLD", "DRIFT_WINDOW", "METRIC_FIELDS", "DriftMonitor", "Flight", "MetricsWindow",
+           "RequestBatch", "StepPlan", "confidence_matrix", "metrics_line", "summarize_metrics"]
 
-#: Counters of the metrics window (:class:`MetricsWindow`).
+#: Counters of the metrics window (:class:`MetricsWindow`). ``predicted_drafts``/``actual_drafts``
+#: sum over the ``calibrated_steps`` (drafted, nothing dropped); ``predicted_ms``/``measured_ms``
+#: over the ``timed_steps`` (timed by the engine, priced by the cost curve).
 METRIC_FIELDS = ("steps", "drafted_steps", "verified_slots", "drafted_slots", "accepted_drafts",
-                 "verified_requests", "plan_ms")
+                 "verified_requests", "plan_ms", "calibrated_steps", "predicted_drafts", "actual_drafts",
+                 "timed_steps", "predicted_ms", "measured_ms")
+#: Relative error (``predicted / actual - 1``) beyond which a prediction has drifted.
+DRIFT_THRESHOLD = 0.25
+#: Steps over which the drift is measured (a warning needs that many steps of evidence).
+DRIFT_WINDOW = 64
+
+_log = logging.getLogger("dcut_sched.controller")
 
 
 def confidence_matrix(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
@@ -68,17 +96,84 @@ def confidence_matrix(rows: Sequence[Sequence[float]], width: int) -> np.ndarray
     return out
 
 
+def _relative_error(predicted: float, actual: float, floor: float = 0.0) -> float:
+    """``predicted / max(actual, floor) - 1`` (NaN when both are 0)."""
+    den = max(actual, floor)
+    return predicted / den - 1.0 if den > 0 else float("nan")
+
+
 def summarize_metrics(t: Mapping[str, float]) -> dict[str, float]:
     """Counters -> steps, drafted steps, keep ratio (verified / drafted slots), accepted drafts per
-    verified request-step, tokens per request-step, mean plan ms per step."""
+    verified request-step, tokens per request-step, mean plan ms per step; predicted and actual
+    accepted drafts per calibrated step and their relative error ``calibration_error`` (the actual
+    floored at one draft per step); predicted and measured ms per timed step and ``cost_error``.
+    NaN where the window has no such step."""
     vr = max(t["verified_requests"], 1)
+    cs, ts = t["calibrated_steps"], t["timed_steps"]
+    nan = float("nan")
     return {
         "steps": int(t["steps"]), "drafted_steps": int(t["drafted_steps"]),
-        "keep_ratio": t["verified_slots"] / t["drafted_slots"] if t["drafted_slots"] else float("nan"),
+        "keep_ratio": t["verified_slots"] / t["drafted_slots"] if t["drafted_slots"] else nan,
         "accepted_per_request_step": t["accepted_drafts"] / vr,
         "tokens_per_request_step": (t["accepted_drafts"] + t["verified_requests"]) / vr,
         "plan_ms_per_step": t["plan_ms"] / max(t["steps"], 1),
+        "predicted_drafts_per_step": t["predicted_drafts"] / cs if cs else nan,
+        "actual_drafts_per_step": t["actual_drafts"] / cs if cs else nan,
+        "calibration_error": _relative_error(t["predicted_drafts"], t["actual_drafts"], cs) if cs else nan,
+        "predicted_ms_per_step": t["predicted_ms"] / ts if ts else nan,
+        "measured_ms_per_step": t["measured_ms"] / ts if ts else nan,
+        "cost_error": _relative_error(t["predicted_ms"], t["measured_ms"]) if ts else nan,
     }
+
+
+def metrics_line(policy: str, s: Mapping[str, float]) -> str:
+    """The one-line summary of a metrics window (:func:`summarize_metrics`) the engines log."""
+    def pct(v: float) -> str:
+        return "n/a" if math.isnan(v) else f"{100 * v:+.0f}%"
+
+    return (f"D-Cut metrics: policy {policy}, steps {s['steps']} (drafted {s['drafted_steps']}), keep ratio "
+            f"{s['keep_ratio']:.3f}, accepted drafts per request-step {s['accepted_per_request_step']:.2f}, tokens per "
+            f"request-step {s['tokens_per_request_step']:.2f}, plan time {s['plan_ms_per_step']:.3f} ms/step, accepted "
+            f"drafts per step predicted {s['predicted_drafts_per_step']:.2f} / actual {s['actual_drafts_per_step']:.2f} "
+            f"(calibration error {pct(s['calibration_error'])}), step time predicted {s['predicted_ms_per_step']:.1f} / "
+            f"measured {s['measured_ms_per_step']:.1f} ms (cost-curve error {pct(s['cost_error'])})")
+
+
+class DriftMonitor:
+    """Relative error of a prediction over the last ``window`` observations; reports once per episode.
+
+    :meth:`add` returns the error when it has just drifted beyond ``threshold`` (window full) and
+    ``None`` otherwise; after a report it stays quiet until the error is back within the threshold.
+    """
+
+    def __init__(self, window: int = DRIFT_WINDOW, threshold: float = DRIFT_THRESHOLD, floor: float = 0.0) -> None:
+        if window < 1 or not threshold > 0:
+            raise ValueError(f"DriftMonitor: window={window} must be >= 1 and threshold={threshold} > 0")
+        self.window, self.threshold, self.floor = int(window), float(threshold), float(floor)
+        self._pairs: deque[tuple[float, float]] = deque(maxlen=self.window)
+        self.drifting = False
+        self.episodes = 0
+
+    def add(self, predicted: float, actual: float) -> float | None:
+        self._pairs.append((predicted, actual))
+        if len(self._pairs) < self.window:
+            return None
+        pred = sum(p for p, _ in self._pairs)
+        act = sum(a for _, a in self._pairs)
+        err = _relative_error(pred, act, self.floor * self.window)
+        if math.isnan(err):
+            return None
+        if abs(err) <= self.threshold:
+            self.drifting = False
+            return None
+        if self.drifting:
+            return None
+        self.drifting = True
+        self.episodes += 1
+        return err
+
+
+_FLOAT_FIELDS = ("plan_ms", "predicted_drafts", "predicted_ms", "measured_ms")
 
 
 class MetricsWindow:
@@ -86,7 +181,7 @@ class MetricsWindow:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.totals: dict[str, float] = {k: 0 if k != "plan_ms" else 0.0 for k in METRIC_FIELDS}
+        self.totals: dict[str, float] = {k: 0 if k not in _FLOAT_FIELDS else 0.0 for k in METRIC_FIELDS}
         self.window = dict(self.totals)
         self.started = clock()
 
@@ -104,7 +199,7 @@ class MetricsWindow:
         summary = summarize_metrics(w) if w["steps"] else None
         for k in METRIC_FIELDS:
             self.totals[k] += w[k]
-            w[k] = 0 if k != "plan_ms" else 0.0
+            w[k] = 0 if k not in _FLOAT_FIELDS else 0.0
         self.started = self.clock()
         return summary
 
@@ -174,13 +269,27 @@ class RequestBatch:
         record_path: append one JSON line per observed step here (parent folders created).
         log_interval_s: hand the metrics window to ``on_window`` when it is this old at a step.
         on_window: ``callable(summary)`` of a window with steps (:func:`summarize_metrics`).
+        on_warning: ``callable(line)`` for a drift warning (module docstring); default: the
+            ``dcut_sched.controller`` logger's ``warning``.
+        drift_window, drift_threshold: steps and relative error of the drift check.
         clock: the window's clock, ``timer``: the plan's (seconds; tests pass fake ones).
+
+    The step prices come from ``controller.costs`` (a :class:`~dcut_sched.step_costs.StepCosts`, or
+    ``None``: no cost-curve check).
     """
 
     def __init__(self, controller: Any, *, record_path: str | Path | None = None, log_interval_s: float = float("inf"),
                  on_window: Callable[[dict[str, float]], None] | None = None,
+                 on_warning: Callable[[str], None] | None = None, drift_window: int = DRIFT_WINDOW,
+                 drift_threshold: float = DRIFT_THRESHOLD,
                  clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
         self.controller = controller
+        self.costs = getattr(controller, "costs", None)
+        self.on_warning = on_warning if on_warning is not None else _log.warning
+        # accepted drafts: the actual floored at one draft per step, so a run that accepts nothing
+        # still has a finite error
+        self.calibration_drift = DriftMonitor(drift_window, drift_threshold, floor=1.0)
+        self.cost_drift = DriftMonitor(drift_window, drift_threshold)
         self.timer = timer
         self.block_size = int(controller.block_size)
         self.log_interval_s = float(log_interval_s)
@@ -250,8 +359,10 @@ class RequestBatch:
         return Flight(plan, verified, unplanned, len(scheduled), dict(fields))
 
     # ------------------------------------------------------------------ observe
-    def observe(self, flight: Flight, accepted: Mapping[Hashable, int]) -> dict[str, Any]:
-        """Close the step: feed the controller, count the step, write and return its record."""
+    def observe(self, flight: Flight, accepted: Mapping[Hashable, int], *, step_ms: float | None = None) -> dict[str, Any]:
+        """Close the step: feed the controller, count the step, check the predictions (module
+        docstring), write and return its record. ``step_ms``: the engine's measured wall time of the
+        step (``None``: not timed)."""
         plan = flight.plan
         record: dict[str, Any] = {"step": self.step, "batch_size": flight.batch_size, **flight.fields}
         if plan is not None:
@@ -275,9 +386,14 @@ class RequestBatch:
                 v = flight.verified
                 self.window.add(drafted_steps=1, verified_slots=sum(v.values()), drafted_slots=self.block_size * len(v),
                                 verified_requests=len(v), accepted_drafts=sum(accepted.get(r, 0) for r in v))
+            if plan.drafted and not flight.dropped and flight.verified:
+                self._check_calibration(plan, flight, accepted)
         self.window.add(steps=1)
         record["unplanned"] = flight.unplanned
         record["accepted"] = accepted
+        if step_ms is not None:
+            record["step_ms"] = float(step_ms)
+            record["predicted_ms"] = self._check_cost(plan, float(step_ms))
         self.step += 1
         if self._record is not None:
             self._record.write(json.dumps(record) + "\n")
@@ -285,6 +401,40 @@ class RequestBatch:
         if self.window.age() >= self.log_interval_s:
             self.flush_window()
         return record
+
+    # ------------------------------------------------------------------ predictions
+    def _check_calibration(self, plan: StepPlan, flight: Flight, accepted: Mapping[Hashable, int]) -> None:
+        predicted = float(plan.plan.expected_tokens) - plan.plan_batch_size  # one token per request is sure
+        actual = float(sum(accepted.get(r, 0) for r in flight.verified))
+        self.window.add(calibrated_steps=1, predicted_drafts=predicted, actual_drafts=actual)
+        err = self.calibration_drift.add(predicted, actual)
+        if err is not None:
+            fix = ("the online calibrator has not caught up: fit the drafter's prior with `dcut-drafter calibrate "
+                   "--draft DIR`" if getattr(self.controller, "calibrate", False) else
+                   "enable calibration (RatioController(calibrate=True), dcut-engine --calibrate, vLLM "
+                   "'calibrate': true)")
+            self.on_warning(f"D-Cut: predicted accepted drafts are {100 * err:+.0f}% off the actual over the last "
+                            f"{self.calibration_drift.window} drafted steps (threshold "
+                            f"{100 * self.calibration_drift.threshold:.0f}%); {fix}")
+
+    def _check_cost(self, plan: StepPlan | None, step_ms: float) -> float | None:
+        """The cost curve's price of the step (``None`` without a curve or plan, or outside its range)."""
+        if self.costs is None or plan is None or not step_ms > 0:
+            return None
+        bs = plan.plan_batch_size
+        try:
+            predicted = (self.costs.drafted_ms(bs, int(plan.plan.num_tokens)) if plan.drafted
+                         else self.costs.undrafted_ms(bs))
+        except ValueError:  # CostCurveRangeError: a batch size or budget the curve does not cover
+            return None
+        self.window.add(timed_steps=1, predicted_ms=predicted, measured_ms=step_ms)
+        err = self.cost_drift.add(predicted, step_ms)
+        if err is not None:
+            self.on_warning(f"D-Cut: the cost curve prices steps {100 * err:+.0f}% off the measured step time over the "
+                            f"last {self.cost_drift.window} steps (threshold {100 * self.cost_drift.threshold:.0f}%); "
+                            f"re-profile the cost curve with dcut-profile on this engine and machine (vLLM: "
+                            f"dcut-profile --vllm MODEL --block-size {self.block_size}; docs/profiler.md)")
+        return float(predicted)
 
     # ------------------------------------------------------------------ window, shutdown
     def flush_window(self) -> None:

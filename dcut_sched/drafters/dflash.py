@@ -271,6 +271,8 @@ class DFlashDraftModel(nn.Module):
             self.lm_head = None
             self.draft_to_target = None
         self.register_buffer("inv_freq", rope_inv_freq(cfg.layer_config()), persistent=False)
+        #: the folder's calibration prior (:func:`load_checkpoint`), None without one
+        self.calibration_prior = None
 
     def set_draft_vocab(self, target_ids: torch.Tensor, embed: torch.Tensor) -> None:
         """Choose the draft vocabulary (``target_ids [V]``, distinct, ascending) and start its LM head
@@ -502,13 +504,17 @@ def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
         raise DraftCheckpointError(f"{path}: {e}") from None
 
 
-def load_checkpoint(folder: str | os.PathLike) -> DFlashDraftModel:
+def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> DFlashDraftModel:
     """Read a DFlash drafter folder written by :func:`save_checkpoint` (or any checkpoint of that format
     whose embedding and LM head are the target's).
 
+    The folder's optional ``calibration.json`` (written by ``dcut-drafter calibrate``) becomes the
+    model's ``calibration_prior`` (``None`` without one, or with ``calibration=False``: not read).
+
     Raises:
         DraftCheckpointError: a missing file, a malformed or incomplete config, missing or unexpected
-            tensors, or a tensor of the wrong shape (each names the file and the field).
+            tensors, a tensor of the wrong shape, or a malformed calibration.json (each names the file
+            and the field).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -552,12 +558,23 @@ def load_checkpoint(folder: str | os.PathLike) -> DFlashDraftModel:
             raise DraftCheckpointError(f"{w_path}: tensor {name} holds non-finite values (in float32)")
     model = DFlashDraftModel(cfg)
     model.load_state_dict({k: v if k == "draft_to_target" else v.float() for k, v in sd.items()}, strict=True)
+    model.calibration_prior = _calibration_prior(folder) if calibration else None
     if model.draft_to_target is not None:
         d2t = model.draft_to_target
         if not bool((d2t[1:] > d2t[:-1]).all()) or int(d2t[0]) < 0 or int(d2t[-1]) >= cfg.vocab_size:
             raise DraftCheckpointError(f"{w_path}: tensor d2t does not map the draft vocabulary to distinct, "
                                        "ascending target ids")
     return model.eval()
+
+
+def _calibration_prior(folder: Path):
+    """The folder's optional ``calibration.json`` (:class:`~dcut_sched.calibration.CalibrationPrior`), or None."""
+    from ..calibration import CalibrationPrior, CalibrationPriorError
+
+    try:
+        return CalibrationPrior.from_folder(folder)
+    except CalibrationPriorError as e:
+        raise DraftCheckpointError(str(e)) from None
 
 
 def describe(cfg: DFlashConfig) -> dict[str, Any]:

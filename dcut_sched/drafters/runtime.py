@@ -12,13 +12,16 @@ The drafter's context cache of that row must hold the context keys/values of exa
 :meth:`DFlashDrafter.draft` then runs one forward per step: block ``[x_{n-1}, mask x (B-1)]`` at
 positions ``n-1 .. n+B-2`` over the row's context, and returns ``B-1`` tokens and confidences.
 Slots of rejected drafts are never written to the context cache; a row's cache is valid up to its
-recorded length and overwritten beyond it.
+recorded length and overwritten beyond it. The engine defers the projection of each step's
+committed tokens (``extend_flat(..., defer=True)``) to the next draft, so a step that drafts nothing
+costs the drafter no forward work (docs/drafters.md, "In the engine").
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -70,7 +73,11 @@ class DFlashDrafter:
         kv = (max_batch_size, cfg.num_kv_heads, self.max_seq_len, cfg.head_dim)
         self.k_cache = [torch.zeros(kv, dtype=dtype, device=dev) for _ in range(cfg.num_layers)]
         self.v_cache = [torch.zeros(kv, dtype=dtype, device=dev) for _ in range(cfg.num_layers)]
-        self.context_len = [0] * max_batch_size
+        self.context_len = np.zeros(max_batch_size, dtype=np.int64)  # context tokens held per row
+        #: deferred context pieces ``(row per token, position per token, features)`` (``extend_flat``)
+        self._pending: list[tuple[np.ndarray, np.ndarray, torch.Tensor]] = []
+        self._pending_tokens = 0
+        self.max_pending_tokens = 64 * int(max_batch_size)
 
     #: the target layers whose output hidden states the engine must hand over (see ``extend``)
     @property
@@ -79,33 +86,82 @@ class DFlashDrafter:
 
     def reset(self, rows: Sequence[int] | None = None) -> None:
         """Forget the context of these rows (all by default); call when a row gets a new request."""
-        for r in (range(len(self.context_len)) if rows is None else rows):
-            self.context_len[int(r)] = 0
+        if rows is None:
+            self.context_len[:] = 0
+        else:
+            self.context_len[np.asarray(rows, dtype=np.int64)] = 0
 
     @torch.inference_mode()
     def extend(self, rows: Sequence[int], features: Sequence[torch.Tensor], starts: Sequence[int]) -> None:
         """Append context: row ``rows[i]`` gets the features ``[n_i, feature_size]`` of its tokens at
-        positions ``starts[i] ..``, which must equal the row's context length (rows may repeat only
-        if their pieces are consecutive, in order).
+        positions ``starts[i] ..``, which must equal the row's context length (each row at most once).
 
         Raises:
             DraftContextError: a start that is not the row's context length, or past max_seq_len.
         """
-        pieces = [(int(r), f, int(s)) for r, f, s in zip(rows, features, starts) if f.shape[0] > 0]
-        if not pieces:
+        counts = [int(f.shape[0]) for f in features]
+        if sum(counts) == 0:
             return
-        for r, f, s in pieces:
-            if s != self.context_len[r]:
-                raise DraftContextError(f"DFlashDrafter.extend: row {r} holds {self.context_len[r]} context tokens, "
-                                        f"got features starting at position {s}")
-            if s + f.shape[0] > self.max_seq_len:
-                raise DraftContextError(f"DFlashDrafter.extend: row {r} would exceed max_seq_len={self.max_seq_len}")
-            self.context_len[r] = s + f.shape[0]
+        self.extend_flat(rows, counts, starts, torch.cat([f for f in features if f.shape[0] > 0]))
+
+    @torch.inference_mode()
+    def extend_flat(self, rows: Sequence[int], counts: Sequence[int], starts: Sequence[int],
+                    features: torch.Tensor, *, defer: bool = False) -> None:
+        """:meth:`extend` with the features of every row in one ``[sum(counts), feature_size]`` tensor
+        (row ``rows[i]``'s ``counts[i]`` tokens in order, rows in the order given): one projection,
+        one cache write per drafter layer, no per-row Python work beyond the index arithmetic.
+
+        ``defer``: only record the tokens (the row's context length moves at once) and project them
+        with every other deferred piece at the next :meth:`draft` or :meth:`flush`, or once
+        ``max_pending_tokens`` wait: an engine step that drafts nothing then pays no projection, and
+        the next drafted step pays one batched projection for every token it missed. Pieces are
+        written in the order they came, so a row reset in between ends with the same cache contents
+        up to its context length as with immediate writes.
+
+        Raises:
+            DraftContextError: a start that is not the row's context length, or past max_seq_len.
+        """
+        rows_np = np.asarray(rows, dtype=np.int64)
+        counts_np = np.asarray(counts, dtype=np.int64)
+        starts_np = np.asarray(starts, dtype=np.int64)
+        wrong = np.flatnonzero(self.context_len[rows_np] != starts_np)
+        if wrong.size:
+            r = int(rows_np[wrong[0]])
+            raise DraftContextError(f"DFlashDrafter.extend: row {r} holds {int(self.context_len[r])} context tokens, "
+                                    f"got features starting at position {int(starts_np[wrong[0]])}")
+        over = np.flatnonzero(starts_np + counts_np > self.max_seq_len)
+        if over.size:
+            raise DraftContextError(f"DFlashDrafter.extend: row {int(rows_np[over[0]])} would exceed "
+                                    f"max_seq_len={self.max_seq_len}")
+        total = int(counts_np.sum())
+        if total == 0:
+            return
+        self.context_len[rows_np] = starts_np + counts_np
+        offset = np.repeat(np.cumsum(counts_np) - counts_np, counts_np)
+        pos = np.repeat(starts_np, counts_np) + np.arange(total) - offset
+        self._pending.append((np.repeat(rows_np, counts_np), pos, features))
+        self._pending_tokens += total
+        if not defer or self._pending_tokens >= self.max_pending_tokens:
+            self.flush()
+
+    @torch.inference_mode()
+    def flush(self) -> None:
+        """Project every deferred token to its context K/V and write the caches (one batched call)."""
+        if not self._pending:
+            return
+        pieces, self._pending, self._pending_tokens = self._pending, [], 0
         dev = self.k_cache[0].device
-        feats = torch.cat([f for _, f, _ in pieces]).to(dev)[None]
-        pos = torch.cat([torch.arange(s, s + f.shape[0]) for _, f, s in pieces]).to(dev)
-        row_of = torch.cat([torch.full((f.shape[0],), r, dtype=torch.long) for r, f, _ in pieces]).to(dev)
-        kv = self.model.context_kv(feats, pos[None])
+        rows_np = np.concatenate([r for r, _, _ in pieces])
+        pos_np = np.concatenate([p for _, p, _ in pieces])
+        feats = pieces[0][2] if len(pieces) == 1 else torch.cat([f for _, _, f in pieces])
+        if len(pieces) > 1:  # a row reset and refilled in between: its latest token at a position wins
+            key = rows_np * self.max_seq_len + pos_np
+            _, last = np.unique(key[::-1], return_index=True)
+            if last.size < key.size:
+                keep = np.sort(key.size - 1 - last)
+                rows_np, pos_np, feats = rows_np[keep], pos_np[keep], feats[torch.from_numpy(keep)]
+        row_of, pos = torch.from_numpy(rows_np).to(dev), torch.from_numpy(pos_np).to(dev)
+        kv = self.model.context_kv(feats.to(dev)[None], pos[None])
         for layer, (k, v) in enumerate(kv):  # k, v: [1, kv_heads, M, head_dim]
             self.k_cache[layer][row_of, :, pos] = k[0].transpose(0, 1).to(self.k_cache[layer].dtype)
             self.v_cache[layer][row_of, :, pos] = v[0].transpose(0, 1).to(self.v_cache[layer].dtype)
@@ -135,6 +191,7 @@ class DFlashDrafter:
             if p + B > self.max_seq_len:
                 raise ValueError(f"DFlashDrafter.draft: length {len(seq)} + {num_draft} drafts exceeds max_seq_len")
             starts.append(p)
+        self.flush()
         dev = self.k_cache[0].device
         S = max(starts)
         start_t = torch.tensor(starts, device=dev)

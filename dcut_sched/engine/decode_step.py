@@ -30,7 +30,7 @@ from .packing import RowPacking, pack_rows
 
 __all__ = [
     "DecodeBatch", "DecodeContext", "StepOutcome", "EngineStepRecord", "Verification",
-    "accepted_drafts", "prefill_free_rows", "speculative_step", "verify_block",
+    "accepted_drafts", "committed_features", "prefill_free_rows", "speculative_step", "verify_block",
 ]
 
 
@@ -185,8 +185,9 @@ class Verification:
         packing: the :class:`RowPacking` of the forward.
         draft_probs: per request, the target's probability of each verified draft token, when the
             context records them (sampled traces), else ``None``.
-        features: per request, the target's hidden states ``[L_i, n * hidden]`` at the drafter's
-            ``target_feature_layers`` for each verified slot (a block drafter's context), else ``None``.
+        features: the packed forward's hidden states ``[rows, T, n * hidden]`` at the drafter's
+            ``target_feature_layers`` (a block drafter's context; :func:`committed_features` picks
+            each request's slots), else ``None``.
     """
 
     targets: list[list[int]]
@@ -224,6 +225,20 @@ def accepted_drafts(drafts: Sequence[int], targets: Sequence[int], length: int) 
     while a < length - 1 and drafts[a] == targets[a]:
         a += 1
     return a
+
+
+def committed_features(packing: RowPacking, features: torch.Tensor, keep: Sequence[int]) -> torch.Tensor:
+    """The features of the first ``keep[j]`` verified slots of every request ``j``, concatenated in
+    request order: ``[sum(keep), feature_size]``, gathered from the packed ``[rows, T, F]`` features
+    in one indexing op (request ``j``'s slot ``s`` sits in its ``s // T``-th row, column ``s % T``)."""
+    keep_np = np.asarray(keep, dtype=np.int64)
+    first_row = np.searchsorted(np.asarray(packing.request, dtype=np.int64), np.arange(len(keep_np)))
+    total = int(keep_np.sum())
+    slot = np.arange(total) - np.repeat(np.cumsum(keep_np) - keep_np, keep_np)
+    T = packing.tokens_per_row
+    row = np.repeat(first_row, keep_np) + slot // T
+    dev = features.device
+    return features[torch.from_numpy(row).to(dev), torch.from_numpy(slot % T).to(dev)]
 
 
 def drafter_feature_layers(drafter: Any) -> tuple[int, ...] | None:
@@ -306,11 +321,6 @@ def verify_block(ctx: DecodeContext, seqs: Sequence[list[int]], rows: Sequence[i
         torch.from_numpy(batch_index).to(dev),
     )
     logits, features = (out, None) if isinstance(out, torch.Tensor) else out
-    if features is not None:
-        chunks: list[list[torch.Tensor]] = [[] for _ in seqs]
-        for r, (j, length) in enumerate(zip(packing.request, packing.length)):
-            chunks[j].append(features[r, :length])
-        features = [torch.cat(c, 0) for c in chunks]
     sp = ctx.sampling
     if sp.is_greedy:
         argmax = logits.argmax(-1).cpu().numpy()
@@ -388,8 +398,9 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
     targets = verification.targets
     accepted = [accepted_drafts(d, t, n) for d, t, n in zip(drafts, targets, lengths)]
     if verification.features is not None:  # the current token and the accepted drafts become context
-        ctx.drafter.extend(rows, [f[: a + 1] for f, a in zip(verification.features, accepted)],
-                           [len(s) - 1 for s in seqs])
+        keep = [a + 1 for a in accepted]
+        ctx.drafter.extend_flat(rows, keep, [len(s) - 1 for s in seqs],
+                                committed_features(verification.packing, verification.features, keep), defer=True)
     committed = 0
     for row, d, t, a in zip(rows, drafts, targets, accepted):
         committed += batch.commit(row, d[:a] + [t[a]])
@@ -397,7 +408,7 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
     obs.phase_ended(step, "verify", (t3 - t2) * 1e3)
     # every planned request ran its plan: nothing dropped, nothing unplanned
     flight = requests.schedule(planned, reqs, {q: n - 1 for q, n in zip(reqs, lengths)} if planned.drafted else {})
-    requests.observe(flight, dict(zip(reqs, accepted)))
+    requests.observe(flight, dict(zip(reqs, accepted)), step_ms=(t3 - t0) * 1e3)
     record = EngineStepRecord(
         step=step,
         request_ids=reqs,

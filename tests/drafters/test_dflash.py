@@ -303,3 +303,80 @@ def test_saved_weights_are_readable_by_others_and_bad_d2t_is_named(tmp_path, tar
     save_file(t, str(folder / "model.safetensors"))
     with pytest.raises(DraftCheckpointError, match=r"tensor fc.weight holds non-finite values"):
         load_checkpoint(folder)
+
+
+#: ``fine`` made to alternate: every drafted step stops drafting (the margin is out of reach), every
+#: plain step asks for a probe (interval 1, a budget that always admits one)
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9}
+
+
+def test_engine_switching_drafted_and_undrafted_steps_is_lossless(target, trained, make_curve):
+    """Requests that alternate between drafted and undrafted steps (the undrafted step keeps only the
+    drafter's context) decode exactly what plain decoding does, greedy and sampled."""
+    model, _ = trained
+    curve = make_curve(batch_sizes=tuple(range(1, 9)), block_size=B, per_token_ms=0.05, draft_base_ms=0.5,
+                       draft_per_request_ms=0.01)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11, 3]]
+    for sp in (None, SamplingParams(temperature=0.8, seed=5)):
+        ref = (greedy_generate(target, prompts, 14, eos_id=None, batch_size=1) if sp is None
+               else sample_generate(target, prompts, 14, None, sp, batch_size=1))
+        ctrl = RatioController(curve, B, policy="fine", **SWITCHING)
+        result = SpecEngine(target, ctrl, batch_size=3, max_new_tokens=14, dflash=model, sampling=sp).generate(prompts)
+        assert result.outputs == ref
+        drafted = [s.drafted for s in result.steps]
+        assert sum(drafted) >= 4 and len(drafted) - sum(drafted) >= 4
+        assert any(a and not b for a, b in zip(drafted, drafted[1:])) and any(b and not a for a, b in zip(drafted, drafted[1:]))
+        assert sum(sum(s.accepted) for s in result.steps if s.drafted) > 0  # drafts after plain stretches are kept
+
+
+def test_extend_flat_equals_piecewise_extend(target, trained):
+    """One flat call writes the same context as one call per row, and counts each row's tokens."""
+    model, _ = trained
+    s = sequences(target, 2, 20, seed=4)
+    a = DFlashDrafter(model, target, max_batch_size=3, max_seq_len=64)
+    b = DFlashDrafter(model, target, max_batch_size=3, max_seq_len=64)
+    a.extend([2], [s[0].features[:5]], [0])
+    a.extend([0], [s[1].features[:3]], [0])
+    b.extend_flat([2, 0], [5, 3], [0, 0], torch.cat([s[0].features[:5], s[1].features[:3]]))
+    assert a.context_len.tolist() == b.context_len.tolist() == [3, 0, 5]
+    for ka, kb, va, vb in zip(a.k_cache, b.k_cache, a.v_cache, b.v_cache):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    with pytest.raises(DraftContextError, match="row 2 holds 5 context tokens"):
+        b.extend_flat([2], [1], [4], s[0].features[4:5])
+
+
+def test_committed_features_gathers_each_requests_first_slots():
+    """Requests split over several packed rows: slot s of request j is row first(j) + s // T, column s % T."""
+    from dcut_sched.engine.decode_step import committed_features
+    from dcut_sched.engine.packing import pack_rows
+
+    lengths = [5, 1, 3]
+    packing = pack_rows(lengths)
+    T = packing.tokens_per_row
+    feats = torch.zeros(packing.num_rows, T, 2)
+    for r, (j, start, n) in enumerate(zip(packing.request, packing.start, packing.length)):
+        for c in range(n):
+            feats[r, c] = torch.tensor([j, start + c], dtype=torch.float32)
+    got = committed_features(packing, feats, [4, 1, 2])
+    assert got.tolist() == [[0, 0], [0, 1], [0, 2], [0, 3], [1, 0], [2, 0], [2, 1]]
+
+
+def test_deferred_context_equals_immediate_writes(target, trained):
+    """Deferred pieces (a row reset and refilled in between included) leave the cache that immediate
+    writes leave at every position a draft reads, and the drafts are the same."""
+    model, _ = trained
+    s = sequences(target, 3, 24, seed=8)
+    now = DFlashDrafter(model, target, max_batch_size=2, max_seq_len=64)
+    later = DFlashDrafter(model, target, max_batch_size=2, max_seq_len=64)
+    for d, defer in ((now, False), (later, True)):
+        d.extend_flat([0, 1], [4, 6], [0, 0], torch.cat([s[0].features[:4], s[1].features[:6]]), defer=defer)
+        d.extend_flat([0, 1], [2, 1], [4, 6], torch.cat([s[0].features[4:6], s[1].features[6:7]]), defer=defer)
+        d.reset([1])  # row 1 gets a new request: its old pieces may still be pending
+        d.extend_flat([1], [3], [0], s[2].features[:3], defer=defer)
+    assert later._pending_tokens == 16 and now._pending_tokens == 0
+    seqs = [s[0].tokens[:7].tolist(), s[2].tokens[:4].tolist()]
+    a, b = now.draft(seqs, 7), later.draft(seqs, 7)
+    assert later._pending_tokens == 0
+    assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
+    for kn, kl in zip(now.k_cache, later.k_cache):
+        assert torch.equal(kn[0, :, :6], kl[0, :, :6]) and torch.equal(kn[1, :, :3], kl[1, :, :3])

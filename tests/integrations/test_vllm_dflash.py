@@ -6,6 +6,12 @@ subprocess in the vLLM environment runs vLLM without speculation, then D-Cut wit
 ``dcut``, ``fine`` and the peers ``topk`` and ``threshold`` on 16 chat prompts of mixed lengths.
 Every D-Cut run records its steps; the tests check lossless output, that the confidences came from
 the DFlash proposer's one sampling pass, and that vLLM verified exactly the planned prefixes.
+
+Two more runs alternate drafted and undrafted steps (``fine`` whose every drafted step stops drafting
+and whose every plain step asks for a probe): one with the undrafted step's context-only drafter pass
+(the default), one with vLLM's own pass (``skip_undrafted_block: false``). Their drafter records show
+which passes ran, and both draft exactly the same tokens with the same confidences: the context-only
+pass leaves the drafter the context vLLM's own pass leaves.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ MAX_TOKENS = 24
 DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
 CURVE_B8 = REPO_ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
 POLICIES = ("ar", "full", "dcut", "fine", "topk", "threshold")
+#: ``fine`` made to alternate drafted and undrafted steps (see the module docstring)
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9}
+SWITCH_RUNS = {"switch": True, "switch-block": False}  # run name -> skip_undrafted_block
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +53,10 @@ def dflash_runs(tmp_path_factory):
         if policy in ("dcut", "fine"):
             dcut["cost_curve"] = str(CURVE_B8)
         runs.append({"name": policy, "dcut": dcut})
+    for name, skip in SWITCH_RUNS.items():
+        runs.append({"name": name, "dcut": {"policy": "fine", "policy_params": SWITCHING, "cost_curve": str(CURVE_B8),
+                                            "record_path": str(tmp / f"{name}.jsonl"), "log_interval_s": 1e-6,
+                                            "skip_undrafted_block": skip}})
     job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
            "prompts": {"file": str(REPO_ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "offset": 48,
                        "chat": True},
@@ -66,7 +79,7 @@ def test_vllm_loads_the_drafter_as_dflash(dflash_runs):
     assert "auxiliary layers" in log and "(2, 11, 19, 28)" in log  # our (1, 10, 18, 27), vLLM's capture-before ids
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", (*POLICIES, *SWITCH_RUNS))
 def test_greedy_output_equals_vllm_without_speculation(dflash_runs, policy):
     base = _ok(dflash_runs["runs"]["nospec"])["token_ids"]
     got = _ok(dflash_runs["runs"][policy])["token_ids"]
@@ -97,3 +110,34 @@ def test_dflash_confidences_and_exactly_the_plan(dflash_runs, policy):
         # the trained drafter's drafts are kept as often in vLLM as in the project's engine (0.35-0.46
         # accepted per block there, docs/drafters.md): far above chance, so the confidences and drafts are real
         assert metrics["keep_ratio"] == 1.0 and metrics["accepted_per_request_step"] > 0.2
+
+
+def test_undrafted_steps_run_the_context_only_pass(dflash_runs):
+    """Each step's drafter pass is recorded: after a plan that stops drafting, the context-only pass;
+    after one that drafts, the block pass. With ``skip_undrafted_block: false`` every pass is vLLM's own."""
+    for name, skip in SWITCH_RUNS.items():
+        _ok(dflash_runs["runs"][name])
+        steps = _records(dflash_runs["dir"] / f"{name}.jsonl")
+        passes = _records(dflash_runs["dir"] / f"{name}.jsonl.drafter.jsonl")
+        assert len(passes) == len(steps)
+        scheduled = [s["num_spec_tokens_to_schedule"] for s in steps]
+        assert scheduled.count(0) >= 5 and len(scheduled) - scheduled.count(0) >= 5
+        for k, p in zip(scheduled, passes):
+            assert p["num_speculative_tokens"] == k
+            assert p["pass"] == ("context" if k == 0 and skip else "block")
+
+
+def test_context_only_pass_leaves_the_drafter_the_same_context(dflash_runs):
+    """The same drafts and confidences, step for step, whichever pass the undrafted steps ran."""
+    def by_prompt(record, key):  # request ids are '<prompt index>-<random suffix>'
+        return {rid.split("-")[0]: v for rid, v in record.get(key, {}).items()}
+
+    a = _records(dflash_runs["dir"] / "switch.jsonl")
+    b = _records(dflash_runs["dir"] / "switch-block.jsonl")
+    assert len(a) == len(b)
+    drafted = 0
+    for x, y in zip(a, b):
+        for key in ("planned", "drafts", "conf", "accepted"):
+            assert by_prompt(x, key) == by_prompt(y, key), f"step {x['step']}: {key} differs"
+        drafted += bool(x.get("drafts"))
+    assert drafted >= 5

@@ -19,7 +19,8 @@ conditional tests keep a few hundred samples.
 Without ``cpu_kernels`` (vLLM's CPU ``expand_kernel`` fallback truncates temperatures to int64 and
 writes into a copy) the same run gives p < 1e-10 for tokens 2 and 3 (token 2's mode drawn 59 times
 against 216 expected); with it p = 0.57 and 0.23 on this machine. The same check runs over the DFlash
-block drafter (``dflash:drafters/smollm2-135m-dflash``), whose drafts vLLM verifies the same way.
+block drafter (``dflash:drafters/smollm2-135m-dflash``), whose drafts vLLM verifies the same way, with
+``fine`` alternating drafted and undrafted steps (the undrafted step's context-only drafter pass).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def _chisquare(observed_tokens: list[int], reference: dict) -> tuple[float, int,
 
 
 DFLASH_DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
+#: ``fine`` made to alternate: every drafted step stops drafting, every plain step asks for a probe
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9}
 
 
 @pytest.mark.parametrize("drafter", ["draft_model", "dflash"])
@@ -80,8 +83,11 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve, dra
     curve = make_curve(batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128), block_size=BLOCK_SIZE, base_ms=2.0,
                        per_token_ms=0.5)
     curve.save(tmp_path / "linear-b8.json")
-    job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE, "policy": "dcut",
-           "cost_curve": str(tmp_path / "linear-b8.json"), "temperature": 1.0, "num_samples": NUM_SAMPLES,
+    # the DFlash run alternates drafted and undrafted steps (the undrafted step's context-only drafter
+    # pass, hooks.context_only_pass): requests switch between the two within their three tokens
+    policy, params = ("fine", SWITCHING) if drafter == "dflash" else ("dcut", {})
+    job = {"target": str(target), "draft": str(draft), "block_size": BLOCK_SIZE, "policy": policy,
+           "policy_params": params, "cost_curve": str(tmp_path / "linear-b8.json"), "temperature": 1.0, "num_samples": NUM_SAMPLES,
            "max_num_seqs": 128, "logprobs": 20,
            "prompt": {"file": str(REPO_ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"), "n": 1, "offset": PROMPT_INDEX,
                       "chat": True}}
@@ -95,6 +101,8 @@ def test_sampled_tokens_follow_the_target_distribution(tmp_path, make_curve, dra
     assert len(samples) == NUM_SAMPLES and all(len(s) == 3 for s in samples)
     metrics = out["dcut_metrics"]
     assert metrics["drafted_steps"] >= 1 and metrics["keep_ratio"] < 1.0, metrics  # drafts were cut
+    if drafter == "dflash":
+        assert metrics["steps"] - metrics["drafted_steps"] >= 2, metrics  # undrafted steps ran too
 
     checks = {
         "token 1": _chisquare([s[0] for s in samples], out["reference"][0]),

@@ -53,7 +53,7 @@ def main(job_path: str, out_path: str) -> int:
     del ref
 
     kw = llm_kwargs(job["target"], job["draft"], int(job["block_size"]), job["policy"],
-                    cost_curve=job.get("cost_curve"), dtype="float32")
+                    cost_curve=job.get("cost_curve"), dtype="float32", policy_params=job.get("policy_params", {}))
     kw.pop("dtype", None)
     spec = LLM(**kw, **common)
     # One sampler stream for the engine (LLM(seed=0)), not per-request seeds: vLLM 0.32.0 rewinds a

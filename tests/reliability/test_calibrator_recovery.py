@@ -106,3 +106,35 @@ def test_ratio_controller_recovers(policy, half_life):
         results[hl] = float(np.mean(tokens[-300:]))
     assert results[None] < 1.1  # anchors only (fine: a drafting probe now and then)
     assert results[half_life] > 3.0
+
+
+@pytest.mark.parametrize("policy", ["threshold", "fine"])
+def test_logistic_calibrator_recovers_in_the_simulator(policy):
+    """The controller's default calibrator: a depth with no observation returns to the prior."""
+    from dcut_sched.calibration import LogisticCalibrator
+
+    locked = _phase_two_tokens_per_step(policy, LogisticCalibrator(B, unobserved_half_life=None, half_life=None))
+    recovered = _phase_two_tokens_per_step(policy, LogisticCalibrator(B))  # default half-lives
+    if policy == "threshold":
+        assert locked == pytest.approx(1.0)  # anchors only
+    assert recovered > 2.8
+
+
+@pytest.mark.parametrize("policy", ["threshold", "fine"])
+def test_ratio_controller_default_calibrator_recovers(policy):
+    ctrl = RatioController(_curve(), B, policy=policy)  # calibrated by default (LogisticCalibrator)
+    conf = np.full((4, B - 1), 0.9, np.float32)
+    draft, tokens = True, []
+    for step in range(1500):
+        accept = np.zeros(4, int) if step < 300 else np.full(4, B - 1)
+        if draft:
+            plan = ctrl.plan(conf)
+            made = 1 + np.minimum(accept, np.asarray(plan.lengths) - 1)
+            ctrl.observe(accept)
+        else:
+            plan = ctrl.plan_without_draft(4)
+            made = np.ones(4, int)
+            ctrl.observe(np.zeros(4, int))
+        draft = plan.draft_next
+        tokens.append(made.mean())
+    assert float(np.mean(tokens[-300:])) > 3.0

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from dcut_sched import OnlineCalibrator, RatioController, policies
+from dcut_sched.calibration import CalibrationPrior, LogisticCalibrator
 from dcut_sched.controller import GraphCells
 from dcut_sched.simulator import SimulationError, run_closed_loop, run_open_loop, simulate
 
@@ -41,14 +42,16 @@ def _replay_through_controller(trace, curve, run, ctrl):
 
 
 @pytest.mark.parametrize("policy", ["fine", "dcut", "smartspec", "threshold", "oracle"])
-@pytest.mark.parametrize("calibrate", [False, True])
+@pytest.mark.parametrize("calibrate", [False, "isotonic", "logistic"])
 def test_simulator_and_controller_choose_the_same_lengths(make_curve, policy, calibrate):
     trace = random_trace(num_requests=10, block_size=8, seed=3)
     curve = make_curve(batch_sizes=(1, 2, 4, 8), block_size=8, base_ms=5.0, per_token_ms=0.4, draft_base_ms=1.0)
-    calibrator = OnlineCalibrator(8, refit_every=16) if calibrate else None  # refits during the run
+    calibrator = {False: None, "isotonic": OnlineCalibrator(8, refit_every=16),  # refits during the run
+                  "logistic": LogisticCalibrator(8, prior=CalibrationPrior(intercepts=[-0.5], slope=1.2),
+                                                 refit_every=16)}[calibrate]
     run = run_closed_loop(trace, curve, policies.get(policy), 4, num_steps=80, shuffle=False,
                           calibrator=copy.deepcopy(calibrator), record=True)
-    ctrl = RatioController(curve, 8, policy=policy, calibrator=copy.deepcopy(calibrator))
+    ctrl = RatioController(curve, 8, policy=policy, calibrate=bool(calibrate), calibrator=copy.deepcopy(calibrator))
     assert _replay_through_controller(trace, curve, run, ctrl) == [log["lengths"].tolist() for log in run.log]
     sim, online = run.controller_metrics, ctrl.metrics
     for key in ("steps", "drafted_steps", "num_tokens", "accepted_drafts", "observed_steps", "bad_conf_requests"):
@@ -84,7 +87,7 @@ def test_graph_bank_restricts_fine_budgets_to_captured_counts(make_curve):
     assert set(banked.steps.num_tokens[drafted].tolist()) <= set(counts)
     assert not set(free.steps.num_tokens[free.steps.drafted].tolist()) <= set(counts)  # the bank changed the run
     # The same choice as the online controller holding a bank with these cells.
-    ctrl = RatioController(curve, 8, policy="fine", graph_bank=GraphCells.at_batch_sizes(counts, [4]))
+    ctrl = RatioController(curve, 8, policy="fine", calibrate=False, graph_bank=GraphCells.at_batch_sizes(counts, [4]))
     assert _replay_through_controller(trace, curve, banked, ctrl) == [log["lengths"].tolist() for log in banked.log]
 
 
@@ -133,7 +136,7 @@ def test_bad_confidences_are_sanitised_as_online(make_curve):
     assert run.log[0]["lengths"].tolist() == [1, 4]
     assert run.log[0]["tokens"].tolist() == [1, 4]
     assert run.controller_metrics["bad_conf_requests"] == 1
-    ctrl = RatioController(curve, 4, policy="threshold", tau=0.5)
+    ctrl = RatioController(curve, 4, policy="threshold", calibrate=False, tau=0.5)
     assert ctrl.plan(trace.conf[[0, 3]]).lengths.tolist() == [1, 4]
     assert ctrl.metrics["bad_conf_requests"] == 1
     for name in ("dcut", "fine"):

@@ -16,12 +16,18 @@ Keys (all optional):
                      B = ``num_speculative_tokens + 1``; without one a policy that needs a curve
                      profiles vLLM at start-up and caches the file (``profile_cache_dir``)
 ``profile_cache_dir``  folder of start-up profiles [``$DCUT_SCHED_CACHE/vllm-profiles``]
-``calibrate``        learn a confidence-to-acceptance map online [false]
+``calibrate``        score per-depth calibrated confidences, learnt online from the drafter's
+                     ``calibration.json`` prior (``speculative_config.model``/calibration.json when
+                     that is a local folder) or the identity [true]
 ``record_path``      write one JSON line per engine step (plan, verified lengths, accepted
                      tokens, plan time, each planned request's confidences, draft token ids
-                     and output tokens so far) to this file, and the worker's verified lengths to
-                     ``<record_path>.worker.jsonl``
+                     and output tokens so far) to this file, the worker's verified lengths to
+                     ``<record_path>.worker.jsonl`` and each DFlash drafter pass to
+                     ``<record_path>.drafter.jsonl``
 ``log_interval_s``   seconds between D-Cut metric log lines, a finite number > 0 [10]
+``skip_undrafted_block``  on a step after which no request drafts (the plan's ``draft_next`` is
+                     false), a DFlash drafter runs only its context K/V update, not its block
+                     forward (:mod:`.hooks`); false runs vLLM's own pass [true]
 ===================  ==========================================================================
 
 Types are strict (pydantic v2 in strict mode, chosen because vLLM itself depends on it: one
@@ -82,9 +88,10 @@ class DCutVllmConfig:
     policy_params: dict = field(default_factory=dict)
     cost_curve: str | None = None
     profile_cache_dir: str | None = None
-    calibrate: bool = False
+    calibrate: bool = True
     record_path: str | None = None
     log_interval_s: float = 10.0
+    skip_undrafted_block: bool = True
     source: str = "defaults"
     #: the policy built from ``policy`` and ``policy_params`` when the config was checked (None for a
     #: config built in code): the scheduler's controller runs this instance, so it is built once
@@ -139,12 +146,14 @@ class DCutVllmConfig:
             try:
                 check_paths({"cost_curve": typed.cost_curve},
                             {"record_path": (typed.record_path, None),
-                             "record_path's worker records": (typed.record_path + ".worker.jsonl", None)})
+                             "record_path's worker records": (typed.record_path + ".worker.jsonl", None),
+                             "record_path's drafter records": (typed.record_path + ".drafter.jsonl", None)})
             except ValueError as exc:
                 raise DCutConfigError(f"{source}: key {exc}") from None
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
-                   record_path=typed.record_path, log_interval_s=typed.log_interval_s, source=source,
+                   record_path=typed.record_path, log_interval_s=typed.log_interval_s,
+                   skip_undrafted_block=typed.skip_undrafted_block, source=source,
                    policy_object=built)
 
     @classmethod
@@ -237,9 +246,10 @@ def _typed_model():
             policy_params: dict[str, Any] = Field(default_factory=dict)
             cost_curve: str | None = None
             profile_cache_dir: str | None = None
-            calibrate: bool = False
+            calibrate: bool = True
             record_path: str | None = None
             log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+            skip_undrafted_block: bool = True
 
         _MODEL = DCutConfigModel
     return _MODEL

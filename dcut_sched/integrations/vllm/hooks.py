@@ -17,9 +17,18 @@ hands it to the scheduler **inside the step's own outputs**:
   :class:`DCutDraftTokenIds`, vLLM's ``DraftTokenIds`` plus ``confidences`` rows in the same
   request order; pickled across processes like its parent.
 
+**The undrafted step.** When the scheduler asks for no drafts after a step (the plan's
+``draft_next`` is false, so ``num_spec_tokens_to_schedule = 0``), vLLM's DFlash proposer would still
+run its whole pass: the context K/V update and a drafter forward over every request's anchor.
+With ``skip_undrafted_block`` (the default) the ``propose`` wrapper runs only :func:`context_only_pass`:
+the committed tokens' context K/V, written where vLLM's own pass writes them, so the next drafted
+step drafts from the same context; the block forward is skipped and vLLM gets no drafts
+(docs/vllm.md, "The undrafted step").
+
 The worker also records the draft lengths it verifies (``GPUModelRunner._calc_spec_decode_metadata``,
 the ragged ``SpecDecodeMetadata`` the rejection sampler consumes) when the config names a
-``record_path``: one JSON line per verification step in ``<record_path>.worker.jsonl``.
+``record_path``: one JSON line per verification step in ``<record_path>.worker.jsonl``, and one per
+DFlash drafter pass in ``<record_path>.drafter.jsonl`` (``pass``: ``"block"`` or ``"context"``).
 
 Drafters without logits (ngram, suffix) never call ``_greedy_sample``; their steps carry no
 confidences and the scheduler fails at the first one with a clear message. Heterogeneous-vocabulary
@@ -31,6 +40,7 @@ speculative decoding at temperature > 0 on CPU samples with garbage temperatures
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 from dataclasses import dataclass
@@ -41,7 +51,7 @@ import torch
 from . import cpu_kernels
 from .config import DCutVllmConfig, require_vllm_version
 
-__all__ = ["NO_CONFIDENCES", "DCutDraftTokenIds", "install"]
+__all__ = ["NO_CONFIDENCES", "DCutDraftTokenIds", "context_only_pass", "install"]
 
 #: What the scheduler raises (DCutConfigError) on a drafted step without confidences.
 NO_CONFIDENCES = (
@@ -62,6 +72,37 @@ def _config_of(obj: Any) -> DCutVllmConfig | None:
         cached = DCutVllmConfig.resolve(extra)
         obj.__dict__["_dcut_config"] = cached
     return cached
+
+
+def context_only_pass(proposer: Any, target_positions: torch.Tensor, target_hidden_states: torch.Tensor,
+                      common_attn_metadata: Any) -> torch.Tensor:
+    """A DFlash proposer's pass on a step that drafts nothing: the context K/V of this step's tokens only.
+
+    Writes what ``DFlashProposer.build_model_inputs_first_pass`` writes (every scheduled token's
+    context K/V at its target position and its block-table slot, as vLLM's
+    ``copy_and_expand_dflash_inputs`` kernel places them) and runs no drafter forward. Returns the
+    ``[num_reqs, 0]`` draft tensor vLLM's own pass returns when asked for no drafts.
+    """
+    cad = common_attn_metadata
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    qsl = cad.query_start_loc
+    num_reqs = qsl.shape[0] - 1
+    num_ctx = int(cad.query_start_loc_cpu[-1])
+    hidden = proposer.model.combine_hidden_states(target_hidden_states[:num_ctx])
+    positions = target_positions[:num_ctx]
+    req = torch.repeat_interleave(torch.arange(num_reqs, device=positions.device), qsl[1:] - qsl[:-1],
+                                  output_size=num_ctx)
+    table = cad.block_table_tensor
+    block = torch.clamp(positions // proposer.block_size, max=table.shape[1] - 1)
+    slots = table[req, block].to(torch.int64) * proposer.block_size + positions % proposer.block_size
+    proposer.model.precompute_and_store_context_kv(hidden, positions, slots)
+    return torch.empty(num_reqs, 0, dtype=torch.int64, device=positions.device)
+
+
+def _record_line(path: str, rec: dict) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec) + "\n")
 
 
 def install() -> None:
@@ -91,6 +132,7 @@ def install() -> None:
         orig_propose = SpecDecodeBaseProposer.propose
         orig_take = GPUModelRunner.take_draft_token_ids
         orig_meta = GPUModelRunner._calc_spec_decode_metadata
+        propose_signature = inspect.signature(orig_propose)
 
         def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
             steps = self.__dict__.get("_dcut_conf_steps")
@@ -103,8 +145,22 @@ def install() -> None:
             return token_ids
 
         def propose(self, *args: Any, **kwargs: Any):
-            if _config_of(self) is None:
+            cfg = _config_of(self)
+            if cfg is None:
                 return orig_propose(self, *args, **kwargs)
+            call = propose_signature.bind(self, *args, **kwargs).arguments
+            num_spec = int(call["num_speculative_tokens"])
+            if self.method == "dflash" and cfg.record_path:
+                cad = call["common_attn_metadata"]
+                _record_line(cfg.record_path + ".drafter.jsonl", {
+                    "pass": "context" if num_spec == 0 and cfg.skip_undrafted_block else "block",
+                    "num_speculative_tokens": num_spec, "num_reqs": int(cad.num_reqs),
+                    "context_tokens": int(cad.query_start_loc_cpu[-1])})
+            if num_spec == 0 and cfg.skip_undrafted_block and self.method == "dflash":
+                out = context_only_pass(self, call["target_positions"], call["target_hidden_states"],
+                                        call["common_attn_metadata"])
+                self._dcut_conf = (out, None)
+                return out
             self._dcut_conf_steps = []
             try:
                 out = orig_propose(self, *args, **kwargs)
@@ -136,8 +192,7 @@ def install() -> None:
                 n = len(num_draft_tokens)
                 rec = {"req_ids": list(self.input_batch.req_ids[:n]),
                        "num_draft_tokens": [int(x) for x in num_draft_tokens]}
-                with open(cfg.record_path + ".worker.jsonl", "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(rec) + "\n")
+                _record_line(cfg.record_path + ".worker.jsonl", rec)
             return orig_meta(self, num_draft_tokens, cu_num_scheduled_tokens)
 
         SpecDecodeBaseProposer._greedy_sample = _greedy_sample

@@ -11,7 +11,9 @@ and unplanned requests, metrics window, step records). Per engine step (EngineCo
    without drafts (prefills) is planned without draft.
 2. ``schedule``: vLLM's (``1 + len(spec_token_ids)`` tokens per request), with
    ``num_spec_tokens_to_schedule = 0`` when the plan says not to draft next.
-3. ``update_from_output``: the accepted drafts go back to the controller.
+3. ``update_from_output``: the accepted drafts go back to the controller, with the step's wall
+   time (from the previous ``update_from_output``) for the cost-curve check; a step that also ran
+   prefill tokens, or came after an idle gap longer than its own forward, is not timed.
 
 Start-up fails clearly on another vLLM version or a bad config (:mod:`.config`, :mod:`.startup`).
 """
@@ -26,7 +28,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
-from ...controller.request_batch import RequestBatch, confidence_matrix
+from ...controller.request_batch import RequestBatch, confidence_matrix, metrics_line
 from . import hooks
 from .config import DCutConfigError, check_engine_config, require_vllm_version
 from .startup import build_controller
@@ -49,11 +51,19 @@ class DCutScheduler(Scheduler):
         self.dcut_block_size = int(vllm_config.speculative_config.num_speculative_tokens) + 1
         self.dcut_controller = build_controller(cfg, vllm_config, self.dcut_block_size)
         self.dcut = RequestBatch(self.dcut_controller, record_path=cfg.record_path,
-                                 log_interval_s=cfg.log_interval_s, on_window=self._dcut_log)
+                                 log_interval_s=cfg.log_interval_s, on_window=self._dcut_log, on_warning=logger.warning)
         self._dcut_pending = None  # the StepPlan made in post_step, for the next step
         self._dcut_in_flight = None  # that plan and what was scheduled of it
-        logger.info("D-Cut: policy %s, block size %d, cost curve %s (%s)", cfg.policy, self.dcut_block_size,
-                    self.dcut_controller.cost.path if self.dcut_controller.cost is not None else None, cfg.source)
+        self._dcut_last_update = None  # perf_counter at the end of the last update_from_output
+        self._dcut_scheduled_at = None  # perf_counter when this step's schedule() began
+        self._dcut_decode_only = False  # whether this step scheduled decode tokens only (no prefill)
+        cal = self.dcut_controller.calibrator
+        logger.info("D-Cut: policy %s, block size %d, cost curve %s, calibration %s (%s)", cfg.policy,
+                    self.dcut_block_size,
+                    self.dcut_controller.cost.path if self.dcut_controller.cost is not None else None,
+                    "off" if cal is None else ("identity prior" if getattr(cal, "prior", None) is None
+                                               or cal.prior.is_identity else "the drafter's calibration.json prior"),
+                    cfg.source)
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         t0 = time.perf_counter()
@@ -78,17 +88,20 @@ class DCutScheduler(Scheduler):
         self._dcut_pending = plan
 
     def schedule(self, *args: Any, **kwargs: Any):
+        self._dcut_scheduled_at = time.perf_counter()
         out = super().schedule(*args, **kwargs)
         plan, self._dcut_pending = self._dcut_pending, None
         if plan is not None and not plan.draft_next:
             out.num_spec_tokens_to_schedule = 0
-        self._dcut_in_flight = self.dcut.schedule(
-            plan, out.num_scheduled_tokens, {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()},
-            num_spec_tokens_to_schedule=int(out.num_spec_tokens_to_schedule))
+        spec = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
+        self._dcut_decode_only = sum(out.num_scheduled_tokens.values()) == len(out.num_scheduled_tokens) + sum(spec.values())
+        self._dcut_in_flight = self.dcut.schedule(plan, out.num_scheduled_tokens, spec,
+                                                  num_spec_tokens_to_schedule=int(out.num_spec_tokens_to_schedule))
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         flight, self._dcut_in_flight = self._dcut_in_flight, None
+        step_ms = self._dcut_step_ms()
         if flight is not None and model_runner_output is not None:
             sampled = model_runner_output.sampled_token_ids or []
             index = model_runner_output.req_id_to_index or {}
@@ -97,8 +110,18 @@ class DCutScheduler(Scheduler):
                 i = index.get(rid)
                 if i is not None and i < len(sampled) and len(sampled[i]):
                     accepted[rid] = len(sampled[i]) - 1
-            self.dcut.observe(flight, accepted)
+            self.dcut.observe(flight, accepted, step_ms=step_ms)
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _dcut_step_ms(self) -> float | None:
+        """Wall ms from the previous ``update_from_output`` to this one; ``None`` for the first step, a
+        step with prefill tokens (the cost curve prices decode steps), and after an idle gap (the time
+        before this step's ``schedule`` exceeds the step's own forward)."""
+        now, last, began = time.perf_counter(), self._dcut_last_update, self._dcut_scheduled_at
+        self._dcut_last_update = now
+        if last is None or began is None or not self._dcut_decode_only or began - last > now - began:
+            return None
+        return (now - last) * 1e3
 
     @property
     def dcut_metrics(self) -> dict[str, float]:
@@ -106,11 +129,7 @@ class DCutScheduler(Scheduler):
         return self.dcut.metrics
 
     def _dcut_log(self, s: dict[str, float]) -> None:
-        logger.info(
-            "D-Cut metrics: policy %s, steps %d (drafted %d), keep ratio %.3f, accepted drafts per "
-            "request-step %.2f, tokens per request-step %.2f, plan time %.3f ms/step",
-            self.dcut_config.policy, s["steps"], s["drafted_steps"], s["keep_ratio"],
-            s["accepted_per_request_step"], s["tokens_per_request_step"], s["plan_ms_per_step"])
+        logger.info("%s", metrics_line(self.dcut_config.policy, s))
 
     def shutdown(self) -> None:
         self.dcut.close()

@@ -9,7 +9,25 @@ import numpy as np
 
 from .config import DCutConfigError, DCutVllmConfig
 
-__all__ = ["build_controller"]
+__all__ = ["build_controller", "drafter_prior"]
+
+
+def drafter_prior(cfg: DCutVllmConfig, vllm_config):
+    """The drafter's calibration prior: ``calibration.json`` in ``speculative_config.model`` when that is
+    a local folder holding one, else ``None`` (the identity).
+
+    Raises:
+        DCutConfigError: the file is there but malformed (names the file, the field and the fix).
+    """
+    from ...calibration import CalibrationPrior, CalibrationPriorError
+
+    model = getattr(getattr(vllm_config, "speculative_config", None), "model", None)
+    if not isinstance(model, str) or not model:
+        return None
+    try:
+        return CalibrationPrior.from_folder(model)
+    except CalibrationPriorError as exc:
+        raise DCutConfigError(f"{cfg.source}: the drafter's {exc}") from None
 
 
 def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
@@ -38,7 +56,8 @@ def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
         )
     max_bs = int(vllm_config.scheduler_config.max_num_seqs)
     try:  # every step the policy reads, at every batch size up to max_num_seqs, priced now
-        ctrl = RatioController(curve, block_size, policy, calibrate=cfg.calibrate, max_batch_size=max_bs)
+        ctrl = RatioController(curve, block_size, policy, calibrate=cfg.calibrate, max_batch_size=max_bs,
+                               calibration_prior=drafter_prior(cfg, vllm_config) if cfg.calibrate else None)
     except (CostCurveError, CostCurveRangeError) as exc:
         raise DCutConfigError(f"{cfg.source}: cost curve {curve.path or cfg.cost_curve} cannot serve batch sizes up "
                               f"to max_num_seqs {max_bs} ({exc}); profile up to max_num_seqs or lower "

@@ -14,6 +14,10 @@ The job (JSON object):
   records under ``steps`` (with ``prefill_s``, the wall time of the prefill steps);
 - ``runs``: list of ``{"name": str, "dcut": {...} | null}``; ``dcut: null`` runs vLLM without
   speculation, otherwise the D-Cut config of :mod:`.config` (``record_path`` per run is allowed).
+  ``{"dcut": null, "vllm_spec": {...}}`` runs vLLM's own speculative decoding over the job's draft
+  without D-Cut, its ``speculative_config`` updated with ``vllm_spec`` (e.g.
+  ``{"num_speculative_tokens": 2}`` or vLLM's Dynamic SD ``{"num_speculative_tokens_per_batch_size":
+  [[1, 4, 3], [5, 16, 0]]}``).
   For start-up failure tests a run may also give ``raw_additional_config`` (passed to vLLM as is,
   skipping :func:`llm_kwargs`' own check) and ``fake_vllm_version`` (vLLM's ``__version__`` is
   set to it while the engine starts), ``speculative_config`` (replaces the one :func:`llm_kwargs`
@@ -84,6 +88,12 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     dcut = run.get("dcut")
     if dcut is None:
         kw = {"model": job["target"], "dtype": job.get("dtype", "float32"), "enforce_eager": True}
+        if "vllm_spec" in run:  # vLLM's own speculative decoding, without D-Cut (the peers of a benchmark)
+            draft = str(job["draft"])
+            method, _, path = draft.partition(":") if draft.startswith("dflash:") else ("draft_model", "", draft)
+            kw["speculative_config"] = {"method": method, "model": path,
+                                        "num_speculative_tokens": int(job["block_size"]) - 1, **run["vllm_spec"]}
+            kw["async_scheduling"] = False
     else:
         dcut = dict(dcut)
         kw = llm_kwargs(job["target"], job["draft"], int(job["block_size"]), dcut.pop("policy", DEFAULT_POLICY),
