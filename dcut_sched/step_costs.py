@@ -253,7 +253,12 @@ class StepCosts:
     def _budget_ms(self, batch_size: int, ks: np.ndarray) -> np.ndarray:
         """The budget-dependent part of a drafted step at each budget of ``ks`` (see
         :meth:`budget_ms_at`), uncached and unchecked."""
-        out = np.asarray(self.cost.verify_ms(batch_size, ks), dtype=np.float64)
+        return np.asarray(self.cost.verify_ms(batch_size, ks), dtype=np.float64) + self._budget_extra_ms(batch_size, ks)
+
+    def _budget_extra_ms(self, batch_size: int, ks: np.ndarray) -> np.ndarray | float:
+        """What a drafted step adds to ``C_verify(bs, K)`` at each budget of ``ks``: the drafter's first
+        forward beyond the anchors (``draft_first``) and the K-keyed drafted overhead (0 without them)."""
+        out: np.ndarray | float = 0.0
         if self.cost.has_draft_first():
             c = self.cost.draft_first_ms
             out = out + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
@@ -297,12 +302,7 @@ class StepCosts:
         hit = self._drafted_at.get(key)
         if hit is None:
             ks = np.asarray(key[1], dtype=np.int64)
-            hit = verify
-            if self.cost.has_draft_first():
-                c = self.cost.draft_first_ms
-                hit = hit + self.draft_scale * (np.asarray(c(batch_size, ks), dtype=np.float64) - c(batch_size, batch_size))
-            if self.cost.overhead_by_tokens():
-                hit = hit + np.asarray(self.cost.overhead_ms("drafted", batch_size, ks), dtype=np.float64)
+            hit = verify + self._budget_extra_ms(batch_size, ks)
             if self._check_drafted and ks.size:  # the whole drafted step, once per (bs, budgets)
                 self._require_positive(hit + self.drafted_fixed_ms(batch_size), "drafted", batch_size, ks)
             hit = self._drafted_at[key] = np.asarray(hit, dtype=np.float64)
