@@ -199,7 +199,11 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
             if old.metadata.get(key) != (None if metadata.get(key) is None else str(metadata[key])):
                 raise RecordError(f"{part}: partial file has {key}={old.metadata.get(key)!r}, this run "
                                   f"{metadata.get(key)!r}; run with --fresh to start over")
-        for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers"):
+        for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers", "drafter_sha256"):
+            if old_settings.get(key) != settings.get(key) and key == "drafter_sha256":
+                raise RecordError(f"{part}: partial file was recorded with other drafter weights ({settings.get('drafter')}: "
+                                  f"SHA-256 {str(old_settings.get(key))[:12]}..., now {str(settings.get(key))[:12]}...); "
+                                  "run with --fresh to start over")
             if old_settings.get(key) != settings.get(key):
                 raise RecordError(f"{part}: partial file has {key}={old_settings.get(key)!r}, this run "
                                   f"{settings.get(key)!r}; run with --fresh to start over")
