@@ -87,6 +87,9 @@ def _train(args) -> int:
     work = Path(args.work_dir) if args.work_dir else Path(".cache") / "dcut-drafter" / out.resolve().name
     if work.exists() and not work.is_dir():
         raise UsageError(f"--work-dir {work} is a file; give a folder for the generated data and checkpoint")
+    if work.resolve() == out.resolve() or out.resolve() in work.resolve().parents:
+        raise UsageError(f"--work-dir {work} is inside --out {out}: the drafter folder is replaced whole when it is "
+                         "written, which would remove the work dir; give a work dir outside --out")
     try:
         load_prompt_records(args.eval_prompts)
     except PromptError as exc:

@@ -292,6 +292,10 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         torch.save(data, tmp)
         os.replace(tmp, data_path)
     train_seqs, eval_seqs = data["train"], data["eval"]
+    width = {int(s.features.shape[-1]) for s in (*train_seqs, *eval_seqs)}
+    if width != {cfg.feature_size}:
+        raise WorkDirError(f"{data_path}: features {sorted(width)} wide, this target's drafter reads {cfg.feature_size} "
+                           "(data of another target); pass --fresh to regenerate it")
 
     embed = target.embed_tokens.weight.detach()
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()

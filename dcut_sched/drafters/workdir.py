@@ -205,7 +205,7 @@ def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
     Raises:
         OSError: the parent folder cannot be written (the message names ``out``).
     """
-    dest = out.resolve() if out.is_symlink() else out
+    dest = out.resolve()  # absolute (``.`` has no name to rename) and, for a symlink, where it points
     made = missing_folders(dest.parent)
     stage: Path | None = None
     try:

@@ -251,3 +251,28 @@ def test_first_difference_names_the_field():
     assert first_difference({"a": 1, "b": 2}, {"a": 1, "b": 3}) == "b"
     assert first_difference({"a": 1}, {"a": 1, "c": 0}) == "c"
     assert first_difference({"a": 1, "z": 0}, {"a": 1}) == "z"
+
+
+def test_a_work_dir_inside_out_is_refused(run, tmp_path):
+    _one_line(*run("--steps", "2", work="d/wd"), "--work-dir", "is inside --out", "outside --out")
+    _one_line(*run("--steps", "2", work="d"), "is inside --out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_cached_data_of_another_target_is_refused(run, tmp_path):
+    assert run("--steps", "2")[0] == 0
+    path = tmp_path / "wd" / DATA_NAME
+    data = torch.load(path, weights_only=False)
+    for s in data["train"]:
+        s.features = s.features[:, :16]
+    torch.save(data, path)
+    (tmp_path / "wd" / STATE_NAME).unlink()
+    _one_line(*run("--steps", "2"), f"{path}: features [16, 128] wide", "reads 128", "--fresh")
+
+
+def test_a_relative_out_is_swapped_in_place(run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run("--steps", "2")[0] == 0
+    assert cli.main(["train", "--out", "d", "--work-dir", "wd", *SMALL, "--seed", "0", "--steps", "2"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "wd"]
+    assert json.loads((tmp_path / "d" / "heldout.json").read_text())["command"].startswith("dcut-drafter train --out d")
