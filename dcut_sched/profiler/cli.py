@@ -316,14 +316,15 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
         draft = replace(draft, config=str(drafter_dir(name)))
     if not _is_dflash_folder(draft.config):
         return draft  # a preset or a model config.json: a random-weight drafter of that shape
+    given = f"--draft-config {args.draft_config}" if args.draft_config else f"--draft {draft_text}"
     try:
         dcfg = read_config(draft.config)
         if target_cfg is not None:
             check_target(dcfg, target_cfg)
     except DraftCheckpointError as exc:
-        raise UsageError(f"--draft {draft_text} ({draft.config}): {exc}") from None
+        raise UsageError(f"{given} ({draft.config}): {exc}") from None
     if args.block_size is not None and args.block_size > dcfg.block_size:
-        raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {draft.config} (--draft {draft_text}) "
+        raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {draft.config} ({given}) "
                          f"drafts blocks of at most {dcfg.block_size}; give --block-size {dcfg.block_size} or less")
     return draft
 

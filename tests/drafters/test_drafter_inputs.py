@@ -140,6 +140,13 @@ def test_profile_checks_the_drafter_before_measuring(drafters, capsys, draft, bl
     assert sorted(p.name for p in drafters.parent.iterdir()) == ["drafters"]  # no c.json, no c.json.partial
 
 
+def test_profile_names_draft_config_when_that_flag_gave_the_drafter(drafters, capsys):
+    from dcut_sched.profiler import cli
+
+    status = cli.main(["--cpu", "--model", "tiny", "--draft-config", "mini", "--block-size", "16", "--out", "c.json"])
+    _one_line(status, capsys.readouterr().err, "mini (--draft-config mini) drafts blocks of at most 8")
+
+
 class FakeTokenizer:
     eos_id = None
 
