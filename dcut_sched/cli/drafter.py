@@ -2,9 +2,11 @@
 
 ``dcut-drafter train --out DIR`` generates the data from the target, trains, and writes ``DIR``:
 ``config.json`` + ``model.safetensors`` (the checkpoint vLLM's ``DFlashDraftModel`` reads),
-``training_curve.csv``, ``heldout.json`` and the card ``README.md``. Working state (the generated
-data, the resumable checkpoint) lives in ``--work-dir``; a second run with the same settings
-resumes, ``--fresh`` starts over. ``dcut-drafter eval DIR`` re-measures tau on the held-out prompts.
+``training_curve.csv``, ``heldout.json`` and the card ``README.md``, swapped in whole. Working state
+(the generated data, the resumable checkpoint) lives in ``--work-dir``, locked while a run uses it; a
+second run with the same settings resumes, one with other settings (in the work dir or in ``--out``)
+is refused naming the field before anything is written, ``--fresh`` starts over (docs/drafters.md,
+"Work dir and drafter folder"). ``dcut-drafter eval DIR`` re-measures tau on the held-out prompts.
 """
 
 from __future__ import annotations
