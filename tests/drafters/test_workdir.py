@@ -276,3 +276,21 @@ def test_a_relative_out_is_swapped_in_place(run, tmp_path, monkeypatch):
     assert cli.main(["train", "--out", "d", "--work-dir", "wd", *SMALL, "--seed", "0", "--steps", "2"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "wd"]
     assert json.loads((tmp_path / "d" / "heldout.json").read_text())["command"].startswith("dcut-drafter train --out d")
+
+
+def test_a_live_run_in_another_process_holds_the_work_dir(run, tmp_path):
+    import subprocess
+    import sys
+
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from dcut_sched.drafters.workdir import "
+         "lock_work_dir\nwith lock_work_dir(Path(sys.argv[1])):\n    print('locked', flush=True); sys.stdin.read()",
+         str(wd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        _one_line(*run("--steps", "2"), f"--work-dir {wd}: another dcut-drafter train is running on it")
+    finally:
+        holder.communicate("", timeout=60)  # the holder ends: its lock goes with it
+    assert run("--steps", "2")[0] == 0
