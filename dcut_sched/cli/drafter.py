@@ -2,9 +2,11 @@
 
 ``dcut-drafter train --out DIR`` generates the data from the target, trains, and writes ``DIR``:
 ``config.json`` + ``model.safetensors`` (the checkpoint vLLM's ``DFlashDraftModel`` reads),
-``training_curve.csv``, ``heldout.json`` and the card ``README.md``. Working state (the generated
-data, the resumable checkpoint) lives in ``--work-dir``; a second run with the same settings
-resumes, ``--fresh`` starts over. ``dcut-drafter eval DIR`` re-measures tau on the held-out prompts.
+``training_curve.csv``, ``heldout.json`` and the card ``README.md``, swapped in whole. Working state
+(the generated data, the resumable checkpoint) lives in ``--work-dir``, locked while a run uses it; a
+second run with the same settings resumes, one with other settings (in the work dir or in ``--out``)
+is refused naming the field before anything is written, ``--fresh`` starts over (docs/drafters.md,
+"Work dir and drafter folder"). ``dcut-drafter eval DIR`` re-measures tau on the held-out prompts.
 ``dcut-drafter calibrate --draft DIR`` fits the drafter's per-depth calibration prior on a split of
 its training prompts and writes ``DIR/calibration.json`` (docs/drafters.md, "Calibration prior").
 """
@@ -41,10 +43,14 @@ def build_parser() -> CliParser:
                           f"  dcut-drafter calibrate --draft {DEFAULT_OUT}   # its calibration.json\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
-    t.add_argument("--out", default=DEFAULT_OUT, help=f"drafter folder to write (default {DEFAULT_OUT})")
+    t.add_argument("--out", default=None,
+                   help=f"drafter folder to write (default {DEFAULT_OUT}, which must then be new or empty: a drafter "
+                        "already there is replaced only when --out names it)")
     t.add_argument("--work-dir", default=None,
                    help="generated data and resumable checkpoint (default .cache/dcut-drafter/<out folder name>)")
-    t.add_argument("--fresh", action="store_true", help="ignore a checkpoint and cached data in --work-dir")
+    t.add_argument("--fresh", action="store_true",
+                   help="ignore a checkpoint and cached data in --work-dir, and replace a drafter of other settings "
+                        "in --out (without it, either of other settings is refused)")
     t.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default dcut_sched/data/traces/prompts.jsonl)")
     t.add_argument("--seed", type=seed_type, default=d.seed)
@@ -95,58 +101,75 @@ CALIBRATION_TOKENS = 96
 
 
 def _train(args) -> int:
-    import torch
-
-    from ..drafters.dflash import describe, save_checkpoint
-    from ..drafters.train import TrainSettings, run_training
-    from ..model.llama import LlamaModel
-    from ..model.tokenizer import load_smollm2_tokenizer
+    from ..atomic import missing_folders, remove_empty_folders
+    from ..drafters.train import TrainSettings, check_work_dir
+    from ..drafters.workdir import check_drafter_folder, lock_work_dir
     from ..traces.prompts import PromptError, load_prompt_records
 
-    out = _check_out_folder(args.out)
-    work = Path(args.work_dir) if args.work_dir else Path(".cache") / "dcut-drafter" / out.resolve().name
-    if work.exists() and not work.is_dir():
-        raise UsageError(f"--work-dir {work} is a file; give a folder for the generated data and checkpoint")
-    try:
-        load_prompt_records(args.eval_prompts)
-    except PromptError as exc:
-        raise UsageError(f"--eval-prompts: {exc}") from None
-    _check_train_outputs(args, out, work)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     settings = TrainSettings(seed=args.seed, steps=args.steps, num_layers=args.layers,
                              draft_vocab_size=args.draft_vocab or None, num_generated_prompts=args.num_prompts,
                              max_new_tokens=args.max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
                              blocks_per_seq=args.blocks_per_seq, eval_every=args.eval_every,
                              max_train_prompts=args.max_train_prompts, max_eval_prompts=args.max_eval_prompts)
-    t0 = time.time()
-    target = LlamaModel.from_smollm2()
-    tok = load_smollm2_tokenizer()
-    from ..atomic import missing_folders, remove_empty_folders
-
+    out = _check_out_folder(args.out)
+    work = Path(args.work_dir) if args.work_dir else Path(".cache") / "dcut-drafter" / out.resolve().name
+    if work.exists() and not work.is_dir():
+        raise UsageError(f"--work-dir {work} is a file; give a folder for the generated data and checkpoint")
+    if work.resolve() == out.resolve() or out.resolve() in work.resolve().parents:
+        raise UsageError(f"--work-dir {work} is inside --out {out}: the drafter folder is replaced whole when it is "
+                         "written, which would remove the work dir; give a work dir outside --out")
+    try:
+        load_prompt_records(args.eval_prompts)
+    except PromptError as exc:
+        raise UsageError(f"--eval-prompts: {exc}") from None
+    _check_train_outputs(args, out, work)
+    check_drafter_folder(out, settings.to_json(), fresh=args.fresh, owned_files=OUT_FILES)
     made = missing_folders(work)  # the folders this run makes for its work dir
     try:
-        model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
-                                            eval_prompts=args.eval_prompts, fresh=args.fresh)
+        work.mkdir(parents=True, exist_ok=True)
+        with lock_work_dir(work):
+            found = check_work_dir(settings, work, args.eval_prompts, args.fresh)  # before anything is written
+            _train_locked(args, settings, out, work, found)
     except BaseException:
         remove_empty_folders(made)  # a work dir holding resumable state is kept
         raise
+    return 0
+
+
+def _train_locked(args, settings, out: Path, work: Path, found) -> None:
+    import torch
+
+    from ..drafters.dflash import describe, save_checkpoint
+    from ..drafters.train import run_training
+    from ..drafters.workdir import replace_folder
+    from ..model.llama import LlamaModel
+    from ..model.tokenizer import load_smollm2_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    target = LlamaModel.from_smollm2()
+    tok = load_smollm2_tokenizer()
+    model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
+                                        eval_prompts=args.eval_prompts, fresh=args.fresh, found=found)
     wall = time.time() - t0
     command = " ".join(["dcut-drafter", "train", *(shlex.quote(a) for a in args.argv)])
     meta = {"settings": settings.to_json(), "train_seconds": round(state.elapsed_s, 1), "wall_seconds": round(wall, 1),
             "torch_threads": torch.get_num_threads(), "load_at_end": os.getloadavg()[0],
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
             "command": command, **report, "evals": state.evals, "config": describe(model.config)}
-    from ..atomic import all_or_none, atomic_write_text
 
-    with all_or_none():  # weights, config, curve, report, card and plot appear together or not at all
-        save_checkpoint(model, out, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed})
-        _write_curve(out / "training_curve.csv", state.history)
-        atomic_write_text(out / "heldout.json", json.dumps(meta, indent=2) + "\n")
-        _write_card(out / "README.md", meta)
-        _plot_curve(out / "training_curve.png", state.history, state.evals)
+    def write(folder: Path) -> None:  # weights, config, curve, report, card and plot: the folder is swapped in whole
+        from ..atomic import atomic_write_text
+
+        save_checkpoint(model, folder, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed})
+        _write_curve(folder / "training_curve.csv", state.history)
+        atomic_write_text(folder / "heldout.json", json.dumps(meta, indent=2) + "\n")
+        _write_card(folder / "README.md", meta)
+        _plot_curve(folder / "training_curve.png", state.history, state.evals)
+
+    replace_folder(out, write)
     print(json.dumps({"out": str(out), "tau": report["tau"], "wall_seconds": round(wall, 1)}, indent=2))
-    return 0
 
 
 #: What ``train`` writes into ``--out`` (the checkpoint, the curve, the report, the card, the plot).
@@ -165,9 +188,16 @@ def _check_train_outputs(args, out: Path, work: Path) -> None:
     check_paths({"--eval-prompts": args.eval_prompts}, outputs)
 
 
-def _check_out_folder(text: str) -> Path:
+def _check_out_folder(text: str | None) -> Path:
     """``--out``: a new or empty folder, or one that already holds a DFlash drafter (a retrain), never
-    another folder whose README.md or config.json the card and checkpoint would overwrite."""
+    another folder whose README.md or config.json the card and checkpoint would overwrite. Without
+    ``--out``, the default folder must be new or empty: a shipped drafter is replaced only when named."""
+    if text is None:
+        out = Path(DEFAULT_OUT)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise UsageError(f"--out is not given and its default {DEFAULT_OUT} already holds a drafter; name --out "
+                             f"explicitly to retrain it there (--out {DEFAULT_OUT}), or give another folder")
+        return out
     if not text.strip():
         raise UsageError("--out is empty; give a folder for the drafter, e.g. drafters/my-dflash")
     out = Path(text)
@@ -288,12 +318,19 @@ def _eval(args) -> int:
         load_prompt_records,
         sequence_features,
     )
-    from ..drafters.dflash import load_checkpoint
+    from ..drafters.dflash import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.train import acceptance, tau_summary
+    from ..model.config import LlamaConfig
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
     from ..traces.prompts import PromptError
 
+    cfg = read_config(args.folder)
+    try:  # before the weights and the target are read
+        check_target(cfg, LlamaConfig.preset("smollm2-135m"))
+    except DraftTargetError as exc:
+        raise UsageError(f"{args.folder}: {exc} (dcut-drafter eval measures drafters of SmolLM2-135M-Instruct)"
+                         ) from None
     model = load_checkpoint(args.folder)
     try:
         records = load_prompt_records(args.eval_prompts)

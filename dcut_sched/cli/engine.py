@@ -176,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
     from ..controller import RatioController
     from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
     from ..drafters import load_dflash, parse_draft_spec
-    from ..drafters.dflash import DraftCheckpointError
+    from ..drafters.dflash import DraftCheckpointError, check_target
     from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
+    from ..model.config import LlamaConfig
     from ..sampling import SamplingParams
 
     try:
@@ -189,8 +190,9 @@ def run(args: argparse.Namespace) -> int:
     if draft_spec.kind == "dflash":
         try:
             dflash = load_dflash(draft_spec)
+            check_target(dflash.config, LlamaConfig.preset("smollm2-135m"))  # before the model is loaded
         except DraftCheckpointError as exc:
-            raise UsageError(f"--draft: {exc}") from None
+            raise UsageError(f"--draft {args.draft} ({draft_spec.path}): {exc}") from None
         if args.block_size > dflash.config.block_size:
             raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {draft_spec.path} drafts blocks "
                              f"of at most {dflash.config.block_size}")

@@ -185,7 +185,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
             extra = {}
         elif args.draft:
             from dcut_sched.drafters import load_dflash, parse_draft_spec
+            from dcut_sched.drafters.dflash import DraftCheckpointError, check_target
             from dcut_sched.engine.trace_backends import DFlashBackend
+            from dcut_sched.model.config import LlamaConfig
 
             try:
                 spec = parse_draft_spec(args.draft)
@@ -194,10 +196,14 @@ def _cmd_record(args: argparse.Namespace) -> int:
             if spec.kind != "dflash":
                 raise UsageError(f"--draft {args.draft}: the native backend takes dflash:PATH (or no --draft for the "
                                  "self-speculative drafter)")
-            model = load_dflash(spec)
+            try:
+                model = load_dflash(spec)
+                check_target(model.config, LlamaConfig.preset("smollm2-135m"))  # before the target is loaded
+            except DraftCheckpointError as exc:
+                raise UsageError(f"--draft {args.draft} ({spec.path}): {exc}") from None
             if args.block_size > model.config.block_size:
-                raise UsageError(f"--block-size {args.block_size}: the DFlash drafter drafts blocks of at most "
-                                 f"{model.config.block_size}")
+                raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {spec.path} (--draft) drafts "
+                                 f"blocks of at most {model.config.block_size}")
             backend = DFlashBackend(model, str(spec.path), device=args.device, generate_batch=args.generate_batch)
             extra = {}
         else:

@@ -42,8 +42,9 @@ from ..model.mlp import build_mlp
 from ..model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 __all__ = [
-    "CONFIG_NAME", "WEIGHTS_NAME", "DFlashConfig", "DFlashDraftModel", "DraftCheckpointError",
-    "block_loss_weights", "default_target_layer_ids", "describe", "load_checkpoint", "save_checkpoint",
+    "CONFIG_NAME", "WEIGHTS_NAME", "DFlashConfig", "DFlashDraftModel", "DraftCheckpointError", "DraftTargetError",
+    "block_loss_weights", "check_target", "default_target_layer_ids", "describe", "load_checkpoint", "read_config",
+    "save_checkpoint",
 ]
 
 CONFIG_NAME = "config.json"
@@ -55,6 +56,10 @@ SMOLLM2_MASK_TOKEN_ID = 16
 
 class DraftCheckpointError(ValueError):
     """A drafter checkpoint folder that cannot be loaded: names the file, the field and the fix."""
+
+
+class DraftTargetError(DraftCheckpointError):
+    """A drafter made for another target (width, vocabulary or layer count; :func:`check_target`)."""
 
 
 def default_target_layer_ids(num_target_layers: int, count: int = 4) -> tuple[int, ...]:
@@ -260,6 +265,8 @@ class DFlashDraftModel(nn.Module):
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
         self.config = cfg
+        #: SHA-256 of the checkpoint files it was loaded from (:func:`load_checkpoint`), None otherwise
+        self.checkpoint_sha256: str | None = None
         self.fc = nn.Linear(cfg.feature_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg.num_layers))
@@ -504,21 +511,13 @@ def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
         raise DraftCheckpointError(f"{path}: {e}") from None
 
 
-def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> DFlashDraftModel:
-    """Read a DFlash drafter folder written by :func:`save_checkpoint` (or any checkpoint of that format
-    whose embedding and LM head are the target's).
-
-    The folder's optional ``calibration.json`` (written by ``dcut-drafter calibrate``) becomes the
-    model's ``calibration_prior`` (``None`` without one, or with ``calibration=False``: not read).
+def read_config(folder: str | os.PathLike) -> DFlashConfig:
+    """The :class:`DFlashConfig` of a drafter folder's ``config.json`` alone (its weights unread).
 
     Raises:
-        DraftCheckpointError: a missing file, a malformed or incomplete config, missing or unexpected
-            tensors, a tensor of the wrong shape, or a malformed calibration.json (each names the file
-            and the field).
+        DraftCheckpointError: the folder lacks ``config.json`` or ``model.safetensors``, or the config
+            is unreadable or malformed (names the file and the field).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     from ..inputs import InputFileError, parse_json_strict, read_text
 
     folder = Path(folder)
@@ -533,24 +532,77 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
         raise DraftCheckpointError(str(e)) from None
     if not isinstance(raw, dict):
         raise DraftCheckpointError(f"{cfg_path}: expected a JSON object")
-    cfg = _config_from_hf(cfg_path, raw)
+    return _config_from_hf(cfg_path, raw)
+
+
+def check_target(cfg: DFlashConfig, target: LlamaConfig) -> None:
+    """The drafter reads ``target``'s embedding, LM head and layer outputs: their width, vocabulary and
+    layer count must be the ones it was made for.
+
+    Raises:
+        DraftTargetError: they differ (the message gives both shapes; the caller names the drafter).
+    """
+    made = (cfg.hidden_size, cfg.vocab_size, cfg.target_num_layers)
+    have = (target.hidden_size, target.vocab_size, target.num_layers)
+    if made != have:
+        raise DraftTargetError(
+            f"the drafter was made for a target of width {made[0]}, vocabulary {made[1]} and {made[2]} layers "
+            f"(it reads target layers {list(cfg.target_layer_ids)}); the target {target.name or ''} here has width "
+            f"{have[0]}, vocabulary {have[1]} and {have[2]} layers: use a drafter trained for this target")
+
+
+def _checkpoint_name(module_name: str) -> str:
+    """A module parameter's name in the checkpoint (inverse of :meth:`DFlashDraftModel.module_state`)."""
+    if module_name == "draft_to_target":
+        return "d2t"
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
+        module_name = module_name.replace(f".{proj}.", f".self_attn.{proj}.")
+    return module_name
+
+
+def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> DFlashDraftModel:
+    """Read a DFlash drafter folder written by :func:`save_checkpoint` (or any checkpoint of that format
+    whose embedding and LM head are the target's).
+
+    The model's ``checkpoint_sha256`` is the SHA-256 of the config and weight bytes it was built from
+    (what a resumed recording compares, not the folder's name). The folder's optional
+    ``calibration.json`` (written by ``dcut-drafter calibrate``) becomes the model's
+    ``calibration_prior`` (``None`` without one, or with ``calibration=False``: not read).
+
+    Raises:
+        DraftCheckpointError: a missing file, a malformed or incomplete config, missing or unexpected
+            tensors, a tensor of the wrong shape, or a malformed calibration.json (each names the file
+            and the field, tensors under their checkpoint names).
+    """
+    import hashlib
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_safetensors
+
+    folder = Path(folder)
+    cfg_path, w_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
+    cfg = read_config(folder)
     try:
-        tensors = load_file(str(w_path))
+        blob = w_path.read_bytes()
+        tensors = load_safetensors(blob)
     except (SafetensorError, OSError, ValueError) as e:
         raise DraftCheckpointError(f"{w_path}: not a readable safetensors file ({e})") from None
+    digest = hashlib.sha256(cfg_path.read_bytes())
+    digest.update(blob)
+    del blob
     with torch.device("meta"):  # shapes from the config without allocating them
         own = DFlashDraftModel(cfg).state_dict()
     if "d2t" in tensors and tensors["d2t"].dim() != 1:
         raise DraftCheckpointError(f"{w_path}: tensor d2t has shape {tuple(tensors['d2t'].shape)}, expected "
                                    f"[{cfg.draft_vocab_size}]")
     sd = DFlashDraftModel.module_state(tensors)
-    missing = sorted(set(own) - set(sd))
-    extra = sorted(set(sd) - set(own))
+    missing = sorted(_checkpoint_name(k) for k in set(own) - set(sd))
+    extra = sorted(_checkpoint_name(k) for k in set(sd) - set(own))
     if missing or extra:
         raise DraftCheckpointError(f"{w_path}: tensors missing {missing[:4]} / unexpected {extra[:4]} for the "
                                    f"config in {cfg_path}")
     for k, v in sd.items():
-        name = "d2t" if k == "draft_to_target" else k
+        name = _checkpoint_name(k)
         if tuple(v.shape) != tuple(own[k].shape):
             raise DraftCheckpointError(f"{w_path}: tensor {name} has shape {tuple(v.shape)}, the config says "
                                        f"{tuple(own[k].shape)}")
@@ -564,6 +616,7 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
         if not bool((d2t[1:] > d2t[:-1]).all()) or int(d2t[0]) < 0 or int(d2t[-1]) >= cfg.vocab_size:
             raise DraftCheckpointError(f"{w_path}: tensor d2t does not map the draft vocabulary to distinct, "
                                        "ascending target ids")
+    model.checkpoint_sha256 = digest.hexdigest()
     return model.eval()
 
 

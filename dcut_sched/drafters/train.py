@@ -31,8 +31,10 @@ import torch
 
 from .data import DraftSequence
 from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
+from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
-__all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "train_step", "run_training"]
+__all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_settings", "train_step",
+           "run_training"]
 
 #: Files of ``run_training``'s ``work_dir``: the generated data and the resumable checkpoint.
 DATA_NAME = "data.pt"
@@ -218,17 +220,41 @@ def _log(msg: str) -> None:
     print(f"[dcut-drafter {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def data_settings(settings: TrainSettings, eval_prompts: str | Path) -> dict[str, Any]:
+    """The settings the generated data depends on (``data.pt``'s ``key``)."""
+    data_key = {k: v for k, v in settings.to_json().items()
+                if k in ("seed", "num_generated_prompts", "max_new_tokens", "temperature", "num_target_features",
+                         "max_train_prompts", "max_eval_prompts")}
+    data_key["eval_prompts"] = str(eval_prompts)
+    return data_key
+
+
+def check_work_dir(settings: TrainSettings, work_dir: Path, eval_prompts: str | Path, fresh: bool = False) -> WorkDir:
+    """Read and check ``work_dir``'s data and checkpoint against ``settings`` (writes nothing;
+    :func:`~dcut_sched.drafters.workdir.read_work_dir`)."""
+    return read_work_dir(work_dir, DATA_NAME, STATE_NAME, settings=settings.to_json(),
+                         data_key=data_settings(settings, eval_prompts), fresh=fresh)
+
+
 def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, eval_prompts: str | Path,
-                 fresh: bool = False, log: Callable[[str], None] = _log) -> tuple[DFlashDraftModel, TrainState, dict]:
+                 fresh: bool = False, log: Callable[[str], None] = _log, found: WorkDir | None = None
+                 ) -> tuple[DFlashDraftModel, TrainState, dict]:
     """Generate the data (cached in ``work_dir``), train (checkpointed in ``work_dir``, resumed
     unless ``fresh``), evaluate on the held-out prompts. Returns (model, state, held-out report).
 
+    ``work_dir``'s files are checked before anything is written (``found``: what
+    :func:`check_work_dir` returned, when the caller checked already). The caller holds the work
+    dir's lock (:func:`~dcut_sched.drafters.workdir.lock_work_dir`) when runs may overlap.
+
     Raises:
-        ValueError: ``work_dir`` holds a checkpoint of other settings (the message names the field;
-            pass ``fresh=True`` to start over).
+        WorkDirError: ``work_dir`` holds a file that cannot be read, or data or a checkpoint of other
+            settings (the message names the file and the field; ``fresh=True`` starts over).
+        TrainingDivergedError: the loss or a weight went non-finite (no checkpoint of it is written).
     """
     from .data import continue_prompts, prompt_split, sequence_features, token_counts
 
+    if found is None:
+        found = check_work_dir(settings, work_dir, eval_prompts, fresh)
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
     cfg = DFlashConfig.for_target(target.config, num_layers=settings.num_layers,
@@ -236,16 +262,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                                   num_target_features=settings.num_target_features,
                                   draft_vocab_size=settings.draft_vocab_size)
     data_path = work_dir / DATA_NAME
-    data_key = {k: v for k, v in settings.to_json().items()
-                if k in ("seed", "num_generated_prompts", "max_new_tokens", "temperature", "num_target_features",
-                         "max_train_prompts", "max_eval_prompts")}
-    data_key["eval_prompts"] = str(eval_prompts)
-    data = None
-    if data_path.exists() and not fresh:
-        data = torch.load(data_path, weights_only=False)
-        if data.get("key") != data_key:
-            log(f"{data_path}: made with other data settings; regenerating")
-            data = None
+    data_key = data_settings(settings, eval_prompts)
+    data = found.data
     if data is None:
         train_p, eval_p = prompt_split(settings.num_generated_prompts, settings.seed, eval_prompts)
         if settings.max_train_prompts:
@@ -274,6 +292,10 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         torch.save(data, tmp)
         os.replace(tmp, data_path)
     train_seqs, eval_seqs = data["train"], data["eval"]
+    width = {int(s.features.shape[-1]) for s in (*train_seqs, *eval_seqs)}
+    if width != {cfg.feature_size}:
+        raise WorkDirError(f"{data_path}: features {sorted(width)} wide, this target's drafter reads {cfg.feature_size} "
+                           "(data of another target); pass --fresh to regenerate it")
 
     embed = target.embed_tokens.weight.detach()
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
@@ -288,14 +310,14 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
             f"{100 * covered:.2f} % of the training continuations' tokens")
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     state = TrainState()
-    if state_path.exists() and not fresh:
-        saved = torch.load(state_path, weights_only=False)
-        for k, v in settings.to_json().items():
-            if k not in ("steps", "eval_every", "checkpoint_every") and saved["settings"].get(k) != v:
-                raise ValueError(f"{state_path}: checkpoint was trained with {k}={saved['settings'].get(k)!r}, "
-                                 f"not {v!r}; pass --fresh to start over (or the same settings to resume)")
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
+    if found.state is not None:
+        saved = found.state
+        try:
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise WorkDirError(f"{state_path}: its weights or optimizer state do not fit this drafter "
+                               f"({type(exc).__name__}); pass --fresh to start over") from None
         state = saved["state"]
         log(f"resumed from {state_path} at step {state.step}")
     rng = random.Random(settings.seed)
@@ -310,6 +332,7 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft())
         lr = lr_at(step, settings)
         loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip)
+        finite_or_raise(loss, None, step + 1, lr)
         state.step += 1
         state.elapsed_s = time.time() - t_start
         state.history.append({"step": state.step, "block_size": bsz, "loss": loss, "lr": lr,
@@ -326,6 +349,7 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
             log(f"held-out subset ({len(eval_subset)} sequences) at step {state.step}: "
                 + ", ".join(f"tau@B{b} {v:.3f}" for b, v in taus.items()))
         if state.step % settings.checkpoint_every == 0 or state.step == settings.steps:
+            finite_or_raise(loss, model, state.step, lr)  # a non-finite checkpoint is never written
             tmp = state_path.with_suffix(".pt.tmp")
             torch.save({"settings": settings.to_json(), "model": model.state_dict(),
                         "optimizer": opt.state_dict(), "state": state}, tmp)

@@ -301,7 +301,8 @@ class DFlashBackend(NativeBackend):
     ``blocks_per_forward``: exactly what the engine's drafter proposes at that position.
 
     Args:
-        drafter: the :class:`~dcut_sched.drafters.dflash.DFlashDraftModel`; label: its folder (metadata).
+        drafter: the :class:`~dcut_sched.drafters.dflash.DFlashDraftModel`; label: its folder (metadata; the
+            resume of a recording compares the drafter's ``checkpoint_sha256``, its weights, too).
         Other arguments as :class:`NativeBackend`.
     """
 
@@ -342,7 +343,8 @@ class DFlashBackend(NativeBackend):
         return np.concatenate(toks).astype(np.int64), np.concatenate(confs).astype(np.float32)
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "native-dflash", "drafter": self.label, "device": str(self.model.device),
+        return {"backend": "native-dflash", "drafter": self.label,
+                "drafter_sha256": getattr(self.drafter, "checkpoint_sha256", None), "device": str(self.model.device),
                 "dtype": str(self.model.dtype).removeprefix("torch."), "generate_batch": self.generate_batch}
 
 

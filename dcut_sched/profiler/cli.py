@@ -288,12 +288,45 @@ def _resolve(args: argparse.Namespace):
     if draft_text == "auto":
         draft_text = _auto_draft(args.model, shape.num_layers)
     draft = parse_draft_spec(draft_text)
+    if draft.kind == "dflash" and draft.config is not None:
+        draft = _trained_drafter(args, draft, draft_text, cfg)
     if draft.kind == "self-skip":
         bad = [i for i in draft.skip_layers if not 0 <= i < shape.num_layers]
         if bad:
             raise UsageError(f"--draft {draft_text}: layers {bad} out of range for {args.model} "
                              f"({shape.num_layers} layers)")
     return shape, cfg, draft
+
+
+def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cfg):
+    """``dflash:NAME`` / ``dflash:FOLDER`` of a trained drafter: a bare name is looked up as
+    ``dcut-engine`` does (:func:`dcut_sched.paths.drafter_dir`) when it is no folder here and no preset;
+    the drafter must fit the target and draft blocks of ``--block-size`` (checked before measuring)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..drafters.dflash import DraftCheckpointError, check_target, read_config
+    from ..paths import drafter_dir
+    from .shapes import model_names
+    from .workload import _is_dflash_folder
+
+    name = draft.config
+    if not Path(name).exists() and len(Path(name).parts) == 1 and name not in model_names() \
+            and (drafter_dir(name) / "config.json").is_file():
+        draft = replace(draft, config=str(drafter_dir(name)))
+    if not _is_dflash_folder(draft.config):
+        return draft  # a preset or a model config.json: a random-weight drafter of that shape
+    given = f"--draft-config {args.draft_config}" if args.draft_config else f"--draft {draft_text}"
+    try:
+        dcfg = read_config(draft.config)
+        if target_cfg is not None:
+            check_target(dcfg, target_cfg)
+    except DraftCheckpointError as exc:
+        raise UsageError(f"{given} ({draft.config}): {exc}") from None
+    if args.block_size is not None and args.block_size > dcfg.block_size:
+        raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {draft.config} ({given}) "
+                         f"drafts blocks of at most {dcfg.block_size}; give --block-size {dcfg.block_size} or less")
+    return draft
 
 
 def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:

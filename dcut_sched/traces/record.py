@@ -135,8 +135,8 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
 
     Requests are processed in batches of the backend's ``generate_batch`` (target decoding), then
     drafted one request at a time; after each request the trace so far is written atomically to
-    :func:`partial_path`. With ``resume`` a partial file recorded with the same settings is
-    continued; at the end the full trace is written to ``out_path`` atomically and the partial file
+    :func:`partial_path`. With ``resume`` a partial file recorded with the same settings (a DFlash
+    drafter's included by the hash of its files, ``drafter_sha256``) is continued; at the end the full trace is written to ``out_path`` atomically and the partial file
     removed.
 
     Args:
@@ -199,7 +199,11 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
             if old.metadata.get(key) != (None if metadata.get(key) is None else str(metadata[key])):
                 raise RecordError(f"{part}: partial file has {key}={old.metadata.get(key)!r}, this run "
                                   f"{metadata.get(key)!r}; run with --fresh to start over")
-        for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers"):
+        for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers", "drafter_sha256"):
+            if old_settings.get(key) != settings.get(key) and key == "drafter_sha256":
+                was = "no hash" if old_settings.get(key) is None else f"SHA-256 {old_settings[key][:12]}..."
+                raise RecordError(f"{part}: partial file was recorded with other drafter weights ({settings.get('drafter')}: "
+                                  f"{was}, now {str(settings.get(key))[:12]}...); run with --fresh to start over")
             if old_settings.get(key) != settings.get(key):
                 raise RecordError(f"{part}: partial file has {key}={old_settings.get(key)!r}, this run "
                                   f"{settings.get(key)!r}; run with --fresh to start over")

@@ -104,7 +104,8 @@ CASES = [
      ["--calibration-gap: ", "must be > -1"]),
     ("fit-step-indexed", "trace", ["fit", "{T}/step.parquet"], ["fit needs a position-indexed trace"]),
     # drafters and model pairs
-    ("engine-dflash-bad-checkpoint", "engine", ["--draft", "dflash:{T}/bad-drafter"], ["--draft: "]),
+    ("engine-dflash-bad-checkpoint", "engine", ["--draft", "dflash:{T}/bad-drafter"],
+     ["--draft dflash:", "bad-drafter (", "config.json"]),
     ("engine-dflash-block-too-big", "engine", ["--draft", "dflash:{D}", "--block-size", "32"],
      ["--block-size 32", "drafts blocks of at most 16"]),
     ("engine-cost-not-a-curve", "engine", ["--cost", "{T}/not-a-curve.json"], ["--cost: ", "not-a-curve.json"]),
@@ -119,7 +120,7 @@ CASES = [
      ["--draft greedy: the native backend takes dflash:PATH"]),
     ("record-dflash-block-too-big", "trace",
      ["record", "--draft", "dflash:{D}", "--block-size", "32", "--out", "{T}/r.parquet"],
-     ["--block-size 32: the DFlash drafter drafts blocks of at most 16"]),
+     ["--block-size 32: the DFlash drafter in ", "(--draft) drafts blocks of at most 16"]),
     ("drafter-work-dir-is-a-file", "drafter", ["train", "--out", "{T}/d", "--work-dir", "{T}/a-file"],
      ["--work-dir", "a-file is a file"]),
     ("drafter-eval-bad-prompts", "drafter", ["eval", "{D}", "--eval-prompts", "{T}/empty.jsonl"],

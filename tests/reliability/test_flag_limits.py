@@ -381,7 +381,7 @@ def test_drafter_leaves_no_work_folder_it_made(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("dcut_sched.model.tokenizer.load_smollm2_tokenizer", lambda: object())
 
     def fail(settings, *, work_dir, **kw):
-        work_dir.mkdir(parents=True)
+        assert work_dir.is_dir()  # made (and locked) by the command before training
         raise ValueError("training failed")
 
     monkeypatch.setattr(train, "run_training", fail)

@@ -1,0 +1,251 @@
+"""The files of ``dcut-drafter train`` as inputs with owners (docs/drafters.md, "Work dir and drafter folder").
+
+- **Work dir.** ``data.pt`` (the generated data; its data settings under ``key``) and ``state.pt``
+  (the resumable checkpoint; every :class:`~dcut_sched.drafters.train.TrainSettings` field under
+  ``settings``). :func:`read_work_dir` reads and checks both before anything is written: a file
+  that cannot be read, or whose settings differ from the run's, is one :class:`WorkDirError` naming
+  the file, the field and the fix (``--fresh``). Nothing in it is ever replaced silently.
+- **Lock.** :func:`lock_work_dir` holds an exclusive ``flock`` on the work dir for the whole run; a
+  second run on the same work dir is refused at once (never waits).
+- **Drafter folder.** :func:`check_drafter_folder` accepts a new or empty folder, or one that
+  ``dcut-drafter train`` wrote with the same settings (its ``heldout.json``); anything else is
+  refused unless ``fresh``, and a folder holding files ``train`` does not write is never replaced.
+  :func:`replace_folder` writes a folder all or none: into a sibling staging folder, then swapped in
+  by two renames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+from ..atomic import _signals_held, _umask, missing_folders, remove_empty_folders
+
+__all__ = ["TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
+           "first_difference", "lock_work_dir", "read_work_dir", "replace_folder"]
+
+FRESH = "pass --fresh to start over (it replaces the file)"
+
+
+class WorkDirError(ValueError):
+    """A work-dir file or drafter folder that a run may not use: names the file, the field and the fix."""
+
+
+@dataclass
+class WorkDir:
+    """What :func:`read_work_dir` found: the checked ``data.pt`` and ``state.pt`` contents (None when
+    absent or ignored with ``fresh``)."""
+
+    data: dict | None = None
+    state: dict | None = None
+
+
+def first_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """The first field (in ``wanted``'s order, then ``saved``'s) whose values differ, or None."""
+    for key in [*wanted, *(k for k in saved if k not in wanted)]:
+        if key not in saved or key not in wanted or _norm(saved[key]) != _norm(wanted[key]):
+            return key
+    return None
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _shown(mapping: Mapping[str, Any], key: str) -> str:
+    return repr(mapping[key]) if key in mapping else "(none)"
+
+
+def _load(path: Path, what: str) -> Any:
+    """``torch.load`` of a work-dir file; anything unreadable is one :class:`WorkDirError`."""
+    try:
+        return torch.load(path, weights_only=False, map_location="cpu")
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pickle/zip/torch raise many types for a damaged file
+        raise WorkDirError(f"{path}: not a readable {what} ({type(exc).__name__}); {FRESH}") from None
+
+
+def _check_data(path: Path, data: Any, key: dict) -> dict:
+    from .data import DraftSequence
+
+    if not isinstance(data, dict) or not isinstance(data.get("key"), dict):
+        raise WorkDirError(f"{path}: not generated data of dcut-drafter train (no 'key' with its settings); {FRESH}")
+    for split in ("train", "eval"):
+        seqs = data.get(split)
+        if not isinstance(seqs, list) or not seqs or not all(
+                isinstance(s, DraftSequence) and isinstance(s.features, torch.Tensor) and s.features.dim() == 2
+                for s in seqs):
+            raise WorkDirError(f"{path}: field {split!r} is not a list of sequences with features; {FRESH}")
+    field = first_difference(data["key"], key)
+    if field is not None:
+        raise WorkDirError(f"{path}: data generated with {field}={_shown(data['key'], field)}, not "
+                           f"{_shown(key, field)}; pass --fresh to regenerate it (or the same settings to reuse it)")
+    return data
+
+
+def _check_state(path: Path, state: Any, settings: dict) -> dict:
+    from .train import TrainState
+
+    if not isinstance(state, dict) or not isinstance(state.get("settings"), dict):
+        raise WorkDirError(f"{path}: not a dcut-drafter train checkpoint (no 'settings'); {FRESH}")
+    field = first_difference(state["settings"], settings)
+    if field is not None:
+        why = (" (another number of steps is another learning-rate schedule, so the checkpoint cannot be "
+               "continued into it)" if field == "steps" else "")
+        raise WorkDirError(f"{path}: checkpoint trained with {field}={_shown(state['settings'], field)}, not "
+                           f"{_shown(settings, field)}{why}; pass --fresh to start over (or the same settings "
+                           "to resume)")
+    for name, kind in (("model", dict), ("optimizer", dict), ("state", TrainState)):
+        if not isinstance(state.get(name), kind):
+            raise WorkDirError(f"{path}: field {name!r} is missing or not a {kind.__name__}; {FRESH}")
+    step = state["state"].step
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= settings["steps"]:
+        raise WorkDirError(f"{path}: field state.step is {step!r}, not a step in 0..{settings['steps']}; {FRESH}")
+    for name, t in state["model"].items():
+        if not isinstance(t, torch.Tensor):
+            raise WorkDirError(f"{path}: model weight {name} is not a tensor; {FRESH}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise WorkDirError(f"{path}: model weight {name} holds non-finite values; {FRESH}")
+    return state
+
+
+def read_work_dir(work_dir: Path, data_name: str, state_name: str, *, settings: dict, data_key: dict,
+                  fresh: bool) -> WorkDir:
+    """Read and check ``data_name`` and ``state_name`` in ``work_dir`` against the run's settings
+    (``settings``: every ``TrainSettings`` field; ``data_key``: the data settings). Writes nothing.
+
+    Raises:
+        WorkDirError: a file that cannot be read or is not what ``train`` writes, or one made with
+            other settings (the message names the field; ``fresh`` ignores both files).
+    """
+    found = WorkDir()
+    if fresh:
+        return found
+    state_path, data_path = work_dir / state_name, work_dir / data_name
+    for path in (state_path, data_path):
+        if path.exists() and not path.is_file():
+            raise WorkDirError(f"{path}: is not a file; remove it or give another --work-dir")
+    if state_path.is_file():  # first: it names any field, the data only the data settings
+        found.state = _check_state(state_path, _load(state_path, "dcut-drafter train checkpoint"), settings)
+    if data_path.is_file():
+        found.data = _check_data(data_path, _load(data_path, "dcut-drafter train data file"), data_key)
+    return found
+
+
+@contextlib.contextmanager
+def lock_work_dir(work_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the folder ``work_dir`` (which exists) for the block.
+
+    Raises:
+        WorkDirError: another process holds it (a live run on the same work dir); never waits.
+    """
+    fd = os.open(work_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WorkDirError(f"--work-dir {work_dir}: another dcut-drafter train is running on it; wait for it "
+                               "to end, or give another --work-dir") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def check_drafter_folder(out: Path, settings: dict, *, fresh: bool, owned_files: tuple[str, ...]) -> None:
+    """``--out`` may be written: a new or empty folder, or a drafter folder ``dcut-drafter train``
+    wrote (``heldout.json`` holds its settings) with these ``settings`` (any settings with ``fresh``).
+
+    Raises:
+        WorkDirError: a file; a folder holding files other than ``owned_files`` (they would be lost);
+            a drafter another command wrote, or one of other settings, without ``fresh``.
+    """
+    if out.exists() and not out.is_dir():
+        raise WorkDirError(f"--out {out} is a file; give a folder for the drafter")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in owned_files)
+    if others:
+        raise WorkDirError(f"--out {out} holds files dcut-drafter train does not write ({', '.join(others[:3])}); "
+                           "replacing the folder would lose them: give a new or empty folder")
+    card = out / "heldout.json"
+    try:
+        saved = json.loads(card.read_text(encoding="utf-8"))
+        saved_settings = saved["settings"]
+        if not isinstance(saved_settings, dict) or not str(saved.get("command", "")).startswith("dcut-drafter train"):
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):
+        if fresh:
+            return
+        raise WorkDirError(f"--out {out}: {card} is missing or unreadable, so this folder was not written by "
+                           "dcut-drafter train (or was damaged); pass --fresh to replace it, or give another --out"
+                           ) from None
+    field = first_difference(saved_settings, settings)
+    if field is not None and not fresh:
+        raise WorkDirError(f"--out {out} holds a drafter trained with {field}={_shown(saved_settings, field)}, not "
+                           f"{_shown(settings, field)}; pass --fresh to replace it, or give another --out")
+
+
+def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(stage)`` on a new sibling folder of ``out``, then put it in ``out``'s place: the
+    old folder is renamed aside, the staged one renamed in, the old one removed. ``out`` is the old
+    folder or the complete new one, never a mix; on any failure the staged folder is removed (a
+    symlinked ``out`` is replaced where it points).
+
+    Raises:
+        OSError: the parent folder cannot be written (the message names ``out``).
+    """
+    dest = out.resolve()  # absolute (``.`` has no name to rename) and, for a symlink, where it points
+    made = missing_folders(dest.parent)
+    stage: Path | None = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name[:80]}.", suffix=".staged", dir=dest.parent))
+        os.chmod(stage, 0o777 & ~_umask())
+        write(stage)
+        with _signals_held():
+            if dest.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{dest.name[:80]}.", suffix=".old", dir=dest.parent))
+                os.rename(dest, old)  # over the empty temp folder: atomic
+                try:
+                    os.rename(stage, dest)
+                except BaseException:
+                    os.rename(old, dest)
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(stage, dest)
+        stage = None
+    except OSError as exc:
+        raise OSError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+            remove_empty_folders(made)
+
+
+class TrainingDivergedError(ValueError):
+    """The loss or a weight went non-finite: the run stops, nothing is shipped or checkpointed."""
+
+
+def finite_or_raise(loss: float, model: torch.nn.Module | None, step: int, lr: float) -> None:
+    """Raise :class:`TrainingDivergedError` when ``loss`` (or, given ``model``, any weight) is not finite."""
+    bad = None if math.isfinite(loss) else f"the loss is {loss}"
+    if bad is None and model is not None:
+        for name, p in model.named_parameters():
+            if not bool(torch.isfinite(p).all()):
+                bad = f"weight {name} is not finite"
+                break
+    if bad is not None:
+        raise TrainingDivergedError(f"training diverged at step {step}: {bad} (lr {lr:.3g}); lower --lr and rerun "
+                                 "(the work dir keeps the last finite checkpoint)")
