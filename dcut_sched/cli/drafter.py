@@ -123,7 +123,11 @@ def _train(args) -> int:
     except PromptError as exc:
         raise UsageError(f"--eval-prompts: {exc}") from None
     _check_train_outputs(args, out, work)
-    check_drafter_folder(out, settings.to_json(), fresh=args.fresh, owned_files=OUT_FILES)
+    # calibration.json (dcut-drafter calibrate) belongs to the drafter it was fitted for: a retrain
+    # replaces the folder without it, since a new drafter needs its own prior
+    from ..calibration import PRIOR_NAME
+
+    check_drafter_folder(out, settings.to_json(), fresh=args.fresh, owned_files=(*OUT_FILES, PRIOR_NAME))
     made = missing_folders(work)  # the folders this run makes for its work dir
     try:
         work.mkdir(parents=True, exist_ok=True)
