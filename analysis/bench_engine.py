@@ -124,6 +124,90 @@ def run(args) -> int:
     return 0
 
 
+#: Prompt sets of ``--rounds``: the held-out prompts, and prompts of kinds unlike the drafter's training
+PROMPT_SETS = {"heldout": PROMPTS, "unlike": ROOT / "dcut_sched" / "data" / "traces" / "prompts-unlike.jsonl"}
+ROUND_POLICIES = ("ar", "full", "dcut", "fine")
+
+
+def run_rounds(args) -> int:
+    """The floor benchmark (analysis/rounds.py): per prompt set and bs, one wave of the set's first bs
+    prompts x ``--max-new-tokens`` per run, ``--rounds`` interleaved rounds of ``--policies`` (``ar``,
+    plain decoding, in every round), a warm-up run first. Writes ``bench_engine_rounds{_runs}.csv``
+    and ``bench_engine_rounds.md`` beside ``--out``."""
+    import torch
+
+    from dcut_sched.controller import RatioController
+    from dcut_sched.cost_curve import CostCurve
+    from dcut_sched.drafters.dflash import load_checkpoint
+    from dcut_sched.engine import SpecEngine
+    from dcut_sched.model import LlamaModel
+    from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
+    from dcut_sched.traces.prompts import load_prompt_records
+
+    sys.path.insert(0, str(ROOT / "analysis"))
+    from rounds import floor_summary, rotated, summary_markdown
+
+    torch.set_num_threads(args.threads)
+    model = LlamaModel.from_smollm2()
+    tok = load_smollm2_tokenizer()
+    drafter = load_checkpoint(args.drafter)
+    curve = CostCurve.load(args.curve)
+    policies = [p for p in args.policies if p in POLICIES] or list(ROUND_POLICIES)
+
+    def one(policy: str, prompts) -> dict:
+        ctrl = RatioController(curve, args.block_size, policy=policy,
+                               calibration_prior=drafter.calibration_prior)
+        eng = SpecEngine(model, ctrl, batch_size=len(prompts), max_new_tokens=args.max_new_tokens, dflash=drafter)
+        c0, t0 = time.process_time(), time.perf_counter()
+        res = eng.generate(prompts)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        s = res.summary()
+        return {"tokens_per_s": s["decode_tokens_per_s"], "drafted_steps": s["drafted_steps"], "steps": s["steps"],
+                "accepted_per_step": s["accepted_per_step"], "cpu_share": cpu / wall, "outputs": res.outputs}
+
+    rows = []
+    for pset in args.prompt_sets:
+        records = load_prompt_records(PROMPT_SETS[pset])
+        for bs in args.batch_sizes:
+            prompts = [chat_prompt_ids(tok, p.text) for p in records[:bs]]
+            one("ar", prompts[:1])  # warm-up
+            load0 = round(os.getloadavg()[0], 2)
+            base = None
+            for r in range(args.rounds):
+                for policy in rotated(policies, r):
+                    out = one(policy, prompts)
+                    base = out["outputs"] if base is None and policy == "ar" else base
+                    rows.append({"prompt_set": pset, "batch_size": bs, "round": r, "config": policy,
+                                 **{k: v for k, v in out.items() if k != "outputs"}, "outputs": out["outputs"],
+                                 "load_start": load0})
+            for row in rows:
+                if row["prompt_set"] == pset and row["batch_size"] == bs and "outputs" in row:
+                    row["lossless"] = row.pop("outputs") == base
+                    row["load_end"] = round(os.getloadavg()[0], 2)
+            print(f"rounds {pset} bs {bs}: done (load {load0} -> {os.getloadavg()[0]:.2f})", flush=True)
+    frame = pd.DataFrame(rows)
+    summary = floor_summary(frame, "fine", ("ar", "full"), "ar")
+    out = Path(args.out).parent
+    from dcut_sched.atomic import all_or_none, atomic_write_text
+
+    md = ["# The project's engine: D-Cut against plain decoding and full verification", "",
+          f"SmolLM2-135M fp32, the DFlash drafter ({args.drafter.name}), B = {args.block_size}, one wave of bs "
+          f"prompts x {args.max_new_tokens} greedy tokens, {args.threads} torch threads, {args.rounds} interleaved "
+          f"rounds (policies in rotating order, `ar` = plain decoding in every round, a warm-up run first); defaults "
+          f"of every policy (calibration on, from the drafter's prior where it has one).", "",
+          summary_markdown(summary, "fine", ("ar", "full"), policies),
+          f"cpu_share per run: min {frame.cpu_share.min():.2f}, median {frame.cpu_share.median():.2f}; 1-min load "
+          f"{frame.load_start.min():.2f}-{frame.load_end.max():.2f}; every run lossless: {bool(frame.lossless.all())}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `python analysis/bench_engine.py --rounds "
+          f"{args.rounds}` regenerates this file."]
+    with all_or_none():
+        atomic_write_text(out / "bench_engine_rounds_runs.csv", frame.to_csv(index=False))
+        atomic_write_text(out / "bench_engine_rounds.csv", summary.to_csv(index=False))
+        atomic_write_text(out / "bench_engine_rounds.md", "\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
 def markdown(frame: pd.DataFrame, goal: dict, args) -> str:
     order = [p for p in POLICIES if p in set(frame["policy"])]
     tps = frame.pivot(index="policy", columns="batch_size", values="decode_tokens_per_s").loc[order]
@@ -159,11 +243,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(OUT), help="output stem (.csv, .json, .md are written)")
     p.add_argument("--readme", action="store_true", help="also regenerate the README's engine-dflash block")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="run the interleaved floor benchmark instead (>= 2 rounds; policies default to "
+                        f"{','.join(ROUND_POLICIES)}; analysis/rounds.py) [0: the one-pass table]")
+    p.add_argument("--prompt-sets", type=lambda s: [x for x in s.split(",") if x], default=list(PROMPT_SETS),
+                   help=f"--rounds: comma list of {', '.join(PROMPT_SETS)} [all]")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.rounds:
+        if args.rounds < 2 or set(args.prompt_sets) - set(PROMPT_SETS) or not args.prompt_sets:
+            parser.error(f"--rounds must be >= 2 and --prompt-sets from {', '.join(PROMPT_SETS)}")
+        if args.policies == list(POLICIES):
+            args.policies = list(ROUND_POLICIES)
+        return run_rounds(args)
+    return run(args)
 
 
 if __name__ == "__main__":
