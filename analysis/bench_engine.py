@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(OUT), help="output stem (.csv, .json, .md are written)")
-    p.add_argument("--readme", action="store_true", help="also regenerate the README's engine-dflash block")
+    p.add_argument("--readme", action="store_true", help="also regenerate the engine-dflash block (docs/benchmarks.md)")
     p.add_argument("--rounds", type=int, default=0,
                    help="run the interleaved floor benchmark instead (>= 2 rounds; policies default to "
                         f"{','.join(ROUND_POLICIES)}; analysis/rounds.py) [0: the one-pass table]")

@@ -14,7 +14,7 @@ Sections (each also reproducible with the ``dcut-sim`` command the report prints
 3. budgets chosen step by step by ``dcut`` and ``fine``, and skipped drafts (report_budgets);
 4. reliability of raw vs online-calibrated confidence, and ``--calibrate`` throughput (report_calibration);
 5. the simulator-fidelity table: ``analysis/fidelity.py predict`` re-run on the committed engine
-   measurements (seconds), its figures also written into README.md and docs/fidelity.md between
+   measurements (seconds), its figures also written into docs/benchmarks.md and docs/fidelity.md between
    ``<!-- generated:fidelity -->`` markers;
 6. the published peer policies next to ``fine`` at bs 1..64 (report_peers).
 7. the vLLM benchmark of ``analysis/bench_vllm.py`` (included when its Markdown exists).
@@ -223,7 +223,8 @@ def write_outputs(results: dict, settings: Settings, out_dir: Path) -> list[Path
     if summary_path.exists():
         blocks["fidelity"] = fidelity_sentence(json.loads(summary_path.read_text()))
     if out_dir.resolve() == (ROOT / "analysis").resolve():  # the project's own report: update the docs too
-        for doc in (ROOT / "README.md", ROOT / "docs" / "simulator.md", ROOT / "docs" / "fidelity.md"):
+        for doc in (ROOT / "README.md", ROOT / "docs" / "simulator.md", ROOT / "docs" / "fidelity.md",
+                    ROOT / "docs" / "benchmarks.md"):
             if any([report_reproduce.update_generated_block(doc, key, text) for key, text in blocks.items()]):
                 written.append(doc)
     return written

@@ -1,12 +1,12 @@
-"""Measure the test suite and write the figure the README quotes (a generated block, never hand-edited).
+"""Measure the test suite and write the figure docs/benchmarks.md quotes (a generated block, never hand-edited).
 
-    python analysis/measure_suite.py            # runs `python -m pytest`, then rewrites the README block
+    python analysis/measure_suite.py            # runs `python -m pytest`, then rewrites the docs/benchmarks.md block
     python analysis/measure_suite.py --burn 2   # the same with a CPU-spinning process per core beside it
-                                                # (its own result file and README line: the suite under load)
+                                                # (its own result file and line: the suite under load)
 
 Records the wall time, the CPU time of pytest and its children, the 1-minute load average before
 and after, the counts pytest printed, and the slowest tests (``--durations``) into
-``analysis/results/test_suite.json``; the README block between ``<!-- generated:test-suite -->``
+``analysis/results/test_suite.json``; the docs/benchmarks.md block between ``<!-- generated:test-suite -->``
 markers is regenerated from that file (``--readme-only`` rewrites it without running the suite), and
 so is docs/vllm.md's ``vllm-test-time`` block (the vLLM test files' seconds).
 """
@@ -137,7 +137,7 @@ def write_readme(r: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--readme-only", action="store_true", help="rewrite the README block from the saved result")
+    ap.add_argument("--readme-only", action="store_true", help="rewrite the docs/benchmarks.md block from the saved result")
     ap.add_argument("--burn", type=int, default=0, metavar="N",
                     help="run N CPU-spinning processes for the whole suite (the suite must pass under load)")
     ap.add_argument("pytest_args", nargs="*")

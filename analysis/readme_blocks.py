@@ -1,21 +1,39 @@
-"""Regenerate a ``<!-- generated:NAME -->`` block of the README from a result file (never by hand)."""
+"""Regenerate a ``<!-- generated:NAME -->`` block of the README or a docs page from a result file (never by hand).
+
+:data:`BLOCK_FILES` names the page each block lives on; a block not named there lives in README.md.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+
+#: The page of each block that does not live on the README's front page.
+BLOCK_FILES = {
+    "drafter": ROOT / "docs" / "drafters.md",
+    "fidelity-dflash": BENCHMARKS,
+    "engine-dflash": BENCHMARKS,
+    "ci-time": BENCHMARKS,
+    "test-suite": BENCHMARKS,
+    "test-suite-loaded": BENCHMARKS,
+    "vllm-test-time": ROOT / "docs" / "vllm.md",
+}
 
 
-def replace_block(name: str, body: str, path: Path = README) -> None:
-    """Put ``body`` between the README's ``<!-- generated:NAME -->`` markers (atomically).
+def replace_block(name: str, body: str, path: Path | None = None) -> None:
+    """Put ``body`` between the ``<!-- generated:NAME -->`` markers of ``path`` (atomically); by default
+    the block's page in :data:`BLOCK_FILES`, else README.md.
 
     Raises:
-        SystemExit: the README has no such block.
+        SystemExit: the page has no such block.
     """
     from dcut_sched.atomic import atomic_write_text
 
+    path = path if path is not None else BLOCK_FILES.get(name, README)
     text = path.read_text()
     pat = re.compile(rf"<!-- generated:{re.escape(name)} -->\n.*?<!-- /generated:{re.escape(name)} -->", re.S)
     if not pat.search(text):
@@ -25,7 +43,7 @@ def replace_block(name: str, body: str, path: Path = README) -> None:
 
 
 def drafter_block(folder: Path = README.parent / "drafters" / "smollm2-135m-dflash") -> str:
-    """The README's summary of the shipped drafter, from its ``heldout.json`` (written by dcut-drafter train)."""
+    """The summary of the shipped drafter, from its ``heldout.json`` (written by dcut-drafter train)."""
     import json
 
     m = json.loads((folder / "heldout.json").read_text())
@@ -42,7 +60,7 @@ def drafter_block(folder: Path = README.parent / "drafters" / "smollm2-135m-dfla
 
 
 def fidelity_dflash_block(path: Path = README.parent / "analysis" / "results" / "fidelity_dflash.json") -> str:
-    """The README's engine-fidelity figure for the DFlash drafter runs (analysis/fidelity_dflash.py)."""
+    """The engine-fidelity figure for the DFlash drafter runs (analysis/fidelity_dflash.py)."""
     import json
 
     import pandas as pd
@@ -73,4 +91,4 @@ if __name__ == "__main__":
     blocks = {"drafter": drafter_block, "fidelity-dflash": fidelity_dflash_block}
     for name in sys.argv[1:] or list(blocks):
         replace_block(name, blocks[name]())
-        print(f"regenerated README block {name}")
+        print(f"regenerated block {name} in {BLOCK_FILES.get(name, README).relative_to(ROOT)}")

@@ -1,4 +1,4 @@
-"""Time what CI does, on a fresh clone in a fresh virtual environment, and write the README's figures.
+"""Time what CI does, on a fresh clone in a fresh virtual environment, and write the figures docs/benchmarks.md quotes.
 
     python analysis/time_ci.py                 # clone HEAD of this checkout into a temp folder and time it
     python analysis/time_ci.py --keep DIR      # the same, keeping the clone and its venv in DIR
@@ -14,7 +14,7 @@ README's first command is the install followed by ``dcut-sim``):
    for the per-file times.
 
 Each step's wall time, the 1-minute load before and after, and pytest's counts go to
-``analysis/results/ci_run.json``; the README's ``ci-time`` and ``test-suite`` blocks and
+``analysis/results/ci_run.json``; docs/benchmarks.md's ``ci-time`` and ``test-suite`` blocks and
 docs/vllm.md's ``vllm-test-time`` block are regenerated from it. Nothing else may run on the machine
 meanwhile: the figures are only worth the quiet they were measured in.
 """
