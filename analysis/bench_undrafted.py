@@ -192,7 +192,7 @@ def own_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int, threads: 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (engine, bs, config): the median over rounds of the step ratio to the round's ``plain``,
     its min and max, and the median step and upkeep ms; the goal verdict for ``context``."""
-    plain = frame[frame.config == "plain"].set_index(["engine", "batch_size", "round"])["step_ms"]
+    plain = frame[frame.config == "plain"].set_index(["engine", "batch_size", "round"])["step_ms"].sort_index()
     out = []
     for (engine, bs, config), g in frame[frame.config != "plain"].groupby(["engine", "batch_size", "config"]):
         ratio = np.array([row.step_ms / plain[(engine, bs, row["round"])] for _, row in g.iterrows()])

@@ -118,6 +118,18 @@ def _rel(path) -> str:
     return os.path.relpath(Path(path).resolve(), REPO)
 
 
+def _run_job(out: Path, job: dict, job_name: str, result_name: str, timeout_s: float = 3600) -> dict:
+    """Write ``job`` to ``out/records/job_name``, run it in the vLLM environment
+    (:mod:`dcut_sched.integrations.vllm_tools.run`) and return its result (kept in ``result_name``)."""
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    jf, rf = out / "records" / job_name, out / "records" / result_name
+    jf.write_text(json.dumps(job))
+    subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf), "--out", str(rf)],
+                   check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=timeout_s)
+    return json.loads(rf.read_text())
+
+
 def stage_engine(args, out: Path) -> None:
     target, draft = _rel(write_pair()[0]), _draft(True)
     rows = []
@@ -145,13 +157,8 @@ def stage_engine(args, out: Path) -> None:
                "prompts": {"file": "dcut_sched/data/traces/prompts.jsonl", "n": bs, "chat": True},
                "max_tokens": args.max_tokens, "max_num_seqs": bs, "max_model_len": 1024, "runs": runs,
                "step_timing": True}
-        (out / "records").mkdir(parents=True, exist_ok=True)
-        jf, rf = out / "records" / f"job-bs{bs}.json", out / "records" / f"result-bs{bs}.json"
-        jf.write_text(json.dumps(job))
         load0 = os.getloadavg()[0]
-        subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf), "--out", str(rf)],
-                       check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        res = json.loads(rf.read_text())
+        res = _run_job(out, job, f"job-bs{bs}.json", f"result-bs{bs}.json")
         base = res["runs"][0]["token_ids"]
         for r in res["runs"]:
             if "error" in r:
@@ -262,15 +269,9 @@ def stage_rounds(args, out: Path) -> None:
                    "prompts": {"file": _rel(PROMPT_SETS[pset]), "n": bs, "chat": True},
                    "max_tokens": args.max_tokens, "max_num_seqs": bs, "max_model_len": 1024, "runs": runs,
                    "step_timing": True}
-            (out / "records").mkdir(parents=True, exist_ok=True)
-            jf, rf = out / "records" / f"rounds-{pset}-bs{bs}.json", out / "records" / f"rounds-{pset}-bs{bs}.out.json"
-            jf.write_text(json.dumps(job))
             load0 = os.getloadavg()[0]
-            subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf), "--out",
-                            str(rf)], check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=3600)
-            res = json.loads(rf.read_text())
-            rf.unlink()  # token ids of every run: large, and re-made by the job file
+            res = _run_job(out, job, f"rounds-{pset}-bs{bs}.json", f"rounds-{pset}-bs{bs}.out.json")
+            (out / "records" / f"rounds-{pset}-bs{bs}.out.json").unlink()  # every run's token ids: large, re-made by the job
             base = res["runs"][0]["token_ids"]
             for run in res["runs"][1:]:
                 if "error" in run:

@@ -82,6 +82,26 @@ def test_simulator_fine_recovers_after_a_stretch_with_nothing_accepted():
     assert recovered > 2.5
 
 
+def _controller_phase_two_tokens_per_step(ctrl: RatioController) -> float:
+    """Tokens per request-step over the last 300 of 1500 steps of ``ctrl``'s plan / plan_without_draft /
+    observe loop at bs 4: drafts all rejected for 300 steps, then all accepted."""
+    conf = np.full((4, B - 1), 0.9, np.float32)
+    draft, tokens = True, []
+    for step in range(1500):
+        accept = np.zeros(4, int) if step < 300 else np.full(4, B - 1)
+        if draft:
+            plan = ctrl.plan(conf)
+            made = 1 + np.minimum(accept, np.asarray(plan.lengths) - 1)
+            ctrl.observe(accept)
+        else:
+            plan = ctrl.plan_without_draft(4)
+            made = np.ones(4, int)
+            ctrl.observe(np.zeros(4, int))
+        draft = plan.draft_next
+        tokens.append(made.mean())
+    return float(np.mean(tokens[-300:]))
+
+
 @pytest.mark.parametrize("policy,half_life", [("threshold", 256.0), ("fine", 256.0)])
 def test_ratio_controller_recovers(policy, half_life):
     """The same through RatioController's plan / plan_without_draft / observe loop."""
@@ -89,21 +109,7 @@ def test_ratio_controller_recovers(policy, half_life):
     for hl in (None, half_life):
         ctrl = RatioController(_curve(), B, policy=policy,
                                calibrator=OnlineCalibrator(B, unobserved_half_life=hl))
-        conf = np.full((4, B - 1), 0.9, np.float32)
-        draft, tokens = True, []
-        for step in range(1500):
-            accept = np.zeros(4, int) if step < 300 else np.full(4, B - 1)
-            if draft:
-                plan = ctrl.plan(conf)
-                made = 1 + np.minimum(accept, np.asarray(plan.lengths) - 1)
-                ctrl.observe(accept)
-            else:
-                plan = ctrl.plan_without_draft(4)
-                made = np.ones(4, int)
-                ctrl.observe(np.zeros(4, int))
-            draft = plan.draft_next
-            tokens.append(made.mean())
-        results[hl] = float(np.mean(tokens[-300:]))
+        results[hl] = _controller_phase_two_tokens_per_step(ctrl)
     assert results[None] < 1.1  # anchors only (fine: a drafting probe now and then)
     assert results[half_life] > 3.0
 
@@ -123,18 +129,4 @@ def test_logistic_calibrator_recovers_in_the_simulator(policy):
 @pytest.mark.parametrize("policy", ["threshold", "fine"])
 def test_ratio_controller_default_calibrator_recovers(policy):
     ctrl = RatioController(_curve(), B, policy=policy)  # calibrated by default (LogisticCalibrator)
-    conf = np.full((4, B - 1), 0.9, np.float32)
-    draft, tokens = True, []
-    for step in range(1500):
-        accept = np.zeros(4, int) if step < 300 else np.full(4, B - 1)
-        if draft:
-            plan = ctrl.plan(conf)
-            made = 1 + np.minimum(accept, np.asarray(plan.lengths) - 1)
-            ctrl.observe(accept)
-        else:
-            plan = ctrl.plan_without_draft(4)
-            made = np.ones(4, int)
-            ctrl.observe(np.zeros(4, int))
-        draft = plan.draft_next
-        tokens.append(made.mean())
-    assert float(np.mean(tokens[-300:])) > 3.0
+    assert _controller_phase_two_tokens_per_step(ctrl) > 3.0
