@@ -22,6 +22,7 @@ from pathlib import Path
 
 __all__ = [
     "LOCAL_ARTIFACTS",
+    "PROMPT_SETS",
     "checkout_root",
     "drafter_dir",
     "local_artifact",
@@ -67,9 +68,22 @@ def trace_path(name: str) -> Path:
     return shipped_file(*_TRACES, name)
 
 
-def prompts_path() -> Path:
-    """The shipped prompt set (``traces/prompts.jsonl``; docs/traces.md)."""
-    return shipped_file(*_TRACES, "prompts.jsonl")
+#: The shipped prompt sets (docs/traces.md, "Prompt sets"): name -> file in ``dcut_sched/data/traces/``.
+#: ``heldout``: the project's 80 prompts of the drafter's training kinds (math, code, chat, rewrite);
+#: ``unlike``: 60 prompts of twelve kinds absent from the drafter's training data.
+PROMPT_SETS: dict[str, str] = {"heldout": "prompts.jsonl", "unlike": "prompts-unlike.jsonl"}
+
+
+def prompts_path(name: str = "heldout") -> Path:
+    """A shipped prompt set by name (a key of :data:`PROMPT_SETS`; default the project's held-out set
+    ``traces/prompts.jsonl``; docs/traces.md).
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    if name not in PROMPT_SETS:
+        raise ValueError(f"unknown prompt set {name!r}; known: {', '.join(PROMPT_SETS)}")
+    return shipped_file(*_TRACES, PROMPT_SETS[name])
 
 
 def checkout_root() -> Path | None:

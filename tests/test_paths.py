@@ -20,6 +20,7 @@ def test_shipped_defaults_exist():
         assert defaults.default_trace_path(name).with_suffix(".md").is_file(), name  # its card
     assert defaults.default_cost_path().is_file()
     assert paths.prompts_path().is_file()
+    assert all(paths.prompts_path(name).is_file() for name in paths.PROMPT_SETS)
     assert paths.profile_path("cpu-smollm2-135m-b8.json").is_file()
 
 

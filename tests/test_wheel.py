@@ -45,6 +45,7 @@ def test_wheel_holds_the_shipped_inputs_and_no_local_artifacts(wheel):
     for data in ("dcut_sched/profiler/profiles/h20-qwen3-8b-published.json",
                  "dcut_sched/profiler/profiles/cpu-smollm2-135m-b8.json",
                  "dcut_sched/data/traces/prompts.jsonl",
+                 "dcut_sched/data/traces/prompts-unlike.jsonl",
                  *(f"dcut_sched/data/traces/dflash-qwen3-8b-{b}-b16.parquet"
                    for b in ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench"))):
         assert data in names, data

@@ -28,7 +28,7 @@ import torch
 
 from ..traces.prompts import Prompt, load_prompt_records
 
-__all__ = ["DraftSequence", "generated_prompts", "humaneval_prompts", "prompt_split", "continue_prompts",
+__all__ = ["TRAIN_KINDS", "PROMPT_TEMPLATES", "DraftSequence", "generated_prompts", "humaneval_prompts", "prompt_split", "continue_prompts",
            "sequence_features"]
 
 HUMANEVAL_EVAL_EVERY = 5
@@ -98,6 +98,11 @@ _REWRITE = [
     "Make this sound friendlier: {s1}. {s2}.", "Turn these notes into a short email: {s1}; {s2}.",
     "Correct and improve the writing: {s1} and {s2}.", "Write a headline for this news: {s1}. {s2}.",
 ]
+
+#: The templates :func:`generated_prompts` fills, by category.
+PROMPT_TEMPLATES: dict[str, list[str]] = {"math": _MATH, "code": _CODE, "chat": _CHAT, "rewrite": _REWRITE}
+#: Every category a training prompt can carry (the held-out ``unlike`` set's kinds must not be one).
+TRAIN_KINDS: tuple[str, ...] = (*PROMPT_TEMPLATES, "humaneval")
 
 
 def generated_prompts(count: int, seed: int, exclude: Sequence[str] = ()) -> list[Prompt]:

@@ -2,7 +2,9 @@
 
 Each line is an object ``{"id": str, "category": str, "prompt": str}``. The project's set is
 ``dcut_sched/data/traces/prompts.jsonl`` (80 prompts written for the project, 20 in each of the categories ``math``,
-``code``, ``chat`` and ``rewrite``, interleaved so that any prefix of the file is balanced).
+``code``, ``chat`` and ``rewrite``, interleaved so that any prefix of the file is balanced); a second
+set, ``prompts-unlike.jsonl``, holds 60 prompts of twelve kinds absent from the DFlash drafter's
+training data (:data:`dcut_sched.paths.PROMPT_SETS`; ``dcut_sched/data/traces/README.md``).
 """
 
 from __future__ import annotations
