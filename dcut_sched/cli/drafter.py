@@ -49,9 +49,19 @@ def build_parser() -> CliParser:
     t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers")
     t.add_argument("--draft-vocab", type=int_at_least(0, 1_000_000), default=d.draft_vocab_size,
                    help="draft vocabulary size (0 = the target's whole vocabulary and LM head)")
-    t.add_argument("--num-prompts", type=int_at_least(4, 100_000), default=d.num_generated_prompts,
-                   help="templated training prompts (plus 131 HumanEval problems)")
-    t.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
+    t.add_argument("--num-prompts", type=int_at_least(0, 100_000), default=d.num_generated_prompts,
+                   help="templated training prompts (plus 131 HumanEval problems; docs/drafters.md, Data)")
+    t.add_argument("--num-gsm8k", type=int_at_least(0, 1319), default=d.num_gsm8k, help="GSM8K training problems")
+    t.add_argument("--num-mtbench", type=int_at_least(0, 40), default=d.num_mtbench,
+                   help="MT-Bench two-turn training questions (math, coding, stem, humanities)")
+    t.add_argument("--num-self-instruct", type=int_at_least(0, 480), default=d.num_self_instruct,
+                   help="training requests the target writes from seed topics and kinds")
+    t.add_argument("--num-followups", type=int_at_least(0, 100_000), default=d.num_followups,
+                   help="training prompts that get a second user turn after the target's answer")
+    t.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens,
+                   help="tokens generated per training prompt turn")
+    t.add_argument("--eval-max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens,
+                   help="tokens generated per held-out prompt")
     t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
     t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
     t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
@@ -63,7 +73,7 @@ def build_parser() -> CliParser:
     e.add_argument("folder")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (default: the shipped prompt set, dcut_sched/data/traces/prompts.jsonl)")
-    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
+    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens)
     e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None)
     return p
 
@@ -90,7 +100,9 @@ def _train(args) -> int:
         torch.set_num_threads(args.threads)
     settings = TrainSettings(seed=args.seed, steps=args.steps, num_layers=args.layers,
                              draft_vocab_size=args.draft_vocab or None, num_generated_prompts=args.num_prompts,
-                             max_new_tokens=args.max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
+                             num_gsm8k=args.num_gsm8k, num_mtbench=args.num_mtbench,
+                             num_self_instruct=args.num_self_instruct, num_followups=args.num_followups,
+                             max_new_tokens=args.max_new_tokens, eval_max_new_tokens=args.eval_max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
                              blocks_per_seq=args.blocks_per_seq, eval_every=args.eval_every,
                              max_train_prompts=args.max_train_prompts, max_eval_prompts=args.max_eval_prompts)
     t0 = time.time()
@@ -259,14 +271,13 @@ def _eval(args) -> int:
         HUMANEVAL_EVAL_EVERY,
         continue_prompts,
         humaneval_prompts,
-        load_prompt_records,
         sequence_features,
     )
     from ..drafters.dflash import load_checkpoint
     from ..drafters.train import acceptance, tau_summary
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
-    from ..traces.prompts import PromptError
+    from ..traces.prompts import PromptError, load_prompt_records
 
     model = load_checkpoint(args.folder)
     try:

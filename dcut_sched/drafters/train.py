@@ -46,9 +46,11 @@ class TrainSettings:
     Attributes:
         seed: seeds the prompt generator, the sampled continuations, the initial weights and every
             draw of sequences and anchors.
-        num_generated_prompts: templated training prompts (plus 131 HumanEval problems).
-        max_new_tokens: tokens the target generates per prompt.
+        num_generated_prompts, num_gsm8k, num_mtbench, num_self_instruct, num_followups: training
+            prompts by source (plus 131 HumanEval problems; :class:`~dcut_sched.drafters.datagen.DataSettings`).
+        max_new_tokens, eval_max_new_tokens: tokens the target generates per training / held-out prompt turn.
         temperature: the sampled continuations' temperature (each prompt is continued greedily and sampled).
+        instruct_temperature: the self-instruct requests' sampling temperature.
         num_layers, num_target_features, draft_vocab_size: the drafter's shape (:class:`DFlashConfig`).
         block_sizes: block sizes the steps alternate over.
         steps, seqs_per_step, blocks_per_seq: optimisation steps; sequences and anchors per step.
@@ -59,9 +61,15 @@ class TrainSettings:
     """
 
     seed: int = 0
-    num_generated_prompts: int = 360
-    max_new_tokens: int = 128
+    num_generated_prompts: int = 48
+    num_gsm8k: int = 56
+    num_mtbench: int = 40
+    num_self_instruct: int = 96
+    num_followups: int = 32
+    max_new_tokens: int = 256
+    eval_max_new_tokens: int = 128
     temperature: float = 0.7
+    instruct_temperature: float = 0.8
     num_layers: int = 2
     num_target_features: int = 4
     draft_vocab_size: int | None = 8192
@@ -227,7 +235,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         ValueError: ``work_dir`` holds a checkpoint of other settings (the message names the field;
             pass ``fresh=True`` to start over).
     """
-    from .data import continue_prompts, prompt_split, sequence_features, token_counts
+    from .data import token_counts
+    from .datagen import DataSettings, load_or_generate
 
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
@@ -235,44 +244,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                                   block_size=max(settings.block_sizes),
                                   num_target_features=settings.num_target_features,
                                   draft_vocab_size=settings.draft_vocab_size)
-    data_path = work_dir / DATA_NAME
-    data_key = {k: v for k, v in settings.to_json().items()
-                if k in ("seed", "num_generated_prompts", "max_new_tokens", "temperature", "num_target_features",
-                         "max_train_prompts", "max_eval_prompts")}
-    data_key["eval_prompts"] = str(eval_prompts)
-    data = None
-    if data_path.exists() and not fresh:
-        data = torch.load(data_path, weights_only=False)
-        if data.get("key") != data_key:
-            log(f"{data_path}: made with other data settings; regenerating")
-            data = None
-    if data is None:
-        train_p, eval_p = prompt_split(settings.num_generated_prompts, settings.seed, eval_prompts)
-        if settings.max_train_prompts:
-            train_p = train_p[: settings.max_train_prompts]
-        if settings.max_eval_prompts:
-            eval_p = eval_p[: settings.max_eval_prompts]
-        t0 = time.time()
-        seqs: dict[str, list[DraftSequence]] = {}
-        for split, prompts in (("train", train_p), ("eval", eval_p)):
-            for temp in (0.0, settings.temperature):
-                done = [0]
-
-                def tick(n: int, split=split, temp=temp, total=len(prompts), done=done) -> None:  # noqa: B008 (bound per loop)
-                    done[0] += n
-                    log(f"data: {split} T={temp:g}: {done[0]}/{total} prompts continued ({time.time() - t0:.0f} s)")
-
-                seqs.setdefault(split, []).extend(continue_prompts(
-                    target, tokenizer, prompts, max_new_tokens=settings.max_new_tokens, temperature=temp,
-                    seed=settings.seed + (1 if split == "eval" else 0), on_batch=tick))
-        for split, ss in seqs.items():
-            sequence_features(target, ss, cfg.target_layer_ids)
-            log(f"data: {split}: features of {len(ss)} sequences, {sum(s.length for s in ss)} tokens "
-                f"({time.time() - t0:.0f} s)")
-        data = {"key": data_key, "train": seqs["train"], "eval": seqs["eval"], "seconds": time.time() - t0}
-        tmp = data_path.with_suffix(".pt.tmp")
-        torch.save(data, tmp)
-        os.replace(tmp, data_path)
+    data = load_or_generate(DataSettings.from_train(settings, eval_prompts, cfg.target_layer_ids), target, tokenizer,
+                            work_dir / DATA_NAME, fresh=fresh, log=log)
     train_seqs, eval_seqs = data["train"], data["eval"]
 
     embed = target.embed_tokens.weight.detach()
@@ -333,11 +306,16 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     model.eval()
     report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
                               "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
-                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {}}
+                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
+                              "data_sha256": data["sha256"], "data_stats": data["stats"]}
     for b in sorted(set(settings.block_sizes), reverse=True):
         for mode in sorted({s.mode for s in eval_seqs}):
             rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
             report["tau"][f"B{b}/{mode}"] = tau_summary(rows)
+            unlike = [s for s in data.get("eval_unlike", []) if s.mode == mode]
+            if unlike:
+                report.setdefault("tau_unlike", {})[f"B{b}/{mode}"] = tau_summary(
+                    acceptance(model, unlike, b, embed, lm_head))
     return model, state, report
 
 
