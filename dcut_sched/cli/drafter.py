@@ -54,7 +54,7 @@ def build_parser() -> CliParser:
     t.add_argument("--num-gsm8k", type=int_at_least(0, 1319), default=d.num_gsm8k, help="GSM8K training problems")
     t.add_argument("--num-mtbench", type=int_at_least(0, 40), default=d.num_mtbench,
                    help="MT-Bench two-turn training questions (math, coding, stem, humanities)")
-    t.add_argument("--num-self-instruct", type=int_at_least(0, 480), default=d.num_self_instruct,
+    t.add_argument("--num-self-instruct", type=int_at_least(0, 720), default=d.num_self_instruct,
                    help="training requests the target writes from seed topics and kinds")
     t.add_argument("--num-followups", type=int_at_least(0, 100_000), default=d.num_followups,
                    help="training prompts that get a second user turn after the target's answer")
@@ -240,11 +240,13 @@ def _write_card(path: Path, meta: dict) -> None:
         "## Data",
         "",
         f"- train: {meta['train_sequences']} continuations ({meta['train_tokens']} tokens, prompt included) of "
-        f"{s['num_generated_prompts']} templated prompts (math, code, chat, rewrite) and 131 HumanEval problems, "
-        f"each continued by the target greedily and at T = {s['temperature']} for up to {s['max_new_tokens']} tokens.",
+        f"conversations by source {meta['data_stats']['by_source']} ({meta['data_stats']['two_turn']} of two turns; "
+        "docs/drafters.md, \"Data\"), each turn continued by the target greedily and at "
+        f"T = {s['temperature']} for up to {s['max_new_tokens']} tokens; data sha256 {meta['data_sha256'][:16]}.",
         f"- held out: {meta['eval_sequences']} continuations of dcut_sched/data/traces/prompts.jsonl (80 hand-written prompts) "
-        "and the 33 HumanEval problems whose index is a multiple of 5, greedy and sampled the same way. "
-        "No prompt is in both sets.",
+        "and the 33 HumanEval problems whose index is a multiple of 5, and those of the 60 prompts of "
+        "prompts-unlike.jsonl (twelve kinds absent from training), greedy and sampled the same way for up to "
+        f"{s['eval_max_new_tokens']} tokens. No training prompt shares text or a template with them.",
         "",
         "## Training",
         "",
@@ -255,11 +257,14 @@ def _write_card(path: Path, meta: dict) -> None:
         "## Held-out tau (1 + mean accepted drafts per block, every anchor of every held-out continuation)",
         "",
     ]
-    cats = sorted({k for v in meta["tau"].values() for k in v})
-    lines.append("| block / continuation | " + " | ".join(cats) + " |")
-    lines.append("|---|" + "---|" * len(cats))
-    for key, v in meta["tau"].items():
-        lines.append(f"| {key} | " + " | ".join(f"{v.get(k, float('nan')):.3f}" for k in cats) + " |")
+    for title, taus in (("held-out set", meta["tau"]), ("unlike set", meta.get("tau_unlike", {}))):
+        if not taus:
+            continue
+        cats = sorted({k for v in taus.values() for k in v})
+        lines += [f"{title}:", "", "| block / continuation | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+        for key, v in taus.items():
+            lines.append(f"| {key} | " + " | ".join(f"{v.get(k, float('nan')):.3f}" for k in cats) + " |")
+        lines.append("")
     lines += ["", "Greedy continuations give greedy verification's acceptance; T = 0.7 continuations that of "
               "sampled verification with the same draws.", ""]
     atomic_write_text(path, "\n".join(lines))

@@ -140,7 +140,10 @@ SEED_TOPICS = (
     "the human brain", "volunteering", "rainforests", "3D printing", "the Olympic Games", "bird watching",
     "home insulation", "camping", "vitamins", "the printing press", "jazz music", "moving to a new city",
     "saving energy at home", "owning a dog", "ancient Greece", "probability", "sorting algorithms",
-    "spreadsheets", "fractions", "geometry",
+    "spreadsheets", "fractions", "geometry", "beekeeping", "kites", "coral reefs", "bicycle repair",
+    "buying a first home", "the Moon landing", "weather forecasts", "learning the piano", "the metric system",
+    "prime numbers", "percentages", "telescopes", "packed lunches", "hiking safety", "the Silk Road",
+    "caring for a kitten", "public libraries", "running shoes", "glaciers", "interest rates",
 )
 SEED_KINDS: dict[str, str] = {
     "explain": "a question asking for an explanation",
