@@ -33,8 +33,9 @@ def build_parser() -> CliParser:
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
                   formatter_class=argparse.RawDescriptionHelpFormatter,
                   epilog=("examples:\n"
-                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (40-50 min on 2 cores)\n"
-                          "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4\n"
+                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data 30-35 min on 2 cores)\n"
+                          "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4 "
+                          "--max-new-tokens 32 --eval-max-new-tokens 32\n"
                           f"  dcut-drafter eval {DEFAULT_OUT}\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
@@ -147,7 +148,8 @@ def _check_train_outputs(args, out: Path, work: Path) -> None:
     from ..drafters.train import DATA_NAME, STATE_NAME
 
     outputs = {f"--out {name}": (str(out / name), None) for name in OUT_FILES}
-    outputs.update({f"--work-dir {name}": (str(work / name), None) for name in (DATA_NAME, STATE_NAME)})
+    data_files = (DATA_NAME, str(Path(DATA_NAME).with_suffix(".json")))  # the data and its sidecar
+    outputs.update({f"--work-dir {name}": (str(work / name), None) for name in (*data_files, STATE_NAME)})
     check_paths({"--eval-prompts": args.eval_prompts}, outputs)
 
 

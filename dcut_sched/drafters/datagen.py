@@ -19,7 +19,7 @@ import os
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -174,36 +174,40 @@ def training_prompts(s: DataSettings, heldout: Sequence[str], instruct: Callable
     held-out sets."""
     gate = _Gate(heldout)
     rng = random.Random(s.seed)
-    out: list[TrainPrompt] = []
-    for p in generated_prompts(s.num_templated, s.seed, accept=gate.accept) if s.num_templated else []:
-        out.append(TrainPrompt(p.id, p.category, (p.text,)))
+    cap = s.max_train_prompts or 1 << 30  # a truncated (smoke) run makes no more of a source than it keeps
+    groups: dict[str, list[TrainPrompt]] = {}
+    groups["templated"] = [TrainPrompt(p.id, p.category, (p.text,)) for p in
+                           (generated_prompts(min(cap, s.num_templated), s.seed, accept=gate.accept)
+                            if s.num_templated else [])]
     if s.num_gsm8k:
         gsm = sources.gsm8k_problems()
         order = list(range(len(gsm)))
         rng.shuffle(order)
         picked: list[TrainPrompt] = []
         for i in order:
-            if len(picked) == s.num_gsm8k:
+            if len(picked) == min(cap, s.num_gsm8k):
                 break
             if gate.accept(gsm[i].turns[0]):
                 picked.append(gsm[i])
-        out += sorted(picked, key=lambda p: p.id)
+        groups["gsm8k"] = sorted(picked, key=lambda p: p.id)
     if s.num_mtbench:
-        for q in sources.mtbench_questions()[: s.num_mtbench]:
-            if gate.accept(q.turns[0]):
-                out.append(TrainPrompt(q.id, q.category, (q.turns[0],) + ((q.turns[1],) if gate.accept(q.turns[1]) else ())))
+        groups["mtbench"] = [TrainPrompt(q.id, q.category, (q.turns[0],) + ((q.turns[1],) if gate.accept(q.turns[1]) else ()))
+                             for q in sources.mtbench_questions()[: min(cap, s.num_mtbench)] if gate.accept(q.turns[0])]
     stats: dict[str, Any] = {}
     if s.num_self_instruct:
-        got, stats["self_instruct"] = self_instruct(s, gate, instruct)
-        out += got
+        groups["self"], stats["self_instruct"] = self_instruct(replace(s, num_self_instruct=min(cap, s.num_self_instruct)),
+                                                               gate, instruct)
     he = [p for i, p in enumerate(humaneval_prompts()) if i % HUMANEVAL_EVAL_EVERY]
-    out += [TrainPrompt(p.id, p.category, (p.text,)) for p in he]  # never a held-out problem (split by index)
+    groups["humaneval"] = [TrainPrompt(p.id, p.category, (p.text,)) for p in he]  # the split by index: none held out
+    if s.max_train_prompts:  # round robin over the sources, so a smoke run sees each
+        ranked = sorted((r, g, p) for g, (name, ps) in enumerate(groups.items()) for r, p in enumerate(ps))
+        keep = {(g, r) for r, g, _ in ranked[: s.max_train_prompts]}
+        groups = {name: [p for r, p in enumerate(ps) if (g, r) in keep] for g, (name, ps) in enumerate(groups.items())}
+    out = [p for ps in groups.values() for p in ps]
     singles = [i for i, p in enumerate(out) if len(p.turns) == 1 and p.category != "humaneval"]
     for j, i in enumerate(sorted(rng.sample(singles, min(s.num_followups, len(singles))))):
         follow = sources.FOLLOWUPS[j % len(sources.FOLLOWUPS)]
         out[i] = TrainPrompt(out[i].id, out[i].category, out[i].turns + (follow,))
-    if s.max_train_prompts:
-        out = out[: s.max_train_prompts]
     stats.update({"by_source": dict(Counter(p.category.split("-")[0] for p in out)),
                   "two_turn": sum(len(p.turns) > 1 for p in out), "dropped": dict(gate.drops)})
     return out, stats
@@ -298,6 +302,10 @@ def generate_data(s: DataSettings, target, tokenizer, *, log: Callable[[str], No
         return [tokenizer.decode([x for x in g if x != tokenizer.eos_id], skip_special_tokens=True) for g in gen]
 
     train, stats = training_prompts(s, [p.text for p in held + unlike], instruct)
+    si = stats.get("self_instruct")
+    if si and si["kept"] < min(s.num_self_instruct, s.max_train_prompts or s.num_self_instruct):
+        log(f"data: self-instruct kept {si['kept']} of {s.num_self_instruct} requests: all {si['candidates']} "
+            f"seeds tried ({si['reasons']})")
     log(f"data: {len(train)} training conversations ({stats['two_turn']} of two turns), {stats['by_source']} "
         f"({time.time() - t0:.0f} s)")
     splits: dict[str, list[DraftSequence]] = {}

@@ -49,6 +49,15 @@ def test_training_prompts_by_source_and_deterministic(assembled):
     assert other != train
 
 
+def test_truncated_run_takes_every_source_in_turn():
+    s = datagen.DataSettings(max_train_prompts=8)
+    held, unlike = datagen.eval_prompts(s)
+    train, stats = datagen.training_prompts(s, [p.text for p in held + unlike], fake_instruct)
+    assert [p.id.split("-")[0] for p in train] == ["gen", "gen", "gsm8k", "gsm8k", "mtbench", "mtbench", "self",
+                                                   "HumanEval"]
+    assert stats["self_instruct"]["kept"] == 8  # a truncated run asks no more of a source than it can keep
+
+
 def test_held_out_sets_stay_unlike_training(assembled):
     _, held, unlike, train, _ = assembled
     handwritten = [p.text for p in load_prompt_records(paths.prompts_path())] + [p.text for p in unlike]
