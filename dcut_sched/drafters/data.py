@@ -25,7 +25,7 @@ import torch
 
 from ..traces.prompts import Prompt
 
-__all__ = ["TRAIN_KINDS", "PROMPT_TEMPLATES", "DraftSequence", "generated_prompts", "humaneval_prompts", "continue_prompts",
+__all__ = ["PROMPT_TEMPLATES", "DraftSequence", "generated_prompts", "humaneval_prompts", "continue_prompts",
            "sequence_features"]
 
 HUMANEVAL_EVAL_EVERY = 5
@@ -98,8 +98,6 @@ _REWRITE = [
 
 #: The templates :func:`generated_prompts` fills, by category.
 PROMPT_TEMPLATES: dict[str, list[str]] = {"math": _MATH, "code": _CODE, "chat": _CHAT, "rewrite": _REWRITE}
-#: Every category a training prompt can carry (the held-out ``unlike`` set's kinds must not be one).
-TRAIN_KINDS: tuple[str, ...] = (*PROMPT_TEMPLATES, "humaneval")
 
 
 def generated_prompts(count: int, seed: int, exclude: Sequence[str] = (),

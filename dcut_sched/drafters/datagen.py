@@ -38,8 +38,12 @@ from .data import (
 from .sources import TrainPrompt
 from .textsim import NgramIndex, normalize, template_pattern
 
-__all__ = ["DataSettings", "training_prompts", "eval_prompts", "self_instruct", "generate_data", "load_or_generate"]
+__all__ = ["TRAIN_KINDS", "DataSettings", "training_prompts", "eval_prompts", "self_instruct", "generate_data", "load_or_generate"]
 
+#: Every category a training prompt can carry (no kind of the held-out ``unlike`` set is one).
+TRAIN_KINDS: tuple[str, ...] = (*PROMPT_TEMPLATES, "humaneval", "gsm8k",
+                                *(f"mtbench-{c}" for c in sources.MTBENCH_TRAIN_CATEGORIES),
+                                *(f"self-{k}" for k in sources.SEED_KINDS))
 #: Version of the generated data's layout and generation rules (part of the key).
 DATA_FORMAT = 2
 #: Word n-gram length of the near-duplicate check against held-out prompts, and among self-instruct ones.
@@ -338,6 +342,7 @@ def load_or_generate(s: DataSettings, target, tokenizer, path: Path, *, model_fi
     if path.exists() and not fresh:
         data = torch.load(path, weights_only=False)
         if isinstance(data, dict) and data.get("sha256") == digest:
+            _write_sidecar(path, data)  # in case a stop came between the data and its sidecar
             log(f"data: {path} holds data of these settings (sha256 {digest[:16]}); reusing it")
             return data
         log(f"{path}: made with other data settings; regenerating")
@@ -345,11 +350,20 @@ def load_or_generate(s: DataSettings, target, tokenizer, path: Path, *, model_fi
     tmp = path.with_name(path.name + ".tmp")
     torch.save(data, tmp)
     os.replace(tmp, path)
-    side = path.with_suffix(".json")
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(json.dumps({"sha256": digest, "key": key, "stats": data["stats"]}, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, side)
+    _write_sidecar(path, data)
     return data
+
+
+def _write_sidecar(path: Path, data: dict[str, Any]) -> None:
+    """``path`` with suffix ``.json``: the data's hash, key and assembly statistics (atomically)."""
+    side = path.with_suffix(".json")
+    text = json.dumps({"sha256": data["sha256"], "key": data["key"], "stats": data["stats"]}, indent=2,
+                      sort_keys=True) + "\n"
+    if side.is_file() and side.read_text() == text:
+        return
+    tmp = side.with_name(side.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, side)
 
 
 def sequence_bytes(seqs: Sequence[DraftSequence]) -> bytes:

@@ -74,7 +74,8 @@ def test_held_out_sets_stay_unlike_training(assembled):
     assert not [t for t in non_he for pat in gate.templates if pat.fullmatch(textsim.normalize(t))]
     # the unlike set's kinds are no training category and no self-instruct seed kind
     kinds = {p.category for p in unlike}
-    assert not kinds & {p.category for p in train} and not kinds & set(sources.SEED_KINDS)
+    assert {p.category for p in train} <= set(datagen.TRAIN_KINDS)
+    assert not kinds & set(datagen.TRAIN_KINDS) and not kinds & set(sources.SEED_KINDS)
     assert not kinds & {c.removeprefix("self-").removeprefix("mtbench-") for c in {p.category for p in train}}
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from dcut_sched import paths
-from dcut_sched.drafters import data, sources, textsim
+from dcut_sched.drafters import data, datagen, sources, textsim
 from dcut_sched.engine.prompts import DEFAULT_PROMPTS
 from dcut_sched.traces.prompts import load_prompt_records
 
@@ -51,8 +51,8 @@ def test_unlike_set_has_twelve_kinds_none_a_training_kind(unlike):
     assert len(unlike) == 60 and len(kinds) == 12 and set(kinds.values()) == {5}
     assert set(kinds) == {"translation", "structured", "sql", "verse", "list", "long-summary", "riddle",
                           "multilingual", "regex", "shell", "letter", "dialogue"}
-    assert not set(kinds) & set(data.TRAIN_KINDS)
-    assert {p.category for p in data.generated_prompts(360, seed=0)} <= set(data.TRAIN_KINDS)
+    assert not set(kinds) & set(datagen.TRAIN_KINDS)
+    assert {p.category for p in data.generated_prompts(360, seed=0)} <= set(datagen.TRAIN_KINDS)
     first = [p.category for p in unlike[:12]]
     assert len(set(first)) == 12  # interleaved: any prefix of 12k prompts is balanced
 
