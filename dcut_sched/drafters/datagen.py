@@ -84,6 +84,16 @@ class DataSettings:
     max_train_prompts: int | None = None
     max_eval_prompts: int | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("num_templated", "num_gsm8k", "num_mtbench", "num_self_instruct", "num_followups"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"DataSettings.{name} must be >= 0, not {getattr(self, name)}")
+        for name in ("max_new_tokens", "eval_max_new_tokens", "instruct_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DataSettings.{name} must be >= 1, not {getattr(self, name)}")
+        if not (self.temperature > 0 and self.instruct_temperature > 0):
+            raise ValueError("DataSettings.temperature and instruct_temperature must be > 0 (the sampled modes)")
+
     @classmethod
     def from_train(cls, s: Any, eval_prompts: str | Path, feature_layer_ids: Sequence[int]) -> "DataSettings":
         """The data settings of a :class:`~dcut_sched.drafters.train.TrainSettings`."""
