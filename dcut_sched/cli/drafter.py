@@ -21,7 +21,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from .args import check_paths, finite_float, int_at_least, seed_type
 from .errors import CliParser, UsageError, run_cli
@@ -37,8 +37,9 @@ def build_parser() -> CliParser:
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
                   formatter_class=argparse.RawDescriptionHelpFormatter,
                   epilog=("examples:\n"
-                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (40-50 min on 2 cores)\n"
-                          "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4\n"
+                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data 30-35 min on 2 cores)\n"
+                          "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4 "
+                          "--max-new-tokens 32 --eval-max-new-tokens 32\n"
                           f"  dcut-drafter eval {DEFAULT_OUT}\n"
                           f"  dcut-drafter calibrate --draft {DEFAULT_OUT}   # its calibration.json\n"))
     sub = p.add_subparsers(dest="command", required=True)
@@ -58,9 +59,19 @@ def build_parser() -> CliParser:
     t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers")
     t.add_argument("--draft-vocab", type=int_at_least(0, 1_000_000), default=d.draft_vocab_size,
                    help="draft vocabulary size (0 = the target's whole vocabulary and LM head)")
-    t.add_argument("--num-prompts", type=int_at_least(4, 100_000), default=d.num_generated_prompts,
-                   help="templated training prompts (plus 131 HumanEval problems)")
-    t.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
+    t.add_argument("--num-prompts", type=int_at_least(0, 100_000), default=d.num_generated_prompts,
+                   help="templated training prompts (plus 131 HumanEval problems; docs/drafters.md, Data)")
+    t.add_argument("--num-gsm8k", type=int_at_least(0, 1319), default=d.num_gsm8k, help="GSM8K training problems")
+    t.add_argument("--num-mtbench", type=int_at_least(0, 40), default=d.num_mtbench,
+                   help="MT-Bench two-turn training questions (math, coding, stem, humanities)")
+    t.add_argument("--num-self-instruct", type=int_at_least(0, 720), default=d.num_self_instruct,
+                   help="training requests the target writes from seed topics and kinds")
+    t.add_argument("--num-followups", type=int_at_least(0, 100_000), default=d.num_followups,
+                   help="training prompts that get a second user turn after the target's answer")
+    t.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens,
+                   help="tokens generated per training prompt turn")
+    t.add_argument("--eval-max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens,
+                   help="tokens generated per held-out prompt")
     t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
     t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
     t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
@@ -72,7 +83,7 @@ def build_parser() -> CliParser:
     e.add_argument("folder")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (default: the shipped prompt set, dcut_sched/data/traces/prompts.jsonl)")
-    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.max_new_tokens)
+    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens)
     e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None)
     c = sub.add_parser("calibrate", help="fit the per-depth calibration prior on training prompts, write calibration.json",
                        description="Fit the drafter's per-depth calibration prior (sigmoid(a_t + b logit(c_t)), "
@@ -102,13 +113,15 @@ CALIBRATION_TOKENS = 96
 
 def _train(args) -> int:
     from ..atomic import missing_folders, remove_empty_folders
-    from ..drafters.train import TrainSettings, check_work_dir
+    from ..drafters.train import TrainSettings
     from ..drafters.workdir import check_drafter_folder, lock_work_dir
     from ..traces.prompts import PromptError, load_prompt_records
 
     settings = TrainSettings(seed=args.seed, steps=args.steps, num_layers=args.layers,
                              draft_vocab_size=args.draft_vocab or None, num_generated_prompts=args.num_prompts,
-                             max_new_tokens=args.max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
+                             num_gsm8k=args.num_gsm8k, num_mtbench=args.num_mtbench,
+                             num_self_instruct=args.num_self_instruct, num_followups=args.num_followups,
+                             max_new_tokens=args.max_new_tokens, eval_max_new_tokens=args.eval_max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
                              blocks_per_seq=args.blocks_per_seq, eval_every=args.eval_every,
                              max_train_prompts=args.max_train_prompts, max_eval_prompts=args.max_eval_prompts)
     out = _check_out_folder(args.out)
@@ -132,15 +145,16 @@ def _train(args) -> int:
     try:
         work.mkdir(parents=True, exist_ok=True)
         with lock_work_dir(work):
-            found = check_work_dir(settings, work, args.eval_prompts, args.fresh)  # before anything is written
-            _train_locked(args, settings, out, work, found)
+            _train_locked(args, settings, out, work)
     except BaseException:
         remove_empty_folders(made)  # a work dir holding resumable state is kept
         raise
     return 0
 
 
-def _train_locked(args, settings, out: Path, work: Path, found) -> None:
+def _train_locked(args, settings, out: Path, work: Path) -> None:
+    """Load the target, then train: ``run_training`` checks the work dir against the settings (the
+    data's key holds the feature layers, which come from the target's config) before it writes."""
     import torch
 
     from ..drafters.dflash import describe, save_checkpoint
@@ -155,7 +169,7 @@ def _train_locked(args, settings, out: Path, work: Path, found) -> None:
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
     model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
-                                        eval_prompts=args.eval_prompts, fresh=args.fresh, found=found)
+                                        eval_prompts=args.eval_prompts, fresh=args.fresh)
     wall = time.time() - t0
     command = " ".join(["dcut-drafter", "train", *(shlex.quote(a) for a in args.argv)])
     meta = {"settings": settings.to_json(), "train_seconds": round(state.elapsed_s, 1), "wall_seconds": round(wall, 1),
@@ -188,7 +202,8 @@ def _check_train_outputs(args, out: Path, work: Path) -> None:
     from ..drafters.train import DATA_NAME, STATE_NAME
 
     outputs = {f"--out {name}": (str(out / name), None) for name in OUT_FILES}
-    outputs.update({f"--work-dir {name}": (str(work / name), None) for name in (DATA_NAME, STATE_NAME)})
+    data_files = (DATA_NAME, str(Path(DATA_NAME).with_suffix(".json")))  # the data and its sidecar
+    outputs.update({f"--work-dir {name}": (str(work / name), None) for name in (*data_files, STATE_NAME)})
     check_paths({"--eval-prompts": args.eval_prompts}, outputs)
 
 
@@ -288,11 +303,13 @@ def _write_card(path: Path, meta: dict) -> None:
         "## Data",
         "",
         f"- train: {meta['train_sequences']} continuations ({meta['train_tokens']} tokens, prompt included) of "
-        f"{s['num_generated_prompts']} templated prompts (math, code, chat, rewrite) and 131 HumanEval problems, "
-        f"each continued by the target greedily and at T = {s['temperature']} for up to {s['max_new_tokens']} tokens.",
+        f"conversations by source {meta['data_stats']['by_source']} ({meta['data_stats']['two_turn']} of two turns; "
+        "docs/drafters.md, \"Data\"), each turn continued by the target greedily and at "
+        f"T = {s['temperature']} for up to {s['max_new_tokens']} tokens; data sha256 {meta['data_sha256'][:16]}.",
         f"- held out: {meta['eval_sequences']} continuations of dcut_sched/data/traces/prompts.jsonl (80 hand-written prompts) "
-        "and the 33 HumanEval problems whose index is a multiple of 5, greedy and sampled the same way. "
-        "No prompt is in both sets.",
+        "and the 33 HumanEval problems whose index is a multiple of 5, and those of the 60 prompts of "
+        "prompts-unlike.jsonl (twelve kinds absent from training), greedy and sampled the same way for up to "
+        f"{s['eval_max_new_tokens']} tokens. No training prompt shares text or a template with them.",
         "",
         "## Training",
         "",
@@ -303,11 +320,14 @@ def _write_card(path: Path, meta: dict) -> None:
         "## Held-out tau (1 + mean accepted drafts per block, every anchor of every held-out continuation)",
         "",
     ]
-    cats = sorted({k for v in meta["tau"].values() for k in v})
-    lines.append("| block / continuation | " + " | ".join(cats) + " |")
-    lines.append("|---|" + "---|" * len(cats))
-    for key, v in meta["tau"].items():
-        lines.append(f"| {key} | " + " | ".join(f"{v.get(k, float('nan')):.3f}" for k in cats) + " |")
+    for title, taus in (("held-out set", meta["tau"]), ("unlike set", meta.get("tau_unlike", {}))):
+        if not taus:
+            continue
+        cats = sorted({k for v in taus.values() for k in v})
+        lines += [f"{title}:", "", "| block / continuation | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+        for key, v in taus.items():
+            lines.append(f"| {key} | " + " | ".join(f"{v.get(k, float('nan')):.3f}" for k in cats) + " |")
+        lines.append("")
     lines += ["", "Greedy continuations give greedy verification's acceptance; T = 0.7 continuations that of "
               "sampled verification with the same draws.", ""]
     atomic_write_text(path, "\n".join(lines))
@@ -319,7 +339,6 @@ def _eval(args) -> int:
         HUMANEVAL_EVAL_EVERY,
         continue_prompts,
         humaneval_prompts,
-        load_prompt_records,
         sequence_features,
     )
     from ..drafters.dflash import DraftTargetError, check_target, load_checkpoint, read_config
@@ -327,7 +346,7 @@ def _eval(args) -> int:
     from ..model.config import LlamaConfig
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
-    from ..traces.prompts import PromptError
+    from ..traces.prompts import PromptError, load_prompt_records
 
     cfg = read_config(args.folder)
     try:  # before the weights and the target are read
@@ -387,17 +406,57 @@ def calibration_blocks(model, target, seqs):
     return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
 
 
+def calibration_training_list(trained: dict, seed: int, eval_prompts: str) -> Callable[[Any, Any], tuple[list, str]]:
+    """``make(target, tokenizer) -> (prompts, provenance line)``: the training prompt list of the
+    drafter whose ``heldout.json`` settings are ``trained``, with ``seed``. A drafter of the first
+    data pipeline (settings without ``num_gsm8k``: templated prompts and HumanEval) gets
+    :func:`~dcut_sched.drafters.data.legacy_prompt_split`'s list; any other the first turns of
+    :func:`~dcut_sched.drafters.datagen.training_list` of its data settings (the target writes the
+    self-instruct requests again, as in training).
+
+    Raises:
+        ValueError, TypeError, KeyError: ``trained`` is not a drafter's training settings (raised
+            here, before any model is loaded).
+    """
+    import dataclasses
+
+    from ..drafters import datagen
+    from ..drafters.data import legacy_prompt_split
+    from ..drafters.train import TrainSettings
+    from ..traces.prompts import Prompt
+
+    if "num_gsm8k" not in trained:
+        count = int(trained["num_generated_prompts"])
+
+        def legacy(target, tokenizer) -> tuple[list, str]:
+            return (legacy_prompt_split(count, seed, eval_prompts)[0],
+                    f"training prompts of legacy_prompt_split({count}, seed {seed})")
+
+        return legacy
+    names = {f.name for f in dataclasses.fields(TrainSettings)}
+    fields = {k: tuple(v) if k == "block_sizes" else v for k, v in trained.items() if k in names}
+    data = datagen.DataSettings.from_train(dataclasses.replace(TrainSettings(**fields), seed=seed), eval_prompts, ())
+
+    def current(target, tokenizer) -> tuple[list, str]:
+        convs, _ = datagen.training_list(data, target, tokenizer)
+        return ([Prompt(c.id, c.category, c.turns[0]) for c in convs],
+                f"first turns of the {len(convs)} training conversations of datagen.training_list (the data "
+                f"settings of the drafter's heldout.json, seed {seed})")
+
+    return current
+
+
 def _calibrate(args) -> int:
     import torch
 
     from ..calibration import PRIOR_NAME, calibration_report, fit_prior
-    from ..drafters.data import continue_prompts, prompt_split, sequence_features
+    from ..drafters.data import continue_prompts, sequence_features
     from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
     from ..drafters.train import TrainSettings
     from ..inputs import InputFileError, parse_json_strict, read_text
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
-    from ..traces.prompts import PromptError
+    from ..traces.prompts import PromptError, load_prompt_records
 
     folder = Path(args.draft)
     out = folder / PRIOR_NAME
@@ -405,28 +464,32 @@ def _calibrate(args) -> int:
                 {"calibration.json": (str(out), (".json",))})
     model = load_checkpoint(folder, calibration=False)  # a malformed calibration.json is what this replaces
     settings = TrainSettings()
-    seed, num_generated = settings.seed, settings.num_generated_prompts
+    trained = settings.to_json()
     report_path = folder / "heldout.json"
     if report_path.is_file():  # the drafter's own training settings: the same training prompt list
         try:
-            trained = parse_json_strict(read_text(report_path, "the drafter's training report"), str(report_path))
-            seed = int(trained["settings"]["seed"])
-            num_generated = int(trained["settings"]["num_generated_prompts"])
+            trained = parse_json_strict(read_text(report_path, "the drafter's training report"), str(report_path))["settings"]
+            int(trained["seed"])
         except (InputFileError, KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"--draft {report_path}: no settings.seed / settings.num_generated_prompts ({exc}); "
-                             f"pass --seed, or re-save the drafter with dcut-drafter train") from None
-    if args.seed is not None:
-        seed = args.seed
-    if args.threads:
-        torch.set_num_threads(args.threads)
+            raise UsageError(f"--draft {report_path}: no settings.seed ({exc}); re-save the drafter with "
+                             "dcut-drafter train") from None
+    seed = int(trained["seed"]) if args.seed is None else args.seed
     try:
-        train, _ = prompt_split(num_generated, seed, args.eval_prompts)
+        load_prompt_records(args.eval_prompts)  # before the target is loaded
     except PromptError as exc:
         raise UsageError(f"--eval-prompts: {exc}") from None
-    prompts = calibration_prompts(train, args.prompts)
+    try:
+        make_list = calibration_training_list(trained, seed, args.eval_prompts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"--draft {report_path}: its settings are not a drafter's training settings ({exc}); "
+                         "re-save the drafter with dcut-drafter train") from None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.time()
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
+    train, source = make_list(target, tok)
+    prompts = calibration_prompts(train, args.prompts)
     seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=seed)
     seqs += continue_prompts(target, tok, prompts[::2], max_new_tokens=args.max_new_tokens,
                              temperature=settings.temperature, seed=seed)
@@ -440,8 +503,7 @@ def _calibrate(args) -> int:
     report = calibration_report(conf, accept, slots, prior)
     provenance = {
         "command": command, "seed": seed, "prompts": len(prompts), "prompt_split": (
-            f"training prompts of prompt_split({num_generated}, seed {seed}), {len(prompts)} spread evenly over "
-            f"the list; never the held-out prompts"),
+            f"{source}, {len(prompts)} spread evenly over the list; never the held-out prompts"),
         "continuations": {"greedy": len(prompts), f"t{settings.temperature:g}": len(prompts[::2]),
                           "max_new_tokens": args.max_new_tokens},
         "block_size": model.config.block_size, "blocks": int(conf.shape[0]), "seconds": round(time.time() - t0, 1),

@@ -63,10 +63,10 @@ def template_literals(template: str) -> list[str]:
 def template_pattern(template: str) -> re.Pattern[str]:
     """A regex that fully matches the normalised text of any filling of ``template`` (a ``str.format``
     template): its normalised fixed parts in order, anything between them."""
-    parts = []
+    parts: list[str] = []
     for lit, field, *_ in string.Formatter().parse(template):
         if normalize(lit):
             parts.append(re.escape(normalize(lit)))
-        if field is not None:
+        if field is not None and (not parts or parts[-1] != ".*?"):  # adjacent fields: one wildcard
             parts.append(".*?")
-    return re.compile(r"\s*".join(parts) + r"\s*", re.DOTALL)
+    return re.compile(" ?".join(parts), re.DOTALL)

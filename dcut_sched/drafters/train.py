@@ -29,12 +29,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..model.config import LlamaConfig
 from .data import DraftSequence
-from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
+from .datagen import DataSettings, generate_and_save, write_sidecar
+from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
 from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
-__all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_settings", "train_step",
-           "run_training"]
+__all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_config", "data_settings",
+           "train_step", "run_training"]
 
 #: Files of ``run_training``'s ``work_dir``: the generated data and the resumable checkpoint.
 DATA_NAME = "data.pt"
@@ -48,9 +50,11 @@ class TrainSettings:
     Attributes:
         seed: seeds the prompt generator, the sampled continuations, the initial weights and every
             draw of sequences and anchors.
-        num_generated_prompts: templated training prompts (plus 131 HumanEval problems).
-        max_new_tokens: tokens the target generates per prompt.
+        num_generated_prompts, num_gsm8k, num_mtbench, num_self_instruct, num_followups: training
+            prompts by source (plus 131 HumanEval problems; :class:`~dcut_sched.drafters.datagen.DataSettings`).
+        max_new_tokens, eval_max_new_tokens: tokens the target generates per training / held-out prompt turn.
         temperature: the sampled continuations' temperature (each prompt is continued greedily and sampled).
+        instruct_temperature: the self-instruct requests' sampling temperature.
         num_layers, num_target_features, draft_vocab_size: the drafter's shape (:class:`DFlashConfig`).
         block_sizes: block sizes the steps alternate over.
         steps, seqs_per_step, blocks_per_seq: optimisation steps; sequences and anchors per step.
@@ -61,9 +65,15 @@ class TrainSettings:
     """
 
     seed: int = 0
-    num_generated_prompts: int = 360
-    max_new_tokens: int = 128
+    num_generated_prompts: int = 48
+    num_gsm8k: int = 56
+    num_mtbench: int = 40
+    num_self_instruct: int = 96
+    num_followups: int = 32
+    max_new_tokens: int = 256
+    eval_max_new_tokens: int = 128
     temperature: float = 0.7
+    instruct_temperature: float = 0.8
     num_layers: int = 2
     num_target_features: int = 4
     draft_vocab_size: int | None = 8192
@@ -220,41 +230,56 @@ def _log(msg: str) -> None:
     print(f"[dcut-drafter {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def data_settings(settings: TrainSettings, eval_prompts: str | Path) -> dict[str, Any]:
-    """The settings the generated data depends on (``data.pt``'s ``key``)."""
-    data_key = {k: v for k, v in settings.to_json().items()
-                if k in ("seed", "num_generated_prompts", "max_new_tokens", "temperature", "num_target_features",
-                         "max_train_prompts", "max_eval_prompts")}
-    data_key["eval_prompts"] = str(eval_prompts)
-    return data_key
+def data_config(settings: TrainSettings, eval_prompts: str | Path, target_config: LlamaConfig) -> DataSettings:
+    """The data settings of a run: ``settings``' data fields, the held-out file, and as context
+    features the target layers the drafter reads (:func:`~dcut_sched.drafters.dflash.default_target_layer_ids`
+    of ``target_config``)."""
+    layers = default_target_layer_ids(target_config.num_layers, settings.num_target_features)
+    return DataSettings.from_train(settings, eval_prompts, layers)
 
 
-def check_work_dir(settings: TrainSettings, work_dir: Path, eval_prompts: str | Path, fresh: bool = False) -> WorkDir:
-    """Read and check ``work_dir``'s data and checkpoint against ``settings`` (writes nothing;
-    :func:`~dcut_sched.drafters.workdir.read_work_dir`)."""
-    return read_work_dir(work_dir, DATA_NAME, STATE_NAME, settings=settings.to_json(),
-                         data_key=data_settings(settings, eval_prompts), fresh=fresh)
+def data_settings(settings: TrainSettings, eval_prompts: str | Path, target_config: LlamaConfig,
+                  model_file: str | Path | None = None) -> dict[str, Any]:
+    """``data.pt``'s ``key``: :meth:`~dcut_sched.drafters.datagen.DataSettings.key` of
+    :func:`data_config` (``model_file``: the target's weights, default the SmolLM2 GGUF)."""
+    return data_config(settings, eval_prompts, target_config).key(_model_file(model_file))
+
+
+def _model_file(model_file: str | Path | None) -> str | Path:
+    if model_file is not None:
+        return model_file
+    from ..model.gguf_weights import smollm2_gguf_path
+
+    return smollm2_gguf_path()
+
+
+def check_work_dir(settings: TrainSettings, work_dir: Path, data_key: dict[str, Any], fresh: bool = False) -> WorkDir:
+    """Read and check ``work_dir``'s checkpoint (against ``settings``) and data (against
+    ``data_key``, :func:`data_settings`); writes nothing (:func:`~dcut_sched.drafters.workdir.read_work_dir`)."""
+    return read_work_dir(work_dir, DATA_NAME, STATE_NAME, settings=settings.to_json(), data_key=data_key, fresh=fresh)
 
 
 def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, eval_prompts: str | Path,
-                 fresh: bool = False, log: Callable[[str], None] = _log, found: WorkDir | None = None
+                 fresh: bool = False, log: Callable[[str], None] = _log, model_file: str | Path | None = None
                  ) -> tuple[DFlashDraftModel, TrainState, dict]:
     """Generate the data (cached in ``work_dir``), train (checkpointed in ``work_dir``, resumed
     unless ``fresh``), evaluate on the held-out prompts. Returns (model, state, held-out report).
 
-    ``work_dir``'s files are checked before anything is written (``found``: what
-    :func:`check_work_dir` returned, when the caller checked already). The caller holds the work
-    dir's lock (:func:`~dcut_sched.drafters.workdir.lock_work_dir`) when runs may overlap.
+    ``work_dir``'s files are checked (:func:`check_work_dir`) before anything is written: data of
+    the same key is reused, none (or ``fresh``) is generated, any other is refused. ``model_file``:
+    the target's weights file, part of the data's key (default the SmolLM2 GGUF). The caller holds
+    the work dir's lock (:func:`~dcut_sched.drafters.workdir.lock_work_dir`) when runs may overlap.
 
     Raises:
         WorkDirError: ``work_dir`` holds a file that cannot be read, or data or a checkpoint of other
             settings (the message names the file and the field; ``fresh=True`` starts over).
         TrainingDivergedError: the loss or a weight went non-finite (no checkpoint of it is written).
     """
-    from .data import continue_prompts, prompt_split, sequence_features, token_counts
+    from .data import token_counts
 
-    if found is None:
-        found = check_work_dir(settings, work_dir, eval_prompts, fresh)
+    data_cfg = data_config(settings, eval_prompts, target.config)
+    data_key = data_cfg.key(_model_file(model_file))
+    found = check_work_dir(settings, work_dir, data_key, fresh)  # before anything is written
     work_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(settings.seed)
     cfg = DFlashConfig.for_target(target.config, num_layers=settings.num_layers,
@@ -262,35 +287,12 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                                   num_target_features=settings.num_target_features,
                                   draft_vocab_size=settings.draft_vocab_size)
     data_path = work_dir / DATA_NAME
-    data_key = data_settings(settings, eval_prompts)
     data = found.data
     if data is None:
-        train_p, eval_p = prompt_split(settings.num_generated_prompts, settings.seed, eval_prompts)
-        if settings.max_train_prompts:
-            train_p = train_p[: settings.max_train_prompts]
-        if settings.max_eval_prompts:
-            eval_p = eval_p[: settings.max_eval_prompts]
-        t0 = time.time()
-        seqs: dict[str, list[DraftSequence]] = {}
-        for split, prompts in (("train", train_p), ("eval", eval_p)):
-            for temp in (0.0, settings.temperature):
-                done = [0]
-
-                def tick(n: int, split=split, temp=temp, total=len(prompts), done=done) -> None:  # noqa: B008 (bound per loop)
-                    done[0] += n
-                    log(f"data: {split} T={temp:g}: {done[0]}/{total} prompts continued ({time.time() - t0:.0f} s)")
-
-                seqs.setdefault(split, []).extend(continue_prompts(
-                    target, tokenizer, prompts, max_new_tokens=settings.max_new_tokens, temperature=temp,
-                    seed=settings.seed + (1 if split == "eval" else 0), on_batch=tick))
-        for split, ss in seqs.items():
-            sequence_features(target, ss, cfg.target_layer_ids)
-            log(f"data: {split}: features of {len(ss)} sequences, {sum(s.length for s in ss)} tokens "
-                f"({time.time() - t0:.0f} s)")
-        data = {"key": data_key, "train": seqs["train"], "eval": seqs["eval"], "seconds": time.time() - t0}
-        tmp = data_path.with_suffix(".pt.tmp")
-        torch.save(data, tmp)
-        os.replace(tmp, data_path)
+        data = generate_and_save(data_cfg, data_key, target, tokenizer, data_path, log=log)
+    else:
+        write_sidecar(data_path, data)  # in case a stop came between the data and its sidecar
+        log(f"data: {data_path} holds data of these settings (sha256 {data['sha256'][:16]}); reusing it")
     train_seqs, eval_seqs = data["train"], data["eval"]
     width = {int(s.features.shape[-1]) for s in (*train_seqs, *eval_seqs)}
     if width != {cfg.feature_size}:
@@ -357,11 +359,16 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     model.eval()
     report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
                               "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
-                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {}}
+                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
+                              "data_sha256": data["sha256"], "data_stats": data["stats"]}
     for b in sorted(set(settings.block_sizes), reverse=True):
         for mode in sorted({s.mode for s in eval_seqs}):
             rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
             report["tau"][f"B{b}/{mode}"] = tau_summary(rows)
+            unlike = [s for s in data.get("eval_unlike", []) if s.mode == mode]
+            if unlike:
+                report.setdefault("tau_unlike", {})[f"B{b}/{mode}"] = tau_summary(
+                    acceptance(model, unlike, b, embed, lm_head))
     return model, state, report
 
 

@@ -1,6 +1,7 @@
 """The files of ``dcut-drafter train`` as inputs with owners (docs/drafters.md, "Work dir and drafter folder").
 
-- **Work dir.** ``data.pt`` (the generated data; its data settings under ``key``) and ``state.pt``
+- **Work dir.** ``data.pt`` (the generated data; under ``key`` every input that decides it,
+  :meth:`~dcut_sched.drafters.datagen.DataSettings.key`) and ``state.pt``
   (the resumable checkpoint; every :class:`~dcut_sched.drafters.train.TrainSettings` field under
   ``settings``). :func:`read_work_dir` reads and checks both before anything is written: a file
   that cannot be read, or whose settings differ from the run's, is one :class:`WorkDirError` naming
@@ -32,7 +33,7 @@ import torch
 from ..atomic import _signals_held, _umask, missing_folders, remove_empty_folders
 
 __all__ = ["TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
-           "first_difference", "lock_work_dir", "read_work_dir", "replace_folder"]
+           "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder"]
 
 FRESH = "pass --fresh to start over (it replaces the file)"
 
@@ -51,9 +52,17 @@ class WorkDir:
 
 
 def first_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
-    """The first field (in ``wanted``'s order, then ``saved``'s) whose values differ, or None."""
+    """The first field (in ``wanted``'s order, then ``saved``'s) whose values differ, or None; in a
+    field that is a mapping on both sides, the differing field inside it (``settings.seed``)."""
     for key in [*wanted, *(k for k in saved if k not in wanted)]:
-        if key not in saved or key not in wanted or _norm(saved[key]) != _norm(wanted[key]):
+        if key not in saved or key not in wanted:
+            return key
+        a, b = saved[key], wanted[key]
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            inner = first_difference(a, b)
+            if inner is not None:
+                return f"{key}.{inner}"
+        elif _norm(a) != _norm(b):
             return key
     return None
 
@@ -62,8 +71,13 @@ def _norm(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _shown(mapping: Mapping[str, Any], key: str) -> str:
-    return repr(mapping[key]) if key in mapping else "(none)"
+def _shown(mapping: Mapping[str, Any], field: str) -> str:
+    """``repr`` of ``field`` (a :func:`first_difference` name, dotted into mappings) in ``mapping``."""
+    for part in field.split("."):
+        if not isinstance(mapping, Mapping) or part not in mapping:
+            return "(none)"
+        mapping = mapping[part]
+    return repr(mapping)
 
 
 def _load(path: Path, what: str) -> Any:
@@ -91,7 +105,26 @@ def _check_data(path: Path, data: Any, key: dict) -> dict:
     if field is not None:
         raise WorkDirError(f"{path}: data generated with {field}={_shown(data['key'], field)}, not "
                            f"{_shown(key, field)}; pass --fresh to regenerate it (or the same settings to reuse it)")
+    for name, kind in (("sha256", str), ("stats", dict)):
+        if not isinstance(data.get(name), kind):
+            raise WorkDirError(f"{path}: field {name!r} is missing or not a {kind.__name__}; {FRESH}")
     return data
+
+
+def read_data(path: Path, key: dict) -> dict | None:
+    """The generated data in ``path`` when its ``key`` is ``key`` (None when there is no file).
+    The one place that decides whether cached data may be reused: data of other settings is refused,
+    never regenerated in its place.
+
+    Raises:
+        WorkDirError: ``path`` is not a file, cannot be read, is not generated data, or holds data of
+            another key (the message names the first differing field, e.g. ``settings.seed``).
+    """
+    if path.exists() and not path.is_file():
+        raise WorkDirError(f"{path}: is not a file; remove it or give another --work-dir")
+    if not path.is_file():
+        return None
+    return _check_data(path, _load(path, "dcut-drafter train data file"), key)
 
 
 def _check_state(path: Path, state: Any, settings: dict) -> dict:
@@ -123,7 +156,8 @@ def _check_state(path: Path, state: Any, settings: dict) -> dict:
 def read_work_dir(work_dir: Path, data_name: str, state_name: str, *, settings: dict, data_key: dict,
                   fresh: bool) -> WorkDir:
     """Read and check ``data_name`` and ``state_name`` in ``work_dir`` against the run's settings
-    (``settings``: every ``TrainSettings`` field; ``data_key``: the data settings). Writes nothing.
+    (``settings``: every ``TrainSettings`` field; ``data_key``: the data's key,
+    :meth:`~dcut_sched.drafters.datagen.DataSettings.key`). Writes nothing.
 
     Raises:
         WorkDirError: a file that cannot be read or is not what ``train`` writes, or one made with
@@ -138,8 +172,7 @@ def read_work_dir(work_dir: Path, data_name: str, state_name: str, *, settings: 
             raise WorkDirError(f"{path}: is not a file; remove it or give another --work-dir")
     if state_path.is_file():  # first: it names any field, the data only the data settings
         found.state = _check_state(state_path, _load(state_path, "dcut-drafter train checkpoint"), settings)
-    if data_path.is_file():
-        found.data = _check_data(data_path, _load(data_path, "dcut-drafter train data file"), data_key)
+    found.data = read_data(data_path, data_key)
     return found
 
 

@@ -57,6 +57,34 @@ def test_calibration_prompts_spread_over_the_training_list():
     assert calibration_prompts(train, 200) == train
 
 
+def test_calibration_list_is_the_list_the_drafter_was_trained_on():
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from dcut_sched.cli.drafter import calibration_training_list
+    from dcut_sched.drafters import datagen
+    from dcut_sched.drafters.data import generated_prompts, humaneval_prompts, load_prompt_records
+    from dcut_sched.drafters.train import TrainSettings
+    from dcut_sched.paths import prompts_path
+
+    evals = str(prompts_path())
+    # the shipped drafter (first pipeline): 360 templated prompts of seed 0, then the 131 training HumanEval ones
+    shipped = Path(__file__).resolve().parents[2] / "drafters" / "smollm2-135m-dflash" / "heldout.json"
+    train, source = calibration_training_list(json.loads(shipped.read_text())["settings"], 0, evals)(None, None)
+    assert source == "training prompts of legacy_prompt_split(360, seed 0)" and len(train) == 360 + 131
+    held_out = [p.text for p in load_prompt_records(evals)] + [p.text for i, p in enumerate(humaneval_prompts()) if i % 5 == 0]
+    assert [p.text for p in train[:360]] == [p.text for p in generated_prompts(360, 0, exclude=held_out)]
+    assert not {p.text for p in train} & set(held_out)
+    assert [p.id for p in train[360:]] == [p.id for i, p in enumerate(humaneval_prompts()) if i % 5]
+    # a drafter of the current pipeline: the first turns of datagen's list (no self-instruct: no target needed)
+    settings = TrainSettings(num_self_instruct=0, seed=3)
+    train, source = calibration_training_list(settings.to_json(), 4, evals)(None, None)
+    convs, _ = datagen.training_list(datagen.DataSettings.from_train(replace(settings, seed=4), evals, ()), None, None)
+    assert [(p.id, p.text) for p in train] == [(c.id, c.turns[0]) for c in convs] and "seed 4" in source
+    assert {p.category for p in train} >= {"math", "gsm8k", "humaneval"}
+
+
 def test_calibrate_refuses_a_missing_drafter_folder(tmp_path, capsys):
     from dcut_sched.cli import drafter
 

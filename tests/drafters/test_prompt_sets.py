@@ -1,8 +1,8 @@
 """The shipped held-out prompt sets against the drafter's training prompts: the ``unlike`` set's kinds
 are none of the training kinds, and none of its prompts shares text or a template with the training
-prompts (templated ones and HumanEval), the project's held-out set or the engine's default prompts:
-no equal normalised text, no shared word 5-gram, no full match of a training template
-(docs/drafters.md, "Held-out sets")."""
+prompts (templated ones, HumanEval, GSM8K, MT-Bench), the project's held-out set or the engine's
+default prompts: no equal normalised text, no shared word 5-gram, no full match of a training
+template (docs/drafters.md, "Held-out sets")."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from dcut_sched import paths
-from dcut_sched.drafters import data, textsim
+from dcut_sched.drafters import data, datagen, sources, textsim
 from dcut_sched.engine.prompts import DEFAULT_PROMPTS
 from dcut_sched.traces.prompts import load_prompt_records
 
@@ -26,10 +26,14 @@ def unlike():
 @pytest.fixture(scope="module")
 def others() -> dict[str, list[str]]:
     """Every other prompt text, by where it comes from: the templated training prompts (more than the
-    default count, so every template and word-list entry appears), all 164 HumanEval problems, the
-    project's held-out set and the engine's defaults."""
+    default count, so every template and word-list entry appears), all 164 HumanEval problems, all
+    1319 GSM8K problems, every turn of all 80 MT-Bench questions, the project's held-out set and the
+    engine's defaults."""
+    every = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
     return {"templated training": [p.text for p in data.generated_prompts(560, seed=0)],
             "humaneval": [p.text for p in data.humaneval_prompts()],
+            "gsm8k": [p.turns[0] for p in sources.gsm8k_problems()],
+            "mt-bench": [t for p in sources.mtbench_questions(every) for t in p.turns],
             "heldout": [p.text for p in load_prompt_records(paths.prompts_path())],
             "engine defaults": list(DEFAULT_PROMPTS)}
 
@@ -47,8 +51,8 @@ def test_unlike_set_has_twelve_kinds_none_a_training_kind(unlike):
     assert len(unlike) == 60 and len(kinds) == 12 and set(kinds.values()) == {5}
     assert set(kinds) == {"translation", "structured", "sql", "verse", "list", "long-summary", "riddle",
                           "multilingual", "regex", "shell", "letter", "dialogue"}
-    assert not set(kinds) & set(data.TRAIN_KINDS)
-    assert {p.category for p in data.generated_prompts(360, seed=0)} <= set(data.TRAIN_KINDS)
+    assert not set(kinds) & set(datagen.TRAIN_KINDS)
+    assert {p.category for p in data.generated_prompts(360, seed=0)} <= set(datagen.TRAIN_KINDS)
     first = [p.category for p in unlike[:12]]
     assert len(set(first)) == 12  # interleaved: any prefix of 12k prompts is balanced
 

@@ -2,7 +2,8 @@
 corrupt files one line, the default ``--out`` never replaces a drafter, the folder swapped in whole,
 one live run per work dir, a diverged run ships nothing.
 
-The CLI runs on a tiny random target (8 layers, width 32) with six made-up prompts: the whole run
+The CLI runs on a tiny random target (8 layers, width 32) with six made-up prompts (in place of the
+training sources and the held-out sets): the whole run
 (data generation, training, held-out tau, the folder) takes a fraction of a second.
 """
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from dcut_sched.cli import drafter as cli
+from dcut_sched.drafters.sources import TrainPrompt
 from dcut_sched.drafters.train import DATA_NAME, STATE_NAME
 from dcut_sched.drafters.workdir import first_difference, lock_work_dir
 from dcut_sched.model import LlamaConfig, LlamaModel
@@ -41,20 +43,43 @@ class FakeTokenizer:
     def chat_ids(self, messages, add_generation_prompt=True):
         return [1, 2] + [ord(ch) % 28 + 3 for ch in messages[-1]["content"][:6]]
 
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(97 + i % 26) for i in ids)
 
-def _prompts(num_generated, seed, eval_prompts=None):
+
+def _prompts(seed):
     rng = random.Random(seed)
-    make = [Prompt(f"p{i}", "test", "".join(rng.choice("abcdefgh") for _ in range(6))) for i in range(6)]
-    return make[:4], make[4:]
+    return [Prompt(f"p{i}", "test", "".join(rng.choice("abcdefgh") for _ in range(6))) for i in range(6)]
+
+
+def _training_prompts(s, heldout, instruct):
+    """Four made-up training prompts of ``s.seed`` (in place of the sources)."""
+    train = [TrainPrompt(p.id, p.category, (p.text,)) for p in _prompts(s.seed)[:4]]
+    return train, {"by_source": {"test": len(train)}, "two_turn": 0, "dropped": {}}
+
+
+def _eval_prompts(s):
+    """Two made-up held-out prompts, no ``unlike`` ones."""
+    return _prompts(s.seed)[4:], []
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory):
+    """The target's weights file, whose hash is part of the data's key (outside each test's tmp_path)."""
+    path = tmp_path_factory.mktemp("target") / "tiny.gguf"
+    path.write_bytes(b"tiny target")
+    return path
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch, target, capsys):
+def run(tmp_path, monkeypatch, target, capsys, weights_file):
     """``run(*flags, seed=0, work="wd", out="d")`` -> (status, stderr): ``dcut-drafter train`` on the
     tiny target with six made-up prompts (data generation included)."""
     monkeypatch.setattr(LlamaModel, "from_smollm2", classmethod(lambda cls, **k: target))
     monkeypatch.setattr("dcut_sched.model.tokenizer.load_smollm2_tokenizer", lambda: FakeTokenizer())
-    monkeypatch.setattr("dcut_sched.drafters.data.prompt_split", _prompts)
+    monkeypatch.setattr("dcut_sched.drafters.datagen.training_prompts", _training_prompts)
+    monkeypatch.setattr("dcut_sched.drafters.datagen.eval_prompts", _eval_prompts)
+    monkeypatch.setattr("dcut_sched.model.gguf_weights.smollm2_gguf_path", lambda: weights_file)
 
     def go(*flags, seed=0, work="wd", out="d"):
         argv = ["train", *(["--out", str(tmp_path / out)] if out else []), "--work-dir", str(tmp_path / work), *SMALL,
@@ -118,7 +143,7 @@ def test_another_seed_is_refused_before_the_cached_data_is_replaced(run, tmp_pat
     _one_line(*run("--steps", "2", seed=1, out="e"), "checkpoint trained with seed=0, not 1")
     assert _digest(tmp_path / "wd") == wd_before
     (tmp_path / "wd" / STATE_NAME).unlink()  # data alone: refused too, not regenerated
-    _one_line(*run("--steps", "2", seed=1, out="e"), f"{tmp_path / 'wd' / DATA_NAME}: data generated with seed=0, not 1",
+    _one_line(*run("--steps", "2", seed=1, out="e"), f"{tmp_path / 'wd' / DATA_NAME}: data generated with settings.seed=0, not 1",
               "--fresh")
     assert (tmp_path / "wd" / DATA_NAME).read_bytes() and _digest(tmp_path / "wd")[DATA_NAME] == wd_before[DATA_NAME]
     assert not (tmp_path / "e").exists()
