@@ -1,6 +1,6 @@
 """The simulated serving loop: simpy processes with one event per engine step.
 
-Contract of a step (issue 5; the step times: docs/design.md §1; the full account, with what the
+Contract of a step (the step times: docs/design.md §1; the full account, with what the
 simulator checks against the online controller: docs/simulator.md, "What it simulates"). A step is
 the online controller's own step code, :class:`~dcut_sched.controller.step_driver.StepDriver`, run
 on numpy arrays:

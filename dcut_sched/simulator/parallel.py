@@ -13,10 +13,11 @@ not with every task. Workers ignore SIGINT/SIGTERM: Ctrl-C reaches the parent, w
 from __future__ import annotations
 
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Sequence
 
-__all__ = ["run_cells", "usable_cores"]
+__all__ = ["run_cells", "usable_cores", "worker_ignores_signals"]
 
 #: Per worker process: the ``(trace, cost, config)`` inputs that tasks index (set by ``_init``).
 _INPUTS: list[tuple[Any, Any, Any]] = []
@@ -30,10 +31,15 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _init(inputs: list[tuple[Any, Any, Any]]) -> None:
-    from .sweep import _worker_ignores_signals
+def worker_ignores_signals() -> None:
+    """Pool initializer: the worker leaves SIGINT/SIGTERM to the parent, which stops it (no worker
+    tracebacks on Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    _worker_ignores_signals()
+
+def _init(inputs: list[tuple[Any, Any, Any]]) -> None:
+    worker_ignores_signals()
     _INPUTS[:] = inputs
 
 

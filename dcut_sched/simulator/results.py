@@ -40,7 +40,8 @@ __all__ = [
     "speedup_table",
 ]
 
-#: The leading columns of a closed-loop results frame (issue 5 output contract), in order.
+#: The leading columns of a closed-loop results frame, in order: the output contract that
+#: reports and tests read by name.
 CLOSED_COLUMNS = [
     "policy", "batch_size", "tokens_per_s", "speedup_vs_ar", "mean_tokens_per_step",
     "verified_tokens_per_step", "waste_frac", "mean_ratio", "draft_frac",

@@ -19,7 +19,6 @@ import functools
 import itertools
 import math
 import os
-import signal
 import socket
 import threading
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
@@ -30,6 +29,7 @@ import pandas as pd
 from ..cost_curve import CostCurve
 from ..traces import Trace
 from .config import SimConfig, SimulationError
+from .parallel import worker_ignores_signals
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS
 from .simulate import check_simulation, sim_config, simulate
 
@@ -44,12 +44,6 @@ def _load_trace(path: str) -> Trace:
 @functools.lru_cache(maxsize=8)
 def _load_cost(path: str) -> CostCurve:
     return CostCurve.load(path, check_hardware=False)
-
-
-def _worker_ignores_signals() -> None:
-    """Sweep workers leave SIGINT/SIGTERM to the parent, which stops them (no worker tracebacks)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 #: Default of ``dask_executor(timeout_s=...)`` and ``dcut-sim --scheduler-timeout``, seconds.
@@ -261,7 +255,7 @@ def sweep(
     where = {p: os.path.abspath(p) for p in (*traces, *costs)}
     own = executor is None
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    pool = (ProcessPoolExecutor(max_workers=max(1, min(workers, len(cells))), initializer=_worker_ignores_signals)
+    pool = (ProcessPoolExecutor(max_workers=max(1, min(workers, len(cells))), initializer=worker_ignores_signals)
             if own else executor)  # never more workers than cells
     frames: dict[int, pd.DataFrame] = {}
     try:

@@ -12,8 +12,9 @@ crashes, fails or runs past its limit is recorded and the next one starts. The r
 ``OUT/summary.json`` and ``OUT/summary.md`` (also printed). Exit status: 0 when nothing failed (missed
 performance goals are reported, not fatal), 1 when a check failed or a step errored, 2 on bad usage.
 
-Only the standard library is imported here, so the orchestration works on any python3; what each
-step needs is checked by the step itself.
+Only the standard library and the package's own error type (``dcut_sched.cli.errors``, itself
+standard-library only) are imported here, so the orchestration works on any python3 the package
+supports; what each step needs is checked by the step itself.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ sys.path.insert(0, str(HERE))
 
 from common import REPO, StepResult, atomic_write_json, hide_packages  # noqa: E402
 from summary import SCHEMA, counts, render_markdown, step_status, verdict  # noqa: E402
+
+from dcut_sched.cli.errors import UsageError  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,6 @@ STEPS = (
 TOTAL_LIMIT_S = {"gpu": 345.0, "dry-run": 240.0}
 RESERVE_S = 5.0  # kept for the summary
 MIN_STEP_S = 5.0
-
-
-class UsageError(ValueError):
-    pass
 
 
 def _limits(values: list[str]) -> dict[str, float]:

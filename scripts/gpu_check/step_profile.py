@@ -98,7 +98,7 @@ def _check_file(res: StepResult, cfg: Settings, doc: dict, batch_sizes) -> None:
 
     schema = doc.get("schema")
     res.check("cost-curve schema v2", schema == SCHEMA_V2, value=schema,
-              detail="" if schema == SCHEMA_V2 else f"expected {SCHEMA_V2!r} (issue 17: ar rows)")
+              detail="" if schema == SCHEMA_V2 else f"expected {SCHEMA_V2!r} (the ar rows: the plain decode step)")
     want = sorted(batch_sizes)
     ar = doc.get("ar") or []
     ar_bs = sorted(int(r["batch_size"]) for r in ar)
