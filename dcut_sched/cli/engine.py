@@ -156,13 +156,12 @@ def _write_table(path: str, frame) -> None:
 def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
     """:func:`~dcut_sched.cli.args.check_paths` for ``--out``/``--steps``/``--trace`` against every input:
     ``--prompts``, ``--cost`` (or the shipped default curve it falls back to) and the DFlash drafter's
-    ``config.json`` and weights (``--draft dflash:PATH``)."""
-    from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME
+    ``config.json``, weights and ``calibration.json`` (``--draft dflash:PATH``)."""
+    from ..drafters import drafter_files
     from ..engine.default_cost import default_profile_path
 
     cost = args.cost or str(default_profile_path(args.block_size, draft_spec.kind))
-    drafter = ([str(draft_spec.path / CONFIG_NAME), str(draft_spec.path / WEIGHTS_NAME)]
-               if draft_spec.kind == "dflash" else None)
+    drafter = drafter_files(draft_spec.path) if draft_spec.kind == "dflash" else None
     check_paths({"--prompts": args.prompts, "--cost": cost, "--draft": drafter},
                 {"--out": (args.out, TABLE_SUFFIXES), "--steps": (args.steps, TABLE_SUFFIXES),
                  "--trace": (args.trace, (".parquet",))})

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DraftSpec", "parse_draft_spec", "load_dflash"]
+__all__ = ["DraftSpec", "drafter_files", "parse_draft_spec", "load_dflash"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,16 @@ def parse_draft_spec(text: str) -> DraftSpec:
                              "model.safetensors; the shipped one is drafters/smollm2-135m-dflash)")
         return DraftSpec("dflash", p)
     raise ValueError(f"{text!r}: expected greedy, sampled or dflash:PATH")
+
+
+def drafter_files(folder: str | os.PathLike) -> list[str]:
+    """The files of a DFlash drafter folder that loading it reads -- ``config.json``, the weights
+    ``model.safetensors`` and the optional calibration prior ``calibration.json`` -- as the inputs
+    no output of a command that runs the drafter may overwrite (``cli.args.check_paths``)."""
+    from ..calibration.prior import PRIOR_NAME
+    from .dflash import CONFIG_NAME, WEIGHTS_NAME
+
+    return [str(Path(folder) / name) for name in (CONFIG_NAME, WEIGHTS_NAME, PRIOR_NAME)]
 
 
 def load_dflash(spec: DraftSpec | str | os.PathLike):

@@ -303,17 +303,11 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
     ``dcut-engine`` does (:func:`dcut_sched.paths.drafter_dir`) when it is no folder here and no preset;
     the drafter must fit the target and draft blocks of ``--block-size`` (checked before measuring)."""
     from dataclasses import replace
-    from pathlib import Path
 
     from ..drafters.dflash import DraftCheckpointError, check_target, read_config
-    from ..paths import drafter_dir
-    from .shapes import model_names
     from .workload import _is_dflash_folder
 
-    name = draft.config
-    if not Path(name).exists() and len(Path(name).parts) == 1 and name not in model_names() \
-            and (drafter_dir(name) / "config.json").is_file():
-        draft = replace(draft, config=str(drafter_dir(name)))
+    draft = replace(draft, config=_named_drafter(draft.config))
     if not _is_dflash_folder(draft.config):
         return draft  # a preset or a model config.json: a random-weight drafter of that shape
     given = f"--draft-config {args.draft_config}" if args.draft_config else f"--draft {draft_text}"
@@ -596,7 +590,7 @@ def _main(argv: list[str], console) -> int:
     partial = partial_path_for(args.out)
     # the measured modes also write OUT.partial: it is an output like --out and --report
     check_paths({"--fit": args.fit, "--model": _config_inputs(args.model),
-                 "--draft-config" if args.draft_config else "--draft": _config_inputs(_draft_config_path(args))},
+                 "--draft-config" if args.draft_config else "--draft": _draft_inputs(args)},
                 {"--out": (args.out, (".json",)), "--report": (args.report, TABLE_SUFFIXES),
                  "--out's resumable partial": (str(partial) if args.mode != "analytic" else None, None)})
     check_json_input(args.fit, "--fit", "a cost-curve JSON file of the same device")
@@ -641,10 +635,32 @@ def _config_inputs(path: str | None) -> list[str] | None:
     return [path, os.path.join(path, "config.json")] if os.path.isdir(path) else [path]
 
 
-def _draft_config_path(args: argparse.Namespace) -> str | None:
-    """The file or folder of ``--draft-config`` / ``--draft dflash:CONFIG`` (None for presets and counts)."""
+def _named_drafter(name: str) -> str:
+    """``name`` of ``dflash:NAME``, or the folder of the trained drafter it names when it is no path
+    here and no preset (looked up as ``dcut-engine`` does, :func:`dcut_sched.paths.drafter_dir`)."""
+    from pathlib import Path
+
+    from ..paths import drafter_dir
+    from .shapes import model_names
+
+    if not Path(name).exists() and len(Path(name).parts) == 1 and name not in model_names() \
+            and (drafter_dir(name) / "config.json").is_file():
+        return str(drafter_dir(name))
+    return name
+
+
+def _draft_inputs(args: argparse.Namespace) -> list[str] | None:
+    """The files ``--draft-config`` / ``--draft dflash:CONFIG`` reads (None for presets and counts): a
+    config file, or a folder with its config.json -- for a trained drafter (a bare name resolved) also
+    its weights and calibration.json (:func:`dcut_sched.drafters.drafter_files`)."""
+    from ..drafters import drafter_files
+    from .workload import _is_dflash_folder
+
     text = args.draft_config or (args.draft.removeprefix("dflash:") if args.draft.startswith("dflash:") else None)
-    return text if text and os.path.exists(text) else None
+    if not text:
+        return None
+    path = _named_drafter(text)
+    return [path, *drafter_files(path)] if _is_dflash_folder(path) else _config_inputs(path)
 
 
 def _main_vllm(args: argparse.Namespace) -> int:
@@ -654,7 +670,9 @@ def _main_vllm(args: argparse.Namespace) -> int:
     draft_dir = args.vllm_draft.removeprefix("dflash:") if args.vllm_draft else None
     draft_files = _config_inputs(draft_dir)
     if draft_files and os.path.isdir(draft_dir):
-        draft_files.append(os.path.join(draft_dir, "model.safetensors"))  # the weights: an input too
+        from ..drafters import drafter_files
+
+        draft_files += drafter_files(draft_dir)  # the weights and the calibration prior: inputs too
     check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": draft_files},
                 {"--out": (args.out, (".json",)),
                  "--out's engine-step records": (str(steps_path_for(args.out)) if args.vllm_draft else None, None)})

@@ -1,0 +1,77 @@
+"""Every file a drafter folder is read from is an input: no output of ``dcut-engine`` or
+``dcut-profile`` may overwrite the drafter's ``config.json``, weights or ``calibration.json`` --
+also when ``dcut-profile`` is given the drafter by its bare name -- and a drafter whose weights or
+calibration prior cannot be read is one line naming ``--draft`` and the folder."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from dcut_sched.calibration import CalibrationPrior
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, save_checkpoint
+from dcut_sched.model import LlamaConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+COST = ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
+TINY = LlamaConfig.preset("tiny")
+
+
+def _drafter(folder: Path) -> Path:
+    """A B = 8 drafter for the profiler's tiny target, with a calibration prior."""
+    cfg = DFlashConfig.for_target(TINY, num_layers=1, block_size=8, num_target_features=1)
+    save_checkpoint(DFlashDraftModel.random_init(cfg, seed=0), folder)
+    CalibrationPrior(intercepts=[0.5, 0.25], slope=1.1).save(folder / "calibration.json")
+    return folder
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def _one_line(status: int, err: str, *needles: str) -> None:
+    assert status == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.mark.parametrize("flag", ["--out", "--steps"])
+def test_engine_output_never_overwrites_the_drafters_calibration_prior(tmp_path, capsys, monkeypatch, flag):
+    from dcut_sched.cli import engine
+
+    folder = _drafter(tmp_path / "d")
+    before = _digests(folder)
+    monkeypatch.setattr("dcut_sched.drafters.load_dflash", lambda *a, **k: pytest.fail("loaded the drafter first"))
+    status = engine.main(["--cost", str(COST), "--draft", f"dflash:{folder}", "--policy", "full", "--block-size", "8",
+                          flag, str(folder / "calibration.json")])
+    _one_line(status, capsys.readouterr().err, f"{flag} {folder / 'calibration.json'} is the --draft input file")
+    assert _digests(folder) == before
+
+
+@pytest.mark.parametrize("name, draft", [("calibration.json", "folder"), ("calibration.json", "name"),
+                                         ("config.json", "name")])
+def test_profile_output_never_overwrites_a_file_of_the_drafter(tmp_path, capsys, monkeypatch, name, draft):
+    """A bare ``dflash:NAME`` is resolved (``$DCUT_DRAFTERS``) before the outputs are checked: its
+    config.json was overwritten by ``--out`` when the name was no path in the working folder."""
+    from dcut_sched.profiler import cli
+
+    root = tmp_path / "drafters"
+    folder = _drafter(root / "mini")
+    monkeypatch.setenv("DCUT_DRAFTERS", str(root))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("dcut_sched.profiler.workload.ForwardWorkload", lambda *a, **k: pytest.fail("built the model"))
+    before = _digests(folder)
+    spec = f"dflash:{folder}" if draft == "folder" else "dflash:mini"
+    status = cli.main(["--cpu", "--model", "tiny", "--draft", spec, "--block-size", "8", "--batch-sizes", "1",
+                       "--out", str(folder / name)])
+    _one_line(status, capsys.readouterr().err, f"--out {folder / name} is the --draft input file")
+    assert _digests(folder) == before
+
+
+def test_the_drafter_files_are_its_config_weights_and_prior(tmp_path):
+    from dcut_sched.drafters import drafter_files
+
+    assert [Path(p).name for p in drafter_files(tmp_path)] == ["config.json", "model.safetensors", "calibration.json"]
