@@ -391,6 +391,7 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
 def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     import torch
 
+    from ..drafters.dflash import DraftCheckpointError
     from .cuda_graphs import GraphTimer, cuda_hardware, require_cuda
     from .grid import build_cells
     from .harness import EagerTimer, partial_path_for, run_profile
@@ -410,8 +411,12 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     cells = build_cells(args.batch_sizes, args.block_size, args.ratios, args.grid_step, draft=draft.kind != "none",
                         ar=True)
     t_build = time.perf_counter()
-    workload = ForwardWorkload(cfg, args.block_size, args.context_len, max(args.batch_sizes), draft,
-                               dtype=dtype, device=device, seed=args.seed)
+    try:
+        workload = ForwardWorkload(cfg, args.block_size, args.context_len, max(args.batch_sizes), draft,
+                                   dtype=dtype, device=device, seed=args.seed)
+    except DraftCheckpointError as exc:  # a trained drafter's weights or calibration.json: name the flag
+        given = f"--draft-config {args.draft_config}" if args.draft_config else f"--draft {args.draft}"
+        raise UsageError(f"{given} ({draft.config}): {exc}") from None
     build_s = time.perf_counter() - t_build
     hardware = cuda_hardware(backend) if gpu else _cpu_hardware(torch.get_num_threads())
     if gpu and not args.eager:

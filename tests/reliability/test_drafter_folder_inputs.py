@@ -71,6 +71,26 @@ def test_profile_output_never_overwrites_a_file_of_the_drafter(tmp_path, capsys,
     assert _digests(folder) == before
 
 
+@pytest.mark.parametrize("damage, needle", [
+    (lambda f: (f / "calibration.json").write_text('{"format": "dcut.calibration-prior/1", "intercepts": [0.1'),
+     "calibration.json: not valid JSON"),
+    (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:200]),
+     "model.safetensors: not a readable safetensors file"),
+])
+def test_profile_names_the_drafter_flag_when_its_files_cannot_be_read(tmp_path, capsys, damage, needle):
+    from dcut_sched.profiler import cli
+
+    folder = _drafter(tmp_path / "d")
+    damage(folder)
+    before = _digests(folder)
+    out = tmp_path / "c.json"
+    status = cli.main(["--cpu", "--model", "tiny", "--draft", f"dflash:{folder}", "--block-size", "8",
+                       "--batch-sizes", "1", "--out", str(out), "--no-progress"])
+    _one_line(status, capsys.readouterr().err, f"--draft dflash:{folder} ({folder}): ", needle)
+    assert _digests(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no curve, no partial
+
+
 def test_the_drafter_files_are_its_config_weights_and_prior(tmp_path):
     from dcut_sched.drafters import drafter_files
 
