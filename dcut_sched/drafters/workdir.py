@@ -145,12 +145,35 @@ def _check_state(path: Path, state: Any, settings: dict) -> dict:
     step = state["state"].step
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= settings["steps"]:
         raise WorkDirError(f"{path}: field state.step is {step!r}, not a step in 0..{settings['steps']}; {FRESH}")
+    _check_curves(path, state["state"])
     for name, t in state["model"].items():
         if not isinstance(t, torch.Tensor):
             raise WorkDirError(f"{path}: model weight {name} is not a tensor; {FRESH}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise WorkDirError(f"{path}: model weight {name} holds non-finite values; {FRESH}")
     return state
+
+
+def _check_curves(path: Path, state: Any) -> None:
+    """The curves a resumed run continues and ships (``training_curve.csv``, the card): ``history``
+    one row per step taken (``step`` 1..N in order, a finite ``loss``), ``evals`` a list of rows,
+    ``elapsed_s`` a finite number >= 0."""
+    history = state.history
+    if not isinstance(history, list) or len(history) != state.step:
+        shown = f"{len(history)} rows" if isinstance(history, list) else type(history).__name__
+        raise WorkDirError(f"{path}: field state.history is {shown}, not one row per step taken ({state.step}); "
+                           f"{FRESH}")
+    for n, row in enumerate(history, 1):
+        loss = row.get("loss") if isinstance(row, dict) else None
+        if (not isinstance(row, dict) or row.get("step") != n or isinstance(loss, bool)
+                or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+            raise WorkDirError(f"{path}: field state.history[{n - 1}] is not step {n}'s row with a finite loss; "
+                               f"{FRESH}")
+    if not isinstance(state.evals, list) or not all(isinstance(e, dict) for e in state.evals):
+        raise WorkDirError(f"{path}: field state.evals is not a list of rows; {FRESH}")
+    elapsed = state.elapsed_s
+    if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed < math.inf:
+        raise WorkDirError(f"{path}: field state.elapsed_s is {elapsed!r}, not a number of seconds >= 0; {FRESH}")
 
 
 def read_work_dir(work_dir: Path, data_name: str, state_name: str, *, settings: dict, data_key: dict,
