@@ -95,12 +95,19 @@ class CalibrationPrior(BaseModel):
         ``folder`` is not a local folder, e.g. a model name on a hub).
 
         Raises:
-            CalibrationPriorError: the file is there but malformed.
+            CalibrationPriorError: the file is there but malformed, or something else has its name
+                (a folder, a link that leads nowhere): a prior the drafter was given is never skipped.
         """
         if folder is None:
             return None
         path = Path(folder) / PRIOR_NAME
-        return cls.load(path) if path.is_file() else None
+        if path.is_file():
+            return cls.load(path)
+        if os.path.lexists(path):
+            what = "a folder" if path.is_dir() else "not a file (a link that leads nowhere, or a special file)"
+            raise CalibrationPriorError(f"{path}: is {what}, not a calibration prior; refit it with `dcut-drafter "
+                                        "calibrate --draft DIR` (or remove it to run without a prior)")
+        return None
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the prior atomically (JSON, indented)."""
