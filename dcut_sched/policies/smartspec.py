@@ -90,7 +90,7 @@ class SmartSpec(Policy):
 
     name = "smartspec"
     needs_cost = True
-    cost_terms = frozenset({"drafted", "undrafted"})
+    cost_terms = frozenset({"drafted", "undrafted", "budgets"})
 
     def __init__(self, history_decay: float = 0.9, max_draft_len: int | None = None):
         if not (0.0 <= history_decay < 1.0):
@@ -107,13 +107,18 @@ class SmartSpec(Policy):
     def reset(self) -> None:
         self.state = SmartSpecState()
 
+    def budgets(self, batch_size: int, block_size: int) -> np.ndarray:
+        """The budgets of its drafted steps, ``bs (k+1)`` for ``k = 1..n`` (ascending, int64): each one
+        is priced every step (:meth:`step_ms`), so a curve must cover them all."""
+        n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
+        return int(batch_size) * np.arange(2, n + 2, dtype=np.int64)
+
     def step_ms(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
         """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.undrafted_ms`` for ``k = 0`` (the step a
         speculative engine runs without a draft), ``drafted_ms(bs, bs (k+1))`` after (the times the
         simulator charges, draft scale and overheads included)."""
         costs = self._check_costs(costs, block_size)
-        n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
-        verify = costs.budget_ms_at(batch_size, batch_size * np.arange(2, n + 2))
+        verify = costs.budget_ms_at(batch_size, self.budgets(batch_size, block_size))
         return np.concatenate([[costs.undrafted_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])
 
     def _choose(self, batch_size: int, block_size: int, costs: StepCosts) -> tuple[int, bool]:
