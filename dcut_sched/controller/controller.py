@@ -166,6 +166,8 @@ class RatioController:
             stop short).
         ValueError: a block size < 2; the policy needs a cost curve and none was given; bad policy
             parameters.
+        TypeError: ``cost`` is not a :class:`~dcut_sched.cost_curve.CostCurve` (a path, say) or
+            ``calibration_prior`` not a :class:`~dcut_sched.calibration.CalibrationPrior`.
     """
 
     def __init__(
@@ -184,6 +186,12 @@ class RatioController:
         if self.block_size < 2:
             raise ValueError(f"RatioController: block_size={block_size} leaves no draft slot (a block is the anchor "
                              f"and B-1 drafts, confidences [bs, B-1]); give a block size >= 2")
+        if cost is not None and not isinstance(cost, CostCurve):
+            raise TypeError(f"RatioController: cost must be a CostCurve (CostCurve.load(path)) or None, not "
+                            f"{type(cost).__name__}")
+        if calibration_prior is not None and not isinstance(calibration_prior, CalibrationPrior):
+            raise TypeError(f"RatioController: calibration_prior must be a CalibrationPrior "
+                            f"(CalibrationPrior.load(path)) or None, not {type(calibration_prior).__name__}")
         # the one StepCosts of this controller: every step time its policy reads (CostCurveError on
         # a curve measured for another block size)
         self.costs = None if cost is None else StepCosts(cost, self.block_size)

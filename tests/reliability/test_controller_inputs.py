@@ -1,6 +1,7 @@
 """``RatioController`` refuses at construction what would fail later: ``smartspec`` on a curve that
 cannot price every budget it weighs (its ``plan()`` raised mid-serving, at the first batch size whose
-top budgets the curve misses)."""
+top budgets the curve misses), and a cost curve or calibration prior given as something else (a
+path: an ``AttributeError`` from deep inside)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from dcut_sched import CostCurve
+from dcut_sched.calibration import CalibrationPrior
 from dcut_sched.controller import RatioController
 from dcut_sched.cost_curve import CostCurveRangeError
 from dcut_sched.policies import get
@@ -42,3 +44,16 @@ def test_smartspec_plans_every_batch_size_it_was_built_for():
         assert plan.num_tokens % bs == 0 and bs <= plan.num_tokens <= bs * B
     capped = RatioController(_short_curve(), B, policy="smartspec", max_batch_size=8, max_draft_len=2)
     assert capped.plan(np.full((8, B - 1), 0.6, np.float32)).num_tokens <= 24  # k <= 2: budgets 16, 24
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"cost": "curve.json"}, "cost must be a CostCurve (CostCurve.load(path)) or None, not str"),
+    ({"calibration_prior": {"intercepts": [0.0], "slope": 1.0}},
+     "calibration_prior must be a CalibrationPrior (CalibrationPrior.load(path)) or None, not dict"),
+])
+def test_a_curve_or_prior_of_another_type_is_a_type_error(kwargs, needle):
+    args = {"cost": linear_curve(batch_sizes=(1, 2, 4, 8), block_size=B), **kwargs}
+    with pytest.raises(TypeError) as info:
+        RatioController(args.pop("cost"), B, policy="fine", **args)
+    assert needle in str(info.value)
+    RatioController(None, B, policy="threshold", calibration_prior=CalibrationPrior.identity())  # the right types
