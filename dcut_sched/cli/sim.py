@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import filecmp
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -232,7 +234,19 @@ def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: st
                 raise UsageError(f"{flag} {path} is given twice; give each {what} once")
             if same_file(path, earlier, flags=(flag, flag)):
                 raise UsageError(f"{flag} {earlier} and {flag} {path} are the same file; give each {what} once")
+            if _same_bytes(path, earlier):
+                raise UsageError(f"{flag} {earlier} and {flag} {path} hold the same bytes (a copy); it would be "
+                                 f"run and counted twice: give each {what} once")
     return given
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    """Two readable files with equal contents (a copy under another name); False when either cannot
+    be read (the loader names that)."""
+    try:
+        return os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def _make_calibrator():

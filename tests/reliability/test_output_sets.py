@@ -17,6 +17,7 @@ from dcut_sched.cli import sim
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-skip14-15-b8.parquet"
+OTHER_TRACE = ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-dflash-b8.parquet"
 COST = ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
 FAST = ["--batch-sizes", "2", "--steps", "20", "--warmup", "2", "--policies", "ar,full", "--quiet"]
 
@@ -29,7 +30,8 @@ def _digest(p: Path) -> str:
 def inputs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     shutil.copy(TRACE, tmp_path / "t.parquet")
-    shutil.copy(TRACE, tmp_path / "u.parquet")
+    shutil.copy(OTHER_TRACE, tmp_path / "u.parquet")
+    shutil.copy(TRACE, tmp_path / "copy.parquet")
     shutil.copy(COST, tmp_path / "c.json")
     (tmp_path / "link.parquet").symlink_to(tmp_path / "t.parquet")
     return tmp_path
@@ -44,7 +46,10 @@ def inputs(tmp_path, monkeypatch):
      "--trace t.parquet and --trace link.parquet are the same file; give each trace once"),
     (["--sweep", "--trace", "t.parquet", "--cost", "c.json", "--cost", "../" + "{dir}/c.json"],
      "--cost c.json and --cost ../{dir}/c.json are the same file; give each cost curve once"),
-], ids=["sweep-dot-slash", "benchmarks-a-b-a", "symlink", "sweep-cost"])
+    (["--trace", "t.parquet", "--trace", "copy.parquet", "--cost", "c.json"],
+     "--trace t.parquet and --trace copy.parquet hold the same bytes (a copy); it would be run and counted twice: "
+     "give each trace once"),
+], ids=["sweep-dot-slash", "benchmarks-a-b-a", "symlink", "sweep-cost", "copy"])
 def test_a_repeated_input_is_refused_with_one_line(inputs, capsys, argv, line):
     argv = [a.replace("{dir}", inputs.name) for a in argv]
     out = inputs / "r.csv"
