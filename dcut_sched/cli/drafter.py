@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .args import check_paths, finite_float, int_at_least, seed_type
+from .args import MAX_SEED, check_paths, finite_float, int_at_least, seed_type
 from .errors import CliParser, UsageError, run_cli
 
 PROG = "dcut-drafter"
@@ -469,7 +469,8 @@ def _calibrate(args) -> int:
     if report_path.is_file():  # the drafter's own training settings: the same training prompt list
         try:
             trained = parse_json_strict(read_text(report_path, "the drafter's training report"), str(report_path))["settings"]
-            int(trained["seed"])
+            if isinstance(trained["seed"], bool) or not 0 <= int(trained["seed"]) <= MAX_SEED:
+                raise ValueError(f"{trained['seed']!r} is not a seed in 0..{MAX_SEED}")
         except (InputFileError, KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"--draft {report_path}: no settings.seed ({exc}); re-save the drafter with "
                              "dcut-drafter train") from None
