@@ -175,7 +175,8 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
     meta = {"settings": settings.to_json(), "train_seconds": round(state.elapsed_s, 1), "wall_seconds": round(wall, 1),
             "torch_threads": torch.get_num_threads(), "load_at_end": os.getloadavg()[0],
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus",
-            "command": command, **report, "evals": state.evals, "config": describe(model.config)}
+            "command": command, **report, "evals": state.evals, "config": describe(model.config),
+            "eval_prompts": _eval_prompts_label(args.eval_prompts)}
 
     def write(folder: Path) -> None:  # weights, config, curve, report, card and plot: the folder is swapped in whole
         from ..atomic import atomic_write_text
@@ -188,6 +189,18 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
 
     replace_folder(out, write)
     print(json.dumps({"out": str(out), "tau": report["tau"], "wall_seconds": round(wall, 1)}, indent=2))
+
+
+def _eval_prompts_label(path: str) -> str:
+    """``--eval-prompts`` as the card names it: the shipped set by its place in the package, any
+    other file by its path, each with its prompt count."""
+    from ..paths import prompts_path
+    from ..traces.prompts import load_prompt_records
+
+    count = len(load_prompt_records(path))
+    if Path(path).resolve() == prompts_path().resolve():
+        return f"dcut_sched/data/traces/prompts.jsonl ({count} hand-written prompts)"
+    return f"{path} ({count} prompts, --eval-prompts)"
 
 
 #: What ``train`` writes into ``--out`` (the checkpoint, the curve, the report, the card, the plot).
@@ -306,10 +319,12 @@ def _write_card(path: Path, meta: dict) -> None:
         f"conversations by source {meta['data_stats']['by_source']} ({meta['data_stats']['two_turn']} of two turns; "
         "docs/drafters.md, \"Data\"), each turn continued by the target greedily and at "
         f"T = {s['temperature']} for up to {s['max_new_tokens']} tokens; data sha256 {meta['data_sha256'][:16]}.",
-        f"- held out: {meta['eval_sequences']} continuations of dcut_sched/data/traces/prompts.jsonl (80 hand-written prompts) "
+        f"- held out: {meta['eval_sequences']} continuations of {meta['eval_prompts']} "
         "and the 33 HumanEval problems whose index is a multiple of 5, and those of the 60 prompts of "
-        "prompts-unlike.jsonl (twelve kinds absent from training), greedy and sampled the same way for up to "
-        f"{s['eval_max_new_tokens']} tokens. No training prompt shares text or a template with them.",
+        "prompts-unlike.jsonl (twelve kinds absent from training), "
+        + (f"the first {s['max_eval_prompts']} of each set (--max-eval-prompts), " if s.get("max_eval_prompts") else "")
+        + f"greedy and sampled the same way for up to {s['eval_max_new_tokens']} tokens. No training prompt shares "
+        "text or a template with them.",
         "",
         "## Training",
         "",
