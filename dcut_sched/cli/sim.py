@@ -667,8 +667,14 @@ def _run(args, console) -> None:
     from ..simulator import check_simulation
 
     # Bad input is refused before the size line and any run.
-    for trace, cost in itertools.product(traces, costs if args.sweep else costs[:1]):
-        check_simulation(trace, cost, config)
+    pairs = list(itertools.product(traces, costs if args.sweep else costs[:1]))
+    for trace, cost in pairs:
+        try:
+            check_simulation(trace, cost, config)
+        except ValueError as exc:  # of several pairs (a B = 8 trace beside B = 16 curves): name this one
+            if len(pairs) == 1:
+                raise
+            raise UsageError(f"--trace {trace} with --cost {cost} cannot run: {exc}") from None
     policies, runs = _num_runs(config)
     per_sim = f"{policies} policies x {len(config.batch_sizes)} batch sizes"
     if args.sweep:

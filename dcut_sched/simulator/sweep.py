@@ -248,7 +248,15 @@ def sweep(
     config = sim_config(config, **options, batch_sizes=tuple(batch_sizes))
     # Fail fast, in this process, before any worker time: files, block sizes, batch-size ranges, options.
     for t, c in itertools.product(traces, costs):
-        check_simulation(_load_trace(t), _load_cost(c), config)
+        trace = _load_trace(t)
+        cost = _load_cost(c)
+        try:
+            check_simulation(trace, cost, config)
+        except ValueError as exc:  # a pair that cannot run (e.g. a B = 8 trace beside B = 16 curves): name both
+            if len(traces) * len(costs) == 1:
+                raise
+            raise type(exc)(f"the sweep pairs every --trace with every --cost, and trace {t} (B = "
+                            f"{trace.block_size}) with cost curve {c} cannot run: {exc}") from None
     cells = list(itertools.product(traces, costs, config.batch_sizes))
     # a worker runs in its own working folder (a Dask worker started elsewhere): it gets absolute paths,
     # and the rows keep the names as given
