@@ -1,0 +1,139 @@
+"""Measure the package's architecture traits (docs/design.md §5 quotes them).
+
+    python analysis/arch_traits.py            # a Markdown table of the traits of dcut_sched/
+    python analysis/arch_traits.py --list     # the same, then the long functions and the lazy imports
+
+Read with ``ast`` only (nothing is imported). The traits: functions over 100 lines, the largest
+module, modules over 500 lines, imports inside functions outside ``cli/`` (and in all), root
+modules, files that build an ``argparse.ArgumentParser`` outside ``cli/``, and the docstring share
+of the core modules (docstring lines / all lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "dcut_sched"
+LONG_FUNCTION = 100
+LONG_MODULE = 500
+# The pure core: scores and budgets, step costs, sampling, the policies and the controller.
+CORE = ("scores.py", "step_costs.py", "sampling.py", "policies", "controller")
+
+
+def _modules(package: Path) -> list[Path]:
+    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def _docstring_lines(tree: ast.Module) -> int:
+    """Lines taken by the module, class and function docstrings of one module."""
+    total = 0
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                total += body[0].end_lineno - body[0].lineno + 1
+    return total
+
+
+def _lazy_imports(tree: ast.Module) -> list[int]:
+    """Line numbers of the import statements inside a function body."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    lines.append(inner.lineno)
+    return sorted(set(lines))
+
+
+def _builds_parser(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr == "ArgumentParser") or \
+                    (isinstance(f, ast.Name) and f.id == "ArgumentParser"):
+                return True
+    return False
+
+
+def measure(package: Path = PACKAGE) -> dict:
+    """The traits of ``package`` as a dict (the lists hold ``path:name lines`` / ``path:line`` strings)."""
+    long_functions, lazy_all, lazy_outside_cli, parsers_outside_cli = [], [], [], []
+    sizes, core_doc, core_lines = {}, 0, 0
+    for path in _modules(package):
+        rel = _rel(path)
+        text = path.read_text()
+        tree = ast.parse(text, filename=str(path))
+        n_lines = len(text.splitlines())
+        sizes[rel] = n_lines
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > LONG_FUNCTION:
+                    long_functions.append((length, f"{rel}:{node.name}"))
+        in_cli = rel.startswith("cli/")
+        for line in _lazy_imports(tree):
+            lazy_all.append(f"{rel}:{line}")
+            if not in_cli:
+                lazy_outside_cli.append(f"{rel}:{line}")
+        if not in_cli and _builds_parser(tree):
+            parsers_outside_cli.append(rel)
+        if rel.startswith(CORE) or rel in CORE:
+            core_doc += _docstring_lines(tree)
+            core_lines += n_lines
+    largest = max(sizes, key=sizes.get)
+    root = sorted(p.name for p in package.glob("*.py") if p.name != "__init__.py")
+    return {
+        "functions_over_100": [f"{name} {n}" for n, name in sorted(long_functions, reverse=True)],
+        "largest_module": f"{largest} {sizes[largest]}",
+        "modules_over_500": [f"{m} {n}" for m, n in sorted(sizes.items(), key=lambda kv: -kv[1]) if n > LONG_MODULE],
+        "lazy_imports_outside_cli": lazy_outside_cli,
+        "lazy_imports_all": lazy_all,
+        "root_modules": root,
+        "parsers_outside_cli": parsers_outside_cli,
+        "core_docstring_share": core_doc / core_lines if core_lines else 0.0,
+    }
+
+
+def table(traits: dict) -> str:
+    def _few(items: list[str], k: int = 3) -> str:
+        shown = ", ".join(f"`{i}`" for i in items[:k])
+        return f"{len(items)}" + (f": {shown}" + (", ..." if len(items) > k else "") if items else "")
+
+    rows = [
+        ("functions over 100 lines", _few(traits["functions_over_100"])),
+        ("largest module", f"`{traits['largest_module']}`"),
+        ("modules over 500 lines", _few(traits["modules_over_500"])),
+        ("imports inside functions outside `cli/`",
+         f"{len(traits['lazy_imports_outside_cli'])} ({len(traits['lazy_imports_all'])} in all)"),
+        ("root modules", f"{len(traits['root_modules'])}: " + ", ".join(traits["root_modules"])),
+        ("argparse parsers outside `cli/`", _few(traits["parsers_outside_cli"], k=6)),
+        ("docstring share of core modules", f"{100 * traits['core_docstring_share']:.0f} %"),
+    ]
+    out = ["| trait | dcut_sched/ |", "|---|---|"]
+    out += [f"| {name} | {value} |" for name, value in rows]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="also list the long functions and the lazy imports")
+    args = parser.parse_args(argv)
+    traits = measure()
+    print(table(traits))
+    if args.list:
+        print("\nfunctions over 100 lines:", *traits["functions_over_100"], sep="\n  ")
+        print("\nimports inside functions outside cli/:", *traits["lazy_imports_outside_cli"], sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
