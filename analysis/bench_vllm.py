@@ -106,7 +106,7 @@ def _load(out: Path, stage: str, when: str) -> None:
 def stage_profile(args, out: Path) -> None:
     target, _ = write_pair()
     bss = ",".join(map(str, args.batch_sizes))
-    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--vllm", str(target), "--vllm-draft", _draft(False),
+    cmd = [sys.executable, "-m", "dcut_sched.cli.profile", "--vllm", str(target), "--vllm-draft", _draft(False),
            "--block-size", str(BLOCK_SIZE), "--batch-sizes", bss, "--context-len", str(args.context_len),
            "--repeats", str(args.repeats), "--vllm-engine-steps", str(args.engine_steps), "--out", str(out / _curve_name())]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})

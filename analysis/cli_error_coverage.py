@@ -29,7 +29,7 @@ DATA = ROOT / ".coverage-cli"
 
 #: The files whose error lines must all be reached.
 MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dcut_sched" / "cli").glob("*.py")) + [
-    "dcut_sched/profiler/cli.py",
+    "dcut_sched/cli/profile.py",
     "dcut_sched/integrations/vllm/config.py",
 ]
 #: The tests that drive them (fast; no real-model or vLLM-environment test).

@@ -38,7 +38,7 @@ def _main(cli: str):
     elif cli == "engine":
         from dcut_sched.cli.engine import main
     else:
-        from dcut_sched.profiler.cli import main
+        from dcut_sched.cli.profile import main
     return main
 
 

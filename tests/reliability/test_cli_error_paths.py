@@ -28,7 +28,7 @@ def _main(cli: str):
     elif cli == "drafter":
         from dcut_sched.cli.drafter import main
     else:
-        from dcut_sched.profiler.cli import main
+        from dcut_sched.cli.profile import main
     return main
 
 
@@ -63,7 +63,7 @@ def _run(cli, argv, files, capsys) -> str:
 
 # (id, cli, argv, needles)
 CASES = [
-    # argparse types (cli/args.py, cli/sim.py, cli/engine.py, cli/trace.py, profiler/cli.py)
+    # argparse types (cli/args.py, cli/sim.py, cli/engine.py, cli/trace.py, cli/profile.py)
     ("int-not-an-integer", "sim", [*SIM, "--seeds", "abc"], ["--seeds", "'abc' is not an integer"]),
     ("float-not-a-number", "sim", [*SIM, "--overhead-ms", "abc"], ["--overhead-ms", "'abc' is not a number"]),
     ("sim-batch-sizes-not-ints", "sim", [*SIM, "--batch-sizes", "a,b"],

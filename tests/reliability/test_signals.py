@@ -104,7 +104,7 @@ def test_dcut_sim_outputs_none_when_interrupted(tmp_path, capsys, monkeypatch, s
 def test_dcut_profile_cpu_outputs_none_when_interrupted_and_keeps_its_partial(tmp_path, capsys, monkeypatch, sig,
                                                                               seed):
     from dcut_sched import CostCurve
-    from dcut_sched.profiler.cli import main
+    from dcut_sched.cli.profile import main
     from dcut_sched.profiler.harness import EagerTimer
 
     out, report = tmp_path / "c.json", tmp_path / "rep.csv"

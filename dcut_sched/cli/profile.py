@@ -232,7 +232,7 @@ def _load_warnings(load: dict[str, Any], cpu_count: int | None, threads: int,
 
 
 def _spread_warnings(curve: CostCurve) -> list[str]:
-    from .report import noise_summary
+    from dcut_sched.profiler.report import noise_summary
 
     noise = noise_summary(curve)
     if np.isnan(noise["median_spread_pct"]):
@@ -260,8 +260,8 @@ def _monotone_warnings(curve: CostCurve, tolerance: float = 0.05) -> list[str]:
 
 
 def _resolve(args: argparse.Namespace):
-    from .analytic import parse_draft_spec
-    from .shapes import resolve_model
+    from dcut_sched.profiler.analytic import parse_draft_spec
+    from dcut_sched.profiler.shapes import resolve_model
 
     model, bss, ctx, warm, reps, dtype = DEFAULTS[args.mode]
     if args.block_size is None and not (args.mode == "analytic" and args.fit):
@@ -305,10 +305,10 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
     from dataclasses import replace
     from pathlib import Path
 
-    from ..drafters.dflash import DraftCheckpointError, check_target, read_config
-    from ..paths import drafter_dir
-    from .shapes import model_names
-    from .workload import _is_dflash_folder
+    from dcut_sched.drafters.dflash import DraftCheckpointError, check_target, read_config
+    from dcut_sched.paths import drafter_dir
+    from dcut_sched.profiler.shapes import model_names
+    from dcut_sched.profiler.workload import _is_dflash_folder
 
     name = draft.config
     if not Path(name).exists() and len(Path(name).parts) == 1 and name not in model_names() \
@@ -330,11 +330,11 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
 
 
 def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
-    from .analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
-    from .devices import get_device
-    from .efficiency_fit import device_matches, fill_curve, fit_efficiency
-    from .grid import verify_tokens
-    from .report import fit_table
+    from dcut_sched.profiler.analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
+    from dcut_sched.profiler.devices import get_device
+    from dcut_sched.profiler.efficiency_fit import device_matches, fill_curve, fit_efficiency
+    from dcut_sched.profiler.grid import verify_tokens
+    from dcut_sched.profiler.report import fit_table
 
     device = get_device(args.device)
     if args.fit:
@@ -397,10 +397,10 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
 def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     import torch
 
-    from .cuda_graphs import GraphTimer, cuda_hardware, require_cuda
-    from .grid import build_cells
-    from .harness import EagerTimer, partial_path_for, run_profile
-    from .workload import ForwardWorkload
+    from dcut_sched.profiler.cuda_graphs import GraphTimer, cuda_hardware, require_cuda
+    from dcut_sched.profiler.grid import build_cells
+    from dcut_sched.profiler.harness import EagerTimer, partial_path_for, run_profile
+    from dcut_sched.profiler.workload import ForwardWorkload
 
     gpu = args.mode == "gpu"
     if gpu:
@@ -467,8 +467,7 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-profile``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
     from dcut_sched.console import make_console
-
-    from .harness import NoCudaError, PartialMismatch
+    from dcut_sched.profiler.harness import NoCudaError, PartialMismatch
 
     argv = list(sys.argv[1:] if argv is None else argv)
     console = make_console()
@@ -517,7 +516,7 @@ def _check_partial(args: argparse.Namespace, partial) -> None:
     """Before any work (model build, measurement): an existing ``OUT.partial`` needs ``--resume`` (it
     is then strictly typed by :func:`dcut_sched.profiler.harness.load_partial`, and a bad one refused and
     kept byte-identical) or ``--fresh`` (ignored, replaced at the first write)."""
-    from .harness import load_partial
+    from dcut_sched.profiler.harness import load_partial
 
     if args.resume and args.fresh:
         raise UsageError("give --resume (continue OUT.partial) or --fresh (ignore and replace it), not both")
@@ -555,9 +554,8 @@ def _check_partial_matches(args: argparse.Namespace, draft, partial) -> None:
     thread count), and its cells are cells of this run's grid. The model and the device are
     compared by the harness once the model is built (:func:`~.harness.run_profile`)."""
     from dcut_sched.inputs import shown
-
-    from .grid import build_cells
-    from .harness import PARTIAL_FIX, PartialMismatch, load_partial
+    from dcut_sched.profiler.grid import build_cells
+    from dcut_sched.profiler.harness import PARTIAL_FIX, PartialMismatch, load_partial
 
     doc = load_partial(partial)
     old = doc["settings"]
@@ -586,11 +584,10 @@ def _main(argv: list[str], console) -> int:
         return _main_vllm(args)
 
     from dcut_sched.atomic import all_or_none
+    from dcut_sched.profiler.harness import partial_path_for
+    from dcut_sched.profiler.interp_error import interpolation_error
+    from dcut_sched.profiler.report import curve_table, interp_table, noise_summary, write_frame
     from dcut_sched.tables import TABLE_SUFFIXES
-
-    from .harness import partial_path_for
-    from .interp_error import interpolation_error
-    from .report import curve_table, interp_table, noise_summary, write_frame
 
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)
@@ -649,7 +646,7 @@ def _draft_config_path(args: argparse.Namespace) -> str | None:
 
 def _main_vllm(args: argparse.Namespace) -> int:
     """``--vllm MODEL``: the in-engine profile (dcut_sched/profiler/vllm_engine.py)."""
-    from .vllm_engine import VllmProfileError, profile_vllm, steps_path_for
+    from dcut_sched.profiler.vllm_engine import VllmProfileError, profile_vllm, steps_path_for
 
     draft_dir = args.vllm_draft.removeprefix("dflash:") if args.vllm_draft else None
     draft_files = _config_inputs(draft_dir)
