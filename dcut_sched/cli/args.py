@@ -14,6 +14,8 @@
   :func:`dcut_sched.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
   bounded nesting).
 - :func:`param_value`: the value of a ``--param`` flag, strict JSON or else a plain string.
+- :func:`comma_list`: the one comma-separated list type (batch sizes, layers, ratios, policy names),
+  at most :data:`MAX_LIST_ITEMS` items.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "flag_of", "given_flags", "int_at_least",
-           "param_value",
+__all__ = ["MAX_LIST_ITEMS", "MAX_SEED", "check_json_input", "check_paths", "comma_list", "finite_float", "flag_of",
+           "given_flags", "int_at_least", "param_value",
            "read_text_input", "same_file", "seed_type", "short_value", "torch_device"]
 
 #: The largest ``--seed`` any tool takes: seeds are stored as int64 in result files.
@@ -52,6 +54,49 @@ def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
         return value
 
     parse.__name__ = f"integer >= {minimum}" if maximum is None else f"integer in [{minimum}, {maximum}]"
+    return parse
+
+
+#: The most items one comma-separated flag value holds (docs/reliability.md): far above any real list
+#: of batch sizes, layers or policies; it bounds the work of one parse.
+MAX_LIST_ITEMS = 10_000
+
+
+def comma_list(kind: Callable[[str], Any] = int, *, what: str = "integers", item: str = "value",
+               minimum: float | None = None, maximum: float | None = None, open_low: bool = False,
+               need: str = "", limit: int | None = None, unique: bool = False, allow_empty: bool = False,
+               max_items: int = MAX_LIST_ITEMS) -> "callable":
+    """An ``argparse`` type: a comma-separated list of ``kind`` values (empty items are skipped).
+
+    Refused, in this order: more than ``max_items`` items; an item ``kind`` cannot read ("not a
+    comma-separated list of ``what``"); an empty list unless ``allow_empty``; a value outside
+    [``minimum``, ``maximum``] (``minimum`` excluded with ``open_low``; "need ``need``"); a value
+    above ``limit``, a documented work limit; a repeated value when ``unique``.
+    """
+
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if len(parts) > max_items:
+            raise argparse.ArgumentTypeError(f"{len(parts):,} items, above the limit {max_items:,} "
+                                             f"(docs/reliability.md)")
+        try:
+            values = [kind(p) for p in parts]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a comma-separated list of {what}") from None
+        if not values and not allow_empty:
+            raise argparse.ArgumentTypeError(f"empty {item} list")
+        low = (lambda v: not v > minimum) if open_low else (lambda v: not v >= minimum)
+        if (minimum is not None and any(low(v) for v in values)) or \
+                (maximum is not None and any(not v <= maximum for v in values)):
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r}: need {need}")
+        if limit is not None and values and max(values) > limit:
+            raise argparse.ArgumentTypeError(f"{item} {short_value(str(max(values)))} is above the limit {limit:,} "
+                                             f"(docs/reliability.md)")
+        if unique and len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r}: a {item} is given twice")
+        return values
+
+    parse.__name__ = f"comma-separated {what}"
     return parse
 
 

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from .args import (
     check_json_input,
     check_paths,
+    comma_list,
     int_at_least,
     param_value,
     seed_type,
@@ -45,11 +46,7 @@ def _param(text: str) -> tuple[str, Any]:
     return key, param_value(raw, key)
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+_layer_list = comma_list(item="layer", allow_empty=True)
 
 
 def _paragraphs(*texts: str) -> str:
@@ -114,7 +111,7 @@ def build_parser() -> CliParser:
     g.add_argument("--batch-size", type=int_at_least(1, MAX_BATCH_SIZE), default=8, help="requests decoded at a time (default: 8)")
     g.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: slots per block, B-1 drafts (default: 16)")
     g.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=32, help="tokens generated per request (default: 32)")
-    g.add_argument("--skip-layers", type=_int_list, default=[14, 15], metavar="I,J",
+    g.add_argument("--skip-layers", type=_layer_list, default=[14, 15], metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, metavar="T",

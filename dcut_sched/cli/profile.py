@@ -34,11 +34,11 @@ from dcut_sched import CostCurve, CostCurveError
 from dcut_sched.cli.args import (
     check_json_input,
     check_paths,
+    comma_list,
     flag_of,
     given_flags,
     int_at_least,
     seed_type,
-    short_value,
 )
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 from dcut_sched.cost_curve import AssumedArWarning
@@ -69,29 +69,9 @@ def _nonempty(text: str) -> str:
     return text
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {short_value(text)!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {short_value(text)!r}")
-    if len(set(vals)) != len(vals):
-        raise argparse.ArgumentTypeError(f"a batch size is given twice in {short_value(text)!r}")
-    if max(vals) > MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(f"batch size {short_value(str(max(vals)))} is above the limit "
-                                         f"{MAX_BATCH_SIZE:,} (docs/reliability.md)")
-    return vals
-
-
-def _ratio_list(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ratios, got {short_value(text)!r}") from None
-    if not vals or any(not 0 < v <= 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1], got {short_value(text)!r}")
-    return vals
+_int_list = comma_list(item="batch size", minimum=1, need="positive integers", limit=MAX_BATCH_SIZE, unique=True)
+_ratio_list = comma_list(float, what="ratios", item="ratio", minimum=0, open_low=True, maximum=1,
+                         need="ratios in (0, 1]")
 
 
 def build_parser() -> CliParser:

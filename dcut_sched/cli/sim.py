@@ -18,6 +18,7 @@ from .args import (
     MAX_SEED,
     check_json_input,
     check_paths,
+    comma_list,
     finite_float,
     flag_of,
     given_flags,
@@ -62,26 +63,13 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a comma-separated list of integers") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{short_value(text)!r}: need positive integers, e.g. 4,8,16,32,64")
-    if max(values) > MAX_LIST_VALUE:
-        raise argparse.ArgumentTypeError(f"{short_value(str(max(values)))} is above the limit {MAX_LIST_VALUE:,} "
-                                         f"(docs/reliability.md)")
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"{short_value(text)!r}: a value is given twice")
-    return values
+_policy_list = comma_list(str, what="policy names", item="policy")
 
 
-def _name_list(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError("empty policy list")
-    return values
+def _int_list(item: str) -> "callable":
+    """``--batch-sizes`` / ``--graph-tokens``: distinct positive integers up to :data:`MAX_LIST_VALUE`."""
+    return comma_list(item=item, minimum=1, need="positive integers, e.g. 4,8,16,32,64", limit=MAX_LIST_VALUE,
+                      unique=True)
 
 
 def _param(text: str) -> tuple[str, str, Any]:
@@ -133,13 +121,13 @@ def build_parser() -> CliParser:
     g.add_argument("--cost", action="append", metavar="FILE",
                    help=f"cost curve (JSON, dcut.cost-curve/2, docs/design.md §4; /1 still loads); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")
-    g.add_argument("--policies", type=_name_list, default=None, metavar="LIST",
+    g.add_argument("--policies", type=_policy_list, default=None, metavar="LIST",
                    help=f"comma-separated policies, or 'all' ({','.join(policies.names())}); ar is always run as the "
                         f"baseline (default: all for one --trace; {','.join(defaults.DEFAULT_BENCHMARK_POLICIES)} for "
                         "the five-benchmark main job)")
     g.add_argument("--param", type=_param, action="append", default=[], metavar="POLICY.KEY=VALUE",
                    help="policy parameter, repeatable, e.g. --param uniform.rho=0.25 --param dcut.ratios=[0.5,1.0]")
-    g.add_argument("--batch-sizes", type=_int_list, default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
+    g.add_argument("--batch-sizes", type=_int_list("batch size"), default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
                    help="comma-separated batch sizes (open loop: maximum batch sizes) (default: %(default)s)")
     g.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
@@ -156,7 +144,7 @@ def build_parser() -> CliParser:
                    help="multiply the cost curve's draft step by X (what-if: a cheaper or dearer drafter) (default: %(default)s)")
     g.add_argument("--calibrate", action="store_true",
                    help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
-    g.add_argument("--graph-tokens", type=_int_list, default=None, metavar="LIST",
+    g.add_argument("--graph-tokens", type=_int_list("token count"), default=None, metavar="LIST",
                    help="token counts a CUDA-graph bank captured (at every batch size), e.g. 64,128,256,512,1024: "
                         "fine only chooses among them and each drafted step is charged at the smallest captured "
                         "count >= its budget, as the controller with a VerifyGraphBank (default: every budget)")
