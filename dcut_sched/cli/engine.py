@@ -165,16 +165,15 @@ def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
                  "--trace": (args.trace, (".parquet",))})
 
 
-def run(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _load_inputs(args: argparse.Namespace):
+    """Load: the drafter, the sampling settings, the policy parameters and the prompt texts, each refused
+    with a :class:`UsageError` naming its flag. Returns ``(draft_spec, dflash, sampling, params, texts)``."""
     import torch
 
     from .. import policies
-    from ..controller import RatioController
-    from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
     from ..drafters import load_dflash, parse_draft_spec
     from ..drafters.dflash import DraftCheckpointError, check_target
-    from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
+    from ..engine import DEFAULT_PROMPTS, PromptFileError, load_prompt_texts
     from ..model.config import LlamaConfig
     from ..sampling import SamplingParams
 
@@ -223,6 +222,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--prompts: {exc}") from None
     if args.num_prompts is not None:  # >= 1 (its argparse type)
         texts = texts[: args.num_prompts]
+    return draft_spec, dflash, sampling, params, texts
+
+
+def _build_controller(args: argparse.Namespace, draft_spec, dflash, params: dict[str, Any]):
+    """Build: the cost curve (``--cost``, else the shipped default) and the controller, before the model
+    loads. Returns ``(controller, cost_source)``."""
+    from .. import policies
+    from ..controller import RatioController
+    from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
+    from ..engine import default_cost_curve
+
     policy_cls = policies.policy_class(args.policy)  # its class attributes, without building one
     curve = cost_source = None
     if args.cost and not policy_cls.needs_cost:
@@ -245,8 +255,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cost: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"policy {args.policy}: {exc}") from None
+    return ctrl, cost_source
+
+
+def _build_engine(args: argparse.Namespace, ctrl, cost_source, sampling, dflash, texts: list[str]):
+    """Build: SmolLM2-135M, its tokenizer and the :class:`~dcut_sched.engine.SpecEngine`.
+    Returns ``(engine, model, tokenizer, prompt_ids)``."""
+    from ..engine import SpecEngine
+
     try:
-        from ..model import LlamaModel, greedy_generate, sample_generate
+        from ..model import LlamaModel
         from ..model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
 
         tokenizer = load_smollm2_tokenizer()
@@ -260,13 +278,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine.cost_source = cost_source or "none (policy needs no cost curve)"
+    return engine, model, tokenizer, prompt_ids
 
-    from rich.table import Table
 
-    from ..console import make_console
+def _generate(args: argparse.Namespace, engine, prompt_ids: list):
+    """Run: the engine over every prompt, with progress and a run-time estimate after a few steps."""
+    import torch
+
     from ..progress import RunProgress, format_duration
 
-    console = make_console()
     max_tokens = len(prompt_ids) * args.max_new_tokens
     progress = RunProgress(f"{PROG} {args.policy}", max_tokens, "tokens", enabled=not args.quiet)
     state = {"requests": 0, "steps": 0, "tokens": 0}
@@ -290,37 +310,45 @@ def run(args: argparse.Namespace) -> int:
                   f"the first {ESTIMATE_AFTER_STEPS} steps")
     progress.update(detail="prefill and first step (the first drafted step includes the drafter's prefill)")
     with progress:
-        result = engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
-                                 on_step=on_step)
-    summary = result.summary()
-    summary["drafter"] = draft_spec.describe()
+        return engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
+                               on_step=on_step)
 
-    mismatched: list[int] = []
-    if args.check:
-        num_batches = -(-len(prompt_ids) // args.batch_size)
-        check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
-                            "steps", enabled=not args.quiet)
-        done_batches = [0]
 
-        def on_ref_step(done: int, total: int) -> None:
-            if done == 1 and check.completed > 0:
-                done_batches[0] += 1
-            check.update(completed=done_batches[0] * total + done,
-                         detail=f"batch {done_batches[0] + 1}/{num_batches}")
+def _check_reference(args: argparse.Namespace, model, tokenizer, prompt_ids: list, sampling, outputs) -> list[int]:
+    """``--check``: decode every prompt without speculation; returns the prompts whose output differs."""
+    from ..model import greedy_generate, sample_generate
+    from ..progress import RunProgress
 
-        with check:
-            if sampling.is_greedy:
-                reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
-                                            batch_size=args.batch_size, on_step=on_ref_step)
-            else:
-                reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
-                                            batch_size=args.batch_size, on_step=on_ref_step)
-        mismatched = [i for i, (a, b) in enumerate(zip(result.outputs, reference)) if a != b]
-        same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
-        summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"
+    num_batches = -(-len(prompt_ids) // args.batch_size)
+    check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
+                        "steps", enabled=not args.quiet)
+    done_batches = [0]
 
+    def on_ref_step(done: int, total: int) -> None:
+        if done == 1 and check.completed > 0:
+            done_batches[0] += 1
+        check.update(completed=done_batches[0] * total + done,
+                     detail=f"batch {done_batches[0] + 1}/{num_batches}")
+
+    with check:
+        if sampling.is_greedy:
+            reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
+                                        batch_size=args.batch_size, on_step=on_ref_step)
+        else:
+            reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
+                                        batch_size=args.batch_size, on_step=on_ref_step)
+    return [i for i, (a, b) in enumerate(zip(outputs, reference)) if a != b]
+
+
+def _report(args: argparse.Namespace, summary: dict, result, sampling, texts: list[str], tokenizer) -> None:
+    """Report: the summary table, the first step plans and the first decoded outputs."""
+    from rich.table import Table
+
+    from ..console import make_console
+
+    console = make_console()
     table = Table(title=f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, bs={args.batch_size}, "
-                        f"{len(prompt_ids)} prompts x {args.max_new_tokens} tokens")
+                        f"{len(texts)} prompts x {args.max_new_tokens} tokens")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in ("cost_source", "sampling", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
@@ -342,6 +370,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold]prompt {i}:[/bold] {texts[i]!r}\n[bold]output:[/bold] "
                       f"{tokenizer.decode(result.outputs[i], skip_special_tokens=True)!r}")
 
+
+def _write(args: argparse.Namespace, summary: dict, result, draft_spec, dflash) -> None:
+    """Write: ``--out``, ``--steps`` and ``--trace``, together or not at all."""
+    import pandas as pd
+
     from ..atomic import all_or_none
 
     trace = None
@@ -362,6 +395,24 @@ def run(args: argparse.Namespace) -> int:
             _write_table(args.steps, result.steps_frame())
         if trace is not None:
             trace.save(args.trace)
+
+
+def run(args: argparse.Namespace) -> int:
+    """One ``dcut-engine`` run: load, build, generate, check, report, write. Exit status 1 when ``--check``
+    finds an output that differs from plain decoding."""
+    draft_spec, dflash, sampling, params, texts = _load_inputs(args)
+    ctrl, cost_source = _build_controller(args, draft_spec, dflash, params)
+    engine, model, tokenizer, prompt_ids = _build_engine(args, ctrl, cost_source, sampling, dflash, texts)
+    result = _generate(args, engine, prompt_ids)
+    summary = result.summary()
+    summary["drafter"] = draft_spec.describe()
+    mismatched: list[int] = []
+    if args.check:
+        mismatched = _check_reference(args, model, tokenizer, prompt_ids, sampling, result.outputs)
+        same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
+        summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"
+    _report(args, summary, result, sampling, texts, tokenizer)
+    _write(args, summary, result, draft_spec, dflash)
     return 1 if mismatched else 0
 
 
