@@ -342,30 +342,13 @@ def _check_reference(args: argparse.Namespace, model, tokenizer, prompt_ids: lis
 
 def _report(args: argparse.Namespace, summary: dict, result, sampling, texts: list[str], tokenizer) -> None:
     """Report: the summary table, the first step plans and the first decoded outputs."""
-    from rich.table import Table
-
     from ..console import make_console
+    from .render import render_engine
 
     console = make_console()
-    table = Table(title=f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, bs={args.batch_size}, "
-                        f"{len(texts)} prompts x {args.max_new_tokens} tokens")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key in ("cost_source", "sampling", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
-                "accepted_per_step", "tokens_per_request_step", "mean_ratio", "prefill_ms", "draft_ms", "plan_ms",
-                "verify_ms", "bad_conf_requests", "check"):
-        if key in summary:
-            v = summary[key]
-            table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
-    console.print(table)
-    if args.show_steps > 0 and result.steps:
-        st = Table(title=f"first {min(args.show_steps, len(result.steps))} step plans")
-        for col in ("step", "bs", "drafted", "lengths", "num_tokens", "ratio", "accepted", "tokens"):
-            st.add_column(col, justify="right")
-        for s in result.steps[: args.show_steps]:
-            st.add_row(str(s.step), str(s.batch_size), "yes" if s.drafted else "no", str(s.lengths), str(s.num_tokens),
-                       f"{s.ratio:.2f}", str(s.accepted), str(s.committed_tokens))
-        console.print(st)
+    render_engine(console, f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, "
+                           f"bs={args.batch_size}, {len(texts)} prompts x {args.max_new_tokens} tokens",
+                  summary, result.steps, args.show_steps)
     for i in range(min(args.show_outputs, len(result.outputs))):
         console.print(f"[bold]prompt {i}:[/bold] {texts[i]!r}\n[bold]output:[/bold] "
                       f"{tokenizer.decode(result.outputs[i], skip_special_tokens=True)!r}")
