@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -114,6 +115,13 @@ def build_parser() -> CliParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_run_flags(p, policies, defaults)
+    _add_loop_and_output_flags(p, defaults)
+    return p
+
+
+def _add_run_flags(p: CliParser, policies, defaults) -> None:
+    """The inputs and what to simulate: traces, curves, policies, batch sizes, seeds, what-ifs."""
     g = p.add_argument_group("inputs")
     g.add_argument("--trace", action="append", metavar="FILE",
                    help="acceptance trace (Parquet, docs/design.md §3); repeat it for the mean over several benchmarks, "
@@ -148,6 +156,10 @@ def build_parser() -> CliParser:
                    help="token counts a CUDA-graph bank captured (at every batch size), e.g. 64,128,256,512,1024: "
                         "fine only chooses among them and each drafted step is charged at the smallest captured "
                         "count >= its budget, as the controller with a VerifyGraphBank (default: every budget)")
+
+
+def _add_loop_and_output_flags(p: CliParser, defaults) -> None:
+    """The closed- and open-loop flags, the outputs, the selection curve and the sweeps."""
     g = p.add_argument_group("closed loop")
     g.add_argument("--steps", type=int_at_least(1, MAX_STEPS), default=None,
                    help=f"engine steps per (trace, policy, batch size), warm-up included; at most {MAX_STEPS:,} "
@@ -194,7 +206,6 @@ def build_parser() -> CliParser:
                    help="the most seconds to wait for the Dask scheduler to connect and answer; an address where "
                         "nothing answers (or another kind of server) is an error naming it, exit 2 (default: "
                         f"{DEFAULT_SCHEDULER_TIMEOUT_S:g})")
-    return p
 
 
 def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: str, what: str, several: bool) -> list[str]:
@@ -458,17 +469,12 @@ def check_flags_used(args, given) -> None:
         raise UsageError("--jobs has no effect with --scheduler dask (the cluster's workers run the jobs): drop --jobs")
 
 
-def _run(args, console) -> None:
-    from ..atomic import all_or_none
-    from ..simulator import plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
-    from ..simulator.plot import describe_inputs
+def _load(args):
+    """Load: the traces and cost curves (or the shipped defaults), the run's defaults and its
+    :class:`~dcut_sched.simulator.SimConfig`; every input and output checked before any run.
+    Returns ``(traces, costs, benchmarks, config)``; ``benchmarks``: several traces, one mean."""
+    from ..simulator import check_simulation
 
-    if args.selection_curve:
-        _run_selection_curve(args, console)
-        return
-    if args.seeds != 1:
-        _run_seeds(args, console)
-        return
     if args.plot and args.sweep:
         raise UsageError("--plot draws one trace and curve; plot a sweep's --out file with analysis/ scripts")
     d = _defaults()
@@ -495,27 +501,32 @@ def _run(args, console) -> None:
         raise UsageError("--scheduler dask runs a --sweep on a cluster: add --sweep and --scheduler-address ADDR")
     if args.scheduler_address and args.scheduler != "dask":
         raise UsageError("--scheduler-address is for --scheduler dask")
-
     if args.scheduler_timeout is not None and args.scheduler != "dask":
         raise UsageError("--scheduler-timeout is for --scheduler dask")
-    from ..simulator import check_simulation
-
     # Bad input is refused before the size line and any run.
     for trace, cost in itertools.product(traces, costs if args.sweep else costs[:1]):
         check_simulation(trace, cost, config)
+    return traces, costs, benchmarks, config
+
+
+def _build_work(args, traces: list[str], costs: list[str], config, benchmarks: bool) -> _Work:
+    """Build: the run's size line, estimate and progress (:class:`_Work`)."""
     policies, runs = _num_runs(config)
     per_sim = f"{policies} policies x {len(config.batch_sizes)} batch sizes"
     if args.sweep:
-        import os
-
         cells = len(traces) * len(costs) * len(config.batch_sizes)
         parallel = 1 if args.scheduler == "dask" else (args.jobs or os.cpu_count() or 1)
-        work = _Work(args, total=cells, unit="jobs", parallel=parallel,
+        return _Work(args, total=cells, unit="jobs", parallel=parallel,
                      what=f"{cells} jobs ({len(traces)} traces x {len(costs)} costs x {len(config.batch_sizes)} "
                           f"batch sizes) of {policies} policies each")
-    else:
-        work = _Work(args, total=len(traces) * runs, unit="runs",
-                     what=f"{len(traces)} traces x {per_sim}" if benchmarks else per_sim)
+    return _Work(args, total=len(traces) * runs, unit="runs",
+                 what=f"{len(traces)} traces x {per_sim}" if benchmarks else per_sim)
+
+
+def _simulate(args, work: _Work, traces: list[str], costs: list[str], config, benchmarks: bool):
+    """Run: a sweep (local processes or a Dask cluster), the benchmarks' mean, or one trace."""
+    from ..simulator import simulate, simulate_benchmarks, sweep
+
     with contextlib.ExitStack() as stack:
         executor = None
         if args.scheduler == "dask":  # connected (or refused, within --scheduler-timeout) before the size line
@@ -532,46 +543,62 @@ def _run(args, console) -> None:
             def on_job(done: int, total: int) -> None:
                 work.done(done)
 
-            df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, executor=executor, on_job=on_job)
-        elif benchmarks:
-            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run, jobs=_jobs(args))
-        else:
-            df = simulate(traces[0], costs[0], config, on_run=on_run, jobs=_jobs(args))
-    if benchmarks:
-        if not args.quiet:
-            from .render import render_benchmarks, render_open_benchmarks
+            return sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, executor=executor, on_job=on_job)
+        if benchmarks:
+            return simulate_benchmarks(traces, costs[0], config, on_run=on_run, jobs=_jobs(args))
+        return simulate(traces[0], costs[0], config, on_run=on_run, jobs=_jobs(args))
 
-            render_benchmarks(df, console, args, costs[0], PROG)
-            if args.mode == "open":
-                render_open_benchmarks(df, console, len(traces), PROG)
-        with all_or_none():  # --out and --plot appear together or not at all
-            if args.out:
-                write_frame(df, args.out)
-            if args.plot:
-                from ..simulator import benchmark_table
 
-                mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
-                mean.attrs = dict(df.attrs)
-                plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks "
-                                                     f"vs ar\ncost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
-        if args.out:
-            _wrote(args.out, f"{len(df)} rows, one per (trace, policy, batch size)")
-        if args.plot:
-            _wrote(args.plot, "speedup plot")
+def _report(args, console, df, traces: list[str], costs: list[str], benchmarks: bool) -> None:
+    """Report: the benchmarks' mean table (and the open-loop one), or one table per trace and curve."""
+    from .render import render_benchmarks, render_open_benchmarks, render_runs
+
+    if args.quiet:
         return
-    if not args.quiet:
-        from .render import render_runs
-
+    if benchmarks:
+        render_benchmarks(df, console, args, costs[0], PROG)
+        if args.mode == "open":
+            render_open_benchmarks(df, console, len(traces), PROG)
+    else:
         render_runs(df, console, args, traces, costs, PROG)
+
+
+def _write(args, df, traces: list[str], costs: list[str], benchmarks: bool) -> None:
+    """Write: ``--out`` and ``--plot``, together or not at all; then say what was written."""
+    from ..atomic import all_or_none
+    from ..simulator import benchmark_table, plot_speedup, write_frame
+    from ..simulator.plot import describe_inputs
+
     with all_or_none():  # --out and --plot appear together or not at all
         if args.out:
             write_frame(df, args.out)
-        if args.plot:
+        if args.plot and benchmarks:
+            mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
+            mean.attrs = dict(df.attrs)
+            plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks "
+                                                 f"vs ar\ncost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
+        elif args.plot:
             plot_speedup(df, args.plot)
     if args.out:
-        _wrote(args.out, f"{len(df)} rows, one per ({'trace, cost, ' if args.sweep else ''}policy, batch size)")
+        rows = "trace, " if benchmarks else ("trace, cost, " if args.sweep else "")
+        _wrote(args.out, f"{len(df)} rows, one per ({rows}policy, batch size)")
     if args.plot:
         _wrote(args.plot, "speedup plot")
+
+
+def _run(args, console) -> None:
+    """One ``dcut-sim`` invocation: a selection curve, several seeds, or load, build, run, report, write."""
+    if args.selection_curve:
+        _run_selection_curve(args, console)
+        return
+    if args.seeds != 1:
+        _run_seeds(args, console)
+        return
+    traces, costs, benchmarks, config = _load(args)
+    work = _build_work(args, traces, costs, config, benchmarks)
+    df = _simulate(args, work, traces, costs, config, benchmarks)
+    _report(args, console, df, traces, costs, benchmarks)
+    _write(args, df, traces, costs, benchmarks)
 
 
 def _wrote(path: str, what: str) -> None:
