@@ -221,7 +221,7 @@ def dynamic_sd_schedule(curve_path: Path, batch_sizes, trace_path: Path = SCHEDU
     df = trace.to_frame()
     trace = Trace.from_frame(df[df["request_id"] >= first_request].reset_index(drop=True), trace.metadata)
     curve = d.CostCurve.load(curve_path, check_hardware=False)
-    from dcut_sched.simulator.simulate import policy_specs
+    from dcut_sched.simulator.config import policy_specs
 
     specs = [("ar", {})] + [("uniform", {"rho": (k + 1) / BLOCK_SIZE}) for k in range(1, BLOCK_SIZE)]
     k_of = {label: k for k, (label, _, _) in enumerate(policy_specs(specs))}

@@ -317,7 +317,7 @@ class _Work:
 
 def _num_runs(config) -> tuple[int, int]:
     """(policies, runs) of one :func:`~dcut_sched.simulator.simulate` call: ``ar`` included, x batch sizes."""
-    from ..simulator.simulate import policy_specs
+    from ..simulator.config import policy_specs
 
     policies = len(policy_specs(config.policies, config.policy_params))  # counted, not built
     return policies, policies * len(config.batch_sizes)
