@@ -14,6 +14,7 @@ round-trip through JSON-able dicts (result metadata, job files).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
@@ -66,7 +67,7 @@ def policy_specs(
 ) -> list[tuple[str, str, dict[str, Any] | Policy]]:
     """``[(label, name, params or the instance given)]``, ``ar`` first if missing, every name and
     parameter checked (:func:`dcut_sched.policies.check_params`, the one validation path) and no
-    policy built: what :class:`SimConfig` validates and :func:`~.simulate.resolve_policies` builds.
+    policy built: what :class:`SimConfig` validates and :func:`resolve_policies` builds.
 
     Raises:
         SimulationError: unknown policy name, bad parameter key or kind, or a duplicate label.
@@ -101,6 +102,34 @@ def policy_specs(
         raise SimulationError(f"policy {dupes[0]!r} is listed twice")
     if not any(name == "ar" and label == "ar" for label, name, _ in out):
         out.insert(0, ("ar", "ar", {}))
+    return out
+
+
+def resolve_policies(
+    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[tuple[str, Policy]]:
+    """``[(label, policy)]`` from names, instances or ``(name, params)``; ``ar`` first if missing.
+    Each policy given by name is built here, once (:func:`dcut_sched.policies.get`); every run then
+    works on a reset deep copy of it.
+
+    Args:
+        specs: policies (None: every registered policy, in registry order).
+        policy_params: extra parameters per policy name for specs given by name,
+            e.g. ``{"uniform": {"rho": 0.25}}``.
+
+    Raises:
+        SimulationError: unknown policy name, bad parameters (a value out of range included), or a
+            duplicate label.
+    """
+    out: list[tuple[str, Policy]] = []
+    for label, name, given in policy_specs(specs, policy_params):
+        if isinstance(given, Policy):
+            out.append((label, given))
+            continue
+        try:
+            out.append((label, policy_registry.get(name, **given)))
+        except (TypeError, ValueError) as exc:
+            raise SimulationError(f"policy {name!r} with parameters {shown(given, 120)}: {exc}") from None
     return out
 
 
@@ -241,8 +270,18 @@ class SimConfig:
         return any(_policy_name(p) != "ar" for p in self.policies)
 
     def replace(self, **changes: Any) -> "SimConfig":
-        """A copy with ``changes`` (validated again)."""
+        """A copy with ``changes`` (validated again; its policies are built again when used)."""
         return dataclasses.replace(self, **changes)
+
+    @functools.cached_property
+    def built_policies(self) -> list:
+        """``[(label, policy)]``, ``ar`` first: this config's policies, built on first use
+        (:func:`resolve_policies`) and kept; every run works on a reset deep copy.
+
+        Raises:
+            SimulationError: a parameter the policy's constructor refuses (a value out of range).
+        """
+        return resolve_policies(self.policies, self.policy_params)
 
     # ------------------------------------------------------------------ dicts
     def to_dict(self) -> dict[str, Any]:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
-from ..inputs import shown
 from ..policies import Policy
 from ..step_costs import StepCosts
 from ..traces import Trace, TraceError, check_trace_columns
-from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, PolicySpec, SimConfig, SimulationError, policy_specs
+from .config import (
+    DEFAULT_LOAD,
+    DEFAULT_OPEN_REQUESTS,
+    MODES,
+    PolicySpec,
+    SimConfig,
+    SimulationError,
+    policy_specs,
+    resolve_policies,
+)
 from .parallel import run_cells, run_one
 from .replay import output_lengths
 from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups
@@ -22,34 +29,6 @@ __all__ = [
     "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
     "default_rate_rps", "policy_specs", "resolve_policies", "result_frame", "run_one", "run_tasks", "simulate",
 ]
-
-def resolve_policies(
-    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
-) -> list[tuple[str, Policy]]:
-    """``[(label, policy)]`` from names, instances or ``(name, params)``; ``ar`` first if missing.
-    Each policy given by name is built here, once (:func:`dcut_sched.policies.get`); every run then
-    works on a reset deep copy of it.
-
-    Args:
-        specs: policies (None: every registered policy, in registry order).
-        policy_params: extra parameters per policy name for specs given by name,
-            e.g. ``{"uniform": {"rho": 0.25}}``.
-
-    Raises:
-        SimulationError: unknown policy name, bad parameters (a value out of range included), or a
-            duplicate label.
-    """
-    out: list[tuple[str, Policy]] = []
-    for label, name, given in policy_specs(specs, policy_params):
-        if isinstance(given, Policy):
-            out.append((label, given))
-            continue
-        try:
-            out.append((label, policy_registry.get(name, **given)))
-        except (TypeError, ValueError) as exc:
-            raise SimulationError(f"policy {name!r} with parameters {shown(given, 120)}: {exc}") from None
-    return out
-
 
 def _load(trace: Trace | str | os.PathLike, cost: CostCurve | str | os.PathLike) -> tuple[Trace, CostCurve]:
     """Load (and validate) the inputs. A :class:`Trace` built in code is validated here too, since the
@@ -112,9 +91,10 @@ def sim_config(config: SimConfig | None = None, **options: Any) -> SimConfig:
 def _prepare(trace, cost, config: SimConfig) -> tuple[Trace, CostCurve, list[tuple[str, Policy]]]:
     """Load and check everything :func:`simulate` needs before it runs anything (the options were
     validated by :class:`SimConfig`; here what needs the trace and the cost curve). The policies are
-    the config's, built here (:func:`resolve_policies`); every run works on a reset deep copy."""
+    the config's, built once per config (:attr:`SimConfig.built_policies`); every run works on a reset
+    deep copy."""
     trace, cost = _load(trace, cost)
-    runs = resolve_policies(config.policies, config.policy_params)
+    runs = config.built_policies
     drafting = any(p.name != "ar" for _, p in runs)
     # the step costs every run will build (StepCosts checks the block size)
     costs = StepCosts(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)

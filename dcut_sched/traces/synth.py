@@ -50,6 +50,7 @@ import numpy as np
 from scipy.special import expit, ndtri
 
 from ..atomic import atomic_write_text
+from ..inputs import InputFileError, is_symlink_loop, read_json_strict
 from .format import Trace, accept_len_dtype
 
 __all__ = [
@@ -165,8 +166,6 @@ class SynthParams:
                 :func:`~dcut_sched.inputs.parse_json_strict` refuses (a key repeated in one object, a
                 number longer than 64 digits, nesting too deep) or invalid parameters (names the file).
         """
-        from ..inputs import InputFileError, is_symlink_loop, read_json_strict
-
         p = Path(path)
         if not p.exists() and not is_symlink_loop(p):
             raise SynthParamsError(f"{p}: no such parameter file")
