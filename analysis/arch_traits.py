@@ -5,8 +5,9 @@
 
 Read with ``ast`` only (nothing is imported). The traits: functions over 100 lines, the largest
 module, modules over 500 lines, imports inside functions outside ``cli/`` (and in all), root
-modules, files that build an ``argparse.ArgumentParser`` outside ``cli/``, and the docstring share
-of the core modules (docstring lines / all lines).
+modules, files that build an ``argparse.ArgumentParser`` outside ``cli/``, the import cycles (every
+import counted, module level or inside a function; ``if TYPE_CHECKING`` blocks too) and the
+docstring share of the core modules (docstring lines / all lines).
 """
 
 from __future__ import annotations
@@ -64,6 +65,69 @@ def _builds_parser(tree: ast.Module) -> bool:
     return False
 
 
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The modules of the package that module ``name`` (file ``path``) imports."""
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for t in targets:
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """The import cycles among the package's modules (strongly connected components of two or more;
+    a package counts as its ``__init__``, and importing ``a.b`` does not count as importing ``a``)."""
+    files = {}
+    for path in _modules(package):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
+    graph = {name: _imports(path, name, set(files)) for name, path in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
 def measure(package: Path = PACKAGE) -> dict:
     """The traits of ``package`` as a dict (the lists hold ``path:name lines`` / ``path:line`` strings)."""
     long_functions, lazy_all, lazy_outside_cli, parsers_outside_cli = [], [], [], []
@@ -100,6 +164,7 @@ def measure(package: Path = PACKAGE) -> dict:
         "root_modules": root,
         "parsers_outside_cli": parsers_outside_cli,
         "core_docstring_share": core_doc / core_lines if core_lines else 0.0,
+        "import_cycles": [" <-> ".join(m.removeprefix("dcut_sched.") for m in c) for c in import_cycles(package)],
     }
 
 
@@ -116,6 +181,7 @@ def table(traits: dict) -> str:
          f"{len(traits['lazy_imports_outside_cli'])} ({len(traits['lazy_imports_all'])} in all)"),
         ("root modules", f"{len(traits['root_modules'])}: " + ", ".join(traits["root_modules"])),
         ("argparse parsers outside `cli/`", _few(traits["parsers_outside_cli"], k=6)),
+        ("import cycles", _few(traits["import_cycles"], k=6)),
         ("docstring share of core modules", f"{100 * traits['core_docstring_share']:.0f} %"),
     ]
     out = ["| trait | dcut_sched/ |", "|---|---|"]
