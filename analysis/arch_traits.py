@@ -2,6 +2,7 @@
 
     python analysis/arch_traits.py            # a Markdown table of the traits of dcut_sched/
     python analysis/arch_traits.py --list     # the same, then the long functions and the lazy imports
+    python analysis/arch_traits.py --package /old/checkout/dcut_sched   # another tree (before/after)
 
 Read with ``ast`` only (nothing is imported). The traits: functions over 100 lines, the largest
 module, modules over 500 lines, imports inside functions outside ``cli/`` (and in all), root
@@ -28,8 +29,8 @@ def _modules(package: Path) -> list[Path]:
     return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(PACKAGE).as_posix()
+def _rel(path: Path, package: Path) -> str:
+    return path.relative_to(package).as_posix()
 
 
 def _docstring_lines(tree: ast.Module) -> int:
@@ -133,7 +134,7 @@ def measure(package: Path = PACKAGE) -> dict:
     long_functions, lazy_all, lazy_outside_cli, parsers_outside_cli = [], [], [], []
     sizes, core_doc, core_lines = {}, 0, 0
     for path in _modules(package):
-        rel = _rel(path)
+        rel = _rel(path, package)
         text = path.read_text()
         tree = ast.parse(text, filename=str(path))
         n_lines = len(text.splitlines())
@@ -192,8 +193,11 @@ def table(traits: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="also list the long functions and the lazy imports")
+    parser.add_argument("--package", type=Path, default=PACKAGE, help="the package folder (default: this checkout's)")
     args = parser.parse_args(argv)
-    traits = measure()
+    if not (args.package / "__init__.py").is_file():
+        parser.error(f"--package {args.package}: not a package folder (no __init__.py); give the dcut_sched folder")
+    traits = measure(args.package)
     print(table(traits))
     if args.list:
         print("\nfunctions over 100 lines:", *traits["functions_over_100"], sep="\n  ")
