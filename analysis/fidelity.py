@@ -52,11 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dcut_sched.atomic import atomic_write_text, atomic_write_with  # noqa: E402
 from dcut_sched.cost_curve import CostCurve  # noqa: E402
 from dcut_sched.engine.observer import EngineObserver  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
+from dcut_sched.util.atomic import atomic_write_text, atomic_write_with  # noqa: E402
+from dcut_sched.util.tables import write_table  # noqa: E402
 
 POLICIES = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
 BATCH_SIZES = (16, 8, 4, 2, 1)  # cheapest first: a partial run still covers the large batches

@@ -15,8 +15,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy.optimize import minimize
 
-from ..atomic import atomic_write_text
-from ..inputs import InputFileError, parse_json_strict, read_text
+from ..util.atomic import atomic_write_text
+from ..util.inputs import InputFileError, parse_json_strict, read_text
 from .metrics import CONF_EPS, expected_calibration_error, logistic_map, logit, reached_slots
 
 __all__ = ["PRIOR_FORMAT", "PRIOR_NAME", "CalibrationPrior", "CalibrationPriorError", "calibration_report", "fit_prior"]

@@ -9,9 +9,9 @@
   a path that is a symlink loop, input or output, is refused naming its flag.
 - :func:`read_text_input`: a text input (JSON, JSONL, config) read as UTF-8, with a one-line error
   naming the flag, the file and the fix when it is missing, binary (e.g. a Parquet file given by
-  mistake) or not UTF-8 (:mod:`dcut_sched.inputs`).
+  mistake) or not UTF-8 (:mod:`dcut_sched.util.inputs`).
 - :func:`check_json_input`: a JSON input refused before any work unless it reads under
-  :func:`dcut_sched.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
+  :func:`dcut_sched.util.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
   bounded nesting).
 - :func:`param_value`: the value of a ``--param`` flag, strict JSON or else a plain string.
 - :func:`comma_list`: the one comma-separated list type (batch sizes, layers, ratios, policy names),
@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..atomic import check_writable
+from ..util.atomic import check_writable
 from .errors import UsageError
 
 __all__ = ["MAX_LIST_ITEMS", "MAX_SEED", "check_json_input", "check_paths", "comma_list", "finite_float", "flag_of",
@@ -221,7 +221,7 @@ def check_paths(
             another output (both flags named), an unknown suffix, a folder, or a place that cannot
             be written.
     """
-    from ..inputs import is_symlink_loop
+    from ..util.inputs import is_symlink_loop
 
     ins: list[tuple[str, str]] = []
     for flag, value in inputs.items():
@@ -260,8 +260,8 @@ def check_paths(
 
 def read_text_input(path: str | os.PathLike, flag: str, what: str) -> str:
     """The UTF-8 text of an input file, or a :class:`UsageError` naming ``flag``, the file and the fix
-    (:func:`dcut_sched.inputs.read_text`)."""
-    from ..inputs import InputFileError, read_text
+    (:func:`dcut_sched.util.inputs.read_text`)."""
+    from ..util.inputs import InputFileError, read_text
 
     try:
         return read_text(path, what)
@@ -271,13 +271,13 @@ def read_text_input(path: str | os.PathLike, flag: str, what: str) -> str:
 
 def check_json_input(path: str | os.PathLike | None, flag: str, what: str) -> None:
     """Refuse before any work a JSON input that is missing, a symlink loop, binary, not UTF-8, not
-    JSON, or breaks a rule of :func:`dcut_sched.inputs.parse_json_strict` (a key repeated in one
+    JSON, or breaks a rule of :func:`dcut_sched.util.inputs.parse_json_strict` (a key repeated in one
     object, a number longer than its digit limit, nesting too deep), with a one-line
     :class:`UsageError` naming ``flag`` and the file. ``NaN``/``Infinity`` pass here: the loader
     then checks the fields and names the one that holds them."""
     if path is None:
         return
-    from ..inputs import InputFileError, parse_json_strict
+    from ..util.inputs import InputFileError, parse_json_strict
 
     text = read_text_input(path, flag, what)
     try:
@@ -293,10 +293,10 @@ def param_value(raw: str, where: str) -> Any:
 
     Raises:
         argparse.ArgumentTypeError: JSON that breaks a rule of
-            :func:`dcut_sched.inputs.parse_json_strict` (a number longer than its digit limit, a
+            :func:`dcut_sched.util.inputs.parse_json_strict` (a number longer than its digit limit, a
             repeated key, nesting too deep), one short line naming ``where`` (``uniform.rho``).
     """
-    from ..inputs import InputFileError, JSONSyntaxError, parse_json_strict
+    from ..util.inputs import InputFileError, JSONSyntaxError, parse_json_strict
 
     try:
         return parse_json_strict(raw, where, allow_nonfinite=True)

@@ -145,7 +145,7 @@ def build_parser() -> CliParser:
 
 
 def _write_table(path: str, frame) -> None:
-    from ..tables import write_table
+    from ..util.tables import write_table
 
     write_table(frame, path)
 
@@ -285,7 +285,7 @@ def _generate(args: argparse.Namespace, engine, prompt_ids: list):
     """Run: the engine over every prompt, with progress and a run-time estimate after a few steps."""
     import torch
 
-    from ..progress import RunProgress, format_duration
+    from ..util.progress import RunProgress, format_duration
 
     max_tokens = len(prompt_ids) * args.max_new_tokens
     progress = RunProgress(f"{PROG} {args.policy}", max_tokens, "tokens", enabled=not args.quiet)
@@ -317,7 +317,7 @@ def _generate(args: argparse.Namespace, engine, prompt_ids: list):
 def _check_reference(args: argparse.Namespace, model, tokenizer, prompt_ids: list, sampling, outputs) -> list[int]:
     """``--check``: decode every prompt without speculation; returns the prompts whose output differs."""
     from ..model import greedy_generate, sample_generate
-    from ..progress import RunProgress
+    from ..util.progress import RunProgress
 
     num_batches = -(-len(prompt_ids) // args.batch_size)
     check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
@@ -342,7 +342,7 @@ def _check_reference(args: argparse.Namespace, model, tokenizer, prompt_ids: lis
 
 def _report(args: argparse.Namespace, summary: dict, result, sampling, texts: list[str], tokenizer) -> None:
     """Report: the summary table, the first step plans and the first decoded outputs."""
-    from ..console import make_console
+    from ..util.console import make_console
     from .render import render_engine
 
     console = make_console()
@@ -358,7 +358,7 @@ def _write(args: argparse.Namespace, summary: dict, result, draft_spec, dflash) 
     """Write: ``--out``, ``--steps`` and ``--trace``, together or not at all."""
     import pandas as pd
 
-    from ..atomic import all_or_none
+    from ..util.atomic import all_or_none
 
     trace = None
     if args.trace:

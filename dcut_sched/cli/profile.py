@@ -446,8 +446,8 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-profile``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
-    from dcut_sched.console import make_console
     from dcut_sched.profiler.harness import NoCudaError, PartialMismatch
+    from dcut_sched.util.console import make_console
 
     argv = list(sys.argv[1:] if argv is None else argv)
     console = make_console()
@@ -533,9 +533,9 @@ def _check_partial_matches(args: argparse.Namespace, draft, partial) -> None:
     (:data:`_SETTING_FLAGS`; a partial of an older version without ``threads`` counts as another
     thread count), and its cells are cells of this run's grid. The model and the device are
     compared by the harness once the model is built (:func:`~.harness.run_profile`)."""
-    from dcut_sched.inputs import shown
     from dcut_sched.profiler.grid import build_cells
     from dcut_sched.profiler.harness import PARTIAL_FIX, PartialMismatch, load_partial
+    from dcut_sched.util.inputs import shown
 
     doc = load_partial(partial)
     old = doc["settings"]
@@ -563,11 +563,11 @@ def _main(argv: list[str], console) -> int:
     if args.vllm:
         return _main_vllm(args)
 
-    from dcut_sched.atomic import all_or_none
     from dcut_sched.profiler.harness import partial_path_for
     from dcut_sched.profiler.interp_error import interpolation_error
     from dcut_sched.profiler.report import curve_table, interp_table, noise_summary, write_frame
-    from dcut_sched.tables import TABLE_SUFFIXES
+    from dcut_sched.util.atomic import all_or_none
+    from dcut_sched.util.tables import TABLE_SUFFIXES
 
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)

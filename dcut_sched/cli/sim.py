@@ -241,8 +241,8 @@ def _make_calibrator():
 
 
 def _run_selection_curve(args, console) -> None:
-    from ..atomic import all_or_none
     from ..simulator import plot_selection_curve, selection_curve, write_frame
+    from ..util.atomic import all_or_none
 
     suffix = Path(args.selection_curve).suffix.lower()
     if args.trace and len(args.trace) > 1:
@@ -271,7 +271,7 @@ def _run_selection_curve(args, console) -> None:
 class _Work:
     """The size of a simulation, printed before it starts; an estimate, printed after its first
     unit of work finishes (that unit's time x the rounds of ``parallel`` units); progress while it
-    runs (:class:`~dcut_sched.progress.RunProgress` on stderr: a bar on a terminal, a line every
+    runs (:class:`~dcut_sched.util.progress.RunProgress` on stderr: a bar on a terminal, a line every
     ``DCUT_PROGRESS_INTERVAL_S`` seconds elsewhere). Nothing with ``--quiet``.
 
     Args:
@@ -283,7 +283,7 @@ class _Work:
     """
 
     def __init__(self, args, *, total: int, unit: str, what: str, parallel: int = 1):
-        from ..progress import RunProgress
+        from ..util.progress import RunProgress
 
         self.total, self.unit, self.parallel = total, unit, max(1, min(parallel, total))
         per = f"{args.steps:,} steps" if args.mode == "closed" else f"{args.requests:,} arrivals"
@@ -301,7 +301,7 @@ class _Work:
 
     def done(self, completed: int, detail: str = "") -> None:
         """``completed`` units of ``total`` are finished; the first call also prints the estimate."""
-        from ..progress import format_duration
+        from ..util.progress import format_duration
 
         self.progress.update(completed=completed, detail=detail)
         if self._estimated or completed < 1:
@@ -565,9 +565,9 @@ def _report(args, console, df, traces: list[str], costs: list[str], benchmarks: 
 
 def _write(args, df, traces: list[str], costs: list[str], benchmarks: bool) -> None:
     """Write: ``--out`` and ``--plot``, together or not at all; then say what was written."""
-    from ..atomic import all_or_none
     from ..simulator import benchmark_table, plot_speedup, write_frame
     from ..simulator.plot import describe_inputs
+    from ..util.atomic import all_or_none
 
     with all_or_none():  # --out and --plot appear together or not at all
         if args.out:
@@ -638,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         args = build_parser().parse_args(argv)
         check_flags_used(args, given_flags(build_parser, argv, args))
-        from ..console import make_console  # after parsing: --help answers without importing rich
+        from ..util.console import make_console  # after parsing: --help answers without importing rich
 
         _run(args, make_console())
 

@@ -296,7 +296,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     stats = trace_stats(trace, bins=args.bins)
     if args.out:
-        from dcut_sched.atomic import atomic_write_text
+        from dcut_sched.util.atomic import atomic_write_text
 
         atomic_write_text(args.out, json.dumps(stats, indent=2) + "\n")
     if args.json:

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..atomic import atomic_write_text
-from ..inputs import InputFileError, parse_json_strict
+from ..util.atomic import atomic_write_text
+from ..util.inputs import InputFileError, parse_json_strict
 from .schema import SCHEMA, SCHEMA_V1, SCHEMAS, STEP_KINDS, CostCurveError, _json_scalar, _now_iso
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..inputs import InputFileError, parse_json, read_text
+from ..util.inputs import InputFileError, parse_json, read_text
 
 __all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompt_texts"]
 

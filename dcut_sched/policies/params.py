@@ -36,7 +36,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model
 
-from ..inputs import shown
+from ..util.inputs import shown
 
 __all__ = ["PolicyParamError", "UnknownPolicyError", "param_defaults", "validate_params"]
 

@@ -38,9 +38,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from dcut_sched.atomic import atomic_write_text
 from dcut_sched.cost_curve.schema import MAX_MS
-from dcut_sched.inputs import InputFileError, parse_json_strict, read_text, shown
+from dcut_sched.util.atomic import atomic_write_text
+from dcut_sched.util.inputs import InputFileError, parse_json_strict, read_text, shown
 
 from .grid import Cell
 
@@ -181,7 +181,7 @@ def load_partial(path: str | Path) -> dict[str, Any]:
     Contract: ``schema`` is :data:`PARTIAL_SCHEMA`; ``settings`` an object; ``samples_ms`` an object
     of lists of positive finite numbers (booleans, strings, nulls, nested lists refused);
     ``skipped`` an object of strings; ``measure_seconds`` a finite number >= 0; no other field. The
-    JSON itself is read by :func:`dcut_sched.inputs.parse_json_strict` (a repeated key, a
+    JSON itself is read by :func:`dcut_sched.util.inputs.parse_json_strict` (a repeated key, a
     200-digit number or deep nesting refused). Reading never writes: a refused file is left
     byte-identical.
 

@@ -29,8 +29,8 @@ import argparse
 import sys
 
 from dcut_sched import CostCurve
-from dcut_sched.console import make_console
 from dcut_sched.paths import profile_path
+from dcut_sched.util.console import make_console
 
 from .analytic import parse_draft_spec
 from .devices import get_device

@@ -13,8 +13,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from dcut_sched.inputs import read_json
 from dcut_sched.model.config import PRESETS, LlamaConfig
+from dcut_sched.util.inputs import read_json
 
 __all__ = ["MOE_PRESETS", "ModelShape", "resolve_model", "model_names"]
 

@@ -14,9 +14,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from dcut_sched.atomic import all_or_none, atomic_path, existing_folder
 from dcut_sched.cost_curve import CostCurve
 from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available
+from dcut_sched.util.atomic import all_or_none, atomic_path, existing_folder
 
 __all__ = ["profile_vllm", "steps_path_for"]
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Union
 
 from .. import policies as policy_registry
-from ..inputs import shown
 from ..policies import Policy
+from ..util.inputs import shown
 from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS, DEFAULT_WARMUP_STEPS
 
 __all__ = ["DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "SimConfig", "SimulationError"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..atomic import atomic_path
 from ..cost_curve import CostCurve
+from ..util.atomic import atomic_path
 
 __all__ = ["describe_inputs", "plot_selection_curve", "plot_speedup"]
 

@@ -26,7 +26,7 @@ import numpy as np
 from rich.table import Table
 from scipy.optimize import differential_evolution, minimize
 
-from ..console import make_console
+from ..util.console import make_console
 from .format import Trace
 from .stats import reached_slots, replay_rows, selection_curve_arrays
 from .synth import SynthParams, generate

@@ -39,8 +39,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..atomic import atomic_path
-from ..inputs import is_symlink_loop
+from ..util.atomic import atomic_path
+from ..util.inputs import is_symlink_loop
 
 __all__ = [
     "INDEXINGS",

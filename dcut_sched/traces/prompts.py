@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..inputs import InputFileError, parse_json, read_text
+from ..util.inputs import InputFileError, parse_json, read_text
 
 __all__ = ["Prompt", "PromptError", "load_prompt_records", "prompts_digest"]
 

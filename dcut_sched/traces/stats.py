@@ -28,8 +28,8 @@ from rich.table import Table
 from scipy.stats import binned_statistic
 
 from .. import policies
-from ..console import make_console
 from ..scores import verified_prefix_tokens
+from ..util.console import make_console
 from .format import Trace, TraceError, check_trace_columns, read_trace_file
 
 __all__ = [

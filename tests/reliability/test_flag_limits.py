@@ -301,7 +301,7 @@ def test_no_output_folder_is_left_after_an_error(files, capsys):  # noqa: F811 (
 
 
 def test_check_writable_makes_no_folder(tmp_path):
-    from dcut_sched.atomic import check_writable
+    from dcut_sched.util.atomic import check_writable
 
     check_writable(tmp_path / "a" / "b" / "c.json")
     assert list(tmp_path.iterdir()) == []
@@ -311,7 +311,7 @@ def test_check_writable_makes_no_folder(tmp_path):
 
 
 def test_folders_made_for_a_failed_write_are_removed(tmp_path):
-    from dcut_sched.atomic import all_or_none, atomic_write_text
+    from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
     with pytest.raises(KeyError):
         with all_or_none():

@@ -38,7 +38,7 @@ the project's one validation path of policy parameters; the policy is then built
 ``dcut_sched.policies.get``, which checks the ranges, and that instance is the one the scheduler's
 controller runs: ``DCutVllmConfig.policy_object``). A key
 given twice in ``$DCUT_VLLM_CONFIG``, ``NaN``, an oversized number or deep nesting is refused
-(:func:`dcut_sched.inputs.parse_json_strict`).
+(:func:`dcut_sched.util.inputs.parse_json_strict`).
 
 The block size is not a key: it is vLLM's ``num_speculative_tokens + 1``, and a cost curve
 measured for another block size fails at start-up.
@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ... import policies
 from ...cli.args import check_paths, short_value
 from ...defaults import DEFAULT_POLICY
-from ...inputs import InputFileError, check_value_bounds, parse_json_strict
+from ...util.inputs import InputFileError, check_value_bounds, parse_json_strict
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEY", "DCutConfigError", "DCutVllmConfig", "METHODS_WITH_LOGITS",
            "SUPPORTED_VLLM_VERSION", "check_engine_config", "require_vllm_version"]

@@ -24,9 +24,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...atomic import atomic_write_text
 from ...cost_curve import CostCurve
 from ...paths import prompts_path
+from ...util.atomic import atomic_write_text
 from ..vllm import llm_kwargs
 from ..vllm.startup_profile import find_model_runner, profile_runner
 from .engine_steps import StepTimer, engine_step_rows

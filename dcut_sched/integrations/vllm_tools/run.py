@@ -41,8 +41,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ...atomic import atomic_write_text
 from ...defaults import DEFAULT_POLICY
+from ...util.atomic import atomic_write_text
 from ..vllm import llm_kwargs
 from .engine_steps import StepTimer
 
