@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcut_sched import CostCurve, RatioController  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
+from dcut_sched.util.tables import write_table  # noqa: E402
 
 B = 16
 H20_CURVE = Path(__file__).resolve().parents[1] / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     frame = pd.DataFrame(rows)
     from rich.table import Table
 
-    from dcut_sched.console import make_console
+    from dcut_sched.util.console import make_console
 
     table = Table(title=f"RatioController.plan() overhead, B={B} (best of {args.repeats} x {args.number} calls)")
     for col in frame.columns:

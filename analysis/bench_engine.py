@@ -105,7 +105,7 @@ def run(args) -> int:
     frame = pd.DataFrame(rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from dcut_sched.atomic import all_or_none, atomic_write_text
+    from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
     table = frame.pivot(index="policy", columns="batch_size", values="decode_tokens_per_s")
     goal = goal_shape(table)
@@ -188,7 +188,7 @@ def run_rounds(args) -> int:
     frame = pd.DataFrame(rows)
     summary = floor_summary(frame, "fine", ("ar", "full"), "ar")
     out = Path(args.out).parent
-    from dcut_sched.atomic import all_or_none, atomic_write_text
+    from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
     md = ["# The project's engine: D-Cut against plain decoding and full verification", "",
           f"SmolLM2-135M fp32, the DFlash drafter ({args.drafter.name}), B = {args.block_size}, one wave of bs "

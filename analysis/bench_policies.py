@@ -18,9 +18,9 @@ import torch
 from rich.table import Table
 
 import dcut_sched as d
-from dcut_sched.console import make_console
 from dcut_sched.step_costs import StepCosts
-from dcut_sched.tables import write_table
+from dcut_sched.util.console import make_console
+from dcut_sched.util.tables import write_table
 
 
 def linear_curve(batch_sizes, block_size):

@@ -49,10 +49,10 @@ from pathlib import Path
 import numpy as np
 
 from dcut_sched import CostCurve, policies
-from dcut_sched.atomic import atomic_write_text
 from dcut_sched.simulator import run_closed_loop, simulate
 from dcut_sched.simulator.defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS, DEFAULT_WARMUP_STEPS
 from dcut_sched.traces import Trace
+from dcut_sched.util.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "analysis" / "results" / "bench_sim.json"
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
 
     from rich.table import Table
 
-    from dcut_sched.console import make_console
+    from dcut_sched.util.console import make_console
 
     trace = Trace.load(args.trace) if args.trace else synthetic_trace()
     cost = CostCurve.load(args.cost, check_hardware=False) if args.cost else analytic_curve()

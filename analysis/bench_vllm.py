@@ -106,7 +106,7 @@ def _load(out: Path, stage: str, when: str) -> None:
 def stage_profile(args, out: Path) -> None:
     target, _ = write_pair()
     bss = ",".join(map(str, args.batch_sizes))
-    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--vllm", str(target), "--vllm-draft", _draft(False),
+    cmd = [sys.executable, "-m", "dcut_sched.cli.profile", "--vllm", str(target), "--vllm-draft", _draft(False),
            "--block-size", str(BLOCK_SIZE), "--batch-sizes", bss, "--context-len", str(args.context_len),
            "--repeats", str(args.repeats), "--vllm-engine-steps", str(args.engine_steps), "--out", str(out / _curve_name())]
     subprocess.run(cmd, check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -221,7 +221,7 @@ def dynamic_sd_schedule(curve_path: Path, batch_sizes, trace_path: Path = SCHEDU
     df = trace.to_frame()
     trace = Trace.from_frame(df[df["request_id"] >= first_request].reset_index(drop=True), trace.metadata)
     curve = d.CostCurve.load(curve_path, check_hardware=False)
-    from dcut_sched.simulator.simulate import policy_specs
+    from dcut_sched.simulator.config import policy_specs
 
     specs = [("ar", {})] + [("uniform", {"rho": (k + 1) / BLOCK_SIZE}) for k in range(1, BLOCK_SIZE)]
     k_of = {label: k for k, (label, _, _) in enumerate(policy_specs(specs))}

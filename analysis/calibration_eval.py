@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcut_sched.calibration import OnlineCalibrator, censored_outcomes, expected_calibration_error  # noqa: E402
 from dcut_sched.scores import slot_scores  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
+from dcut_sched.util.tables import write_table  # noqa: E402
 
 
 def evaluate(name, transform, conf, accept_len, block):

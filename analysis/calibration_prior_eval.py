@@ -35,8 +35,8 @@ from dcut_sched.calibration import (  # noqa: E402
     expected_calibration_error,
     reached_slots,
 )
-from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
+from dcut_sched.util.tables import write_table  # noqa: E402
 
 
 def slots_left(trace: Trace) -> np.ndarray:

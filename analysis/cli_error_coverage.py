@@ -29,7 +29,7 @@ DATA = ROOT / ".coverage-cli"
 
 #: The files whose error lines must all be reached.
 MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dcut_sched" / "cli").glob("*.py")) + [
-    "dcut_sched/profiler/cli.py",
+    "dcut_sched/cli/profile.py",
     "dcut_sched/integrations/vllm/config.py",
 ]
 #: The tests that drive them (fast; no real-model or vLLM-environment test).
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     result = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": round(load[0], 2),
               "modules": MODULES, "tests": TESTS, "pytest_status": status, "error_lines": total,
               "missing": missing}
-    from dcut_sched.atomic import atomic_write_text
+    from dcut_sched.util.atomic import atomic_write_text
 
     atomic_write_text(RESULT, json.dumps(result, indent=2) + "\n")
     for m in missing:

@@ -74,9 +74,9 @@ def depth_table(trace) -> pd.DataFrame:
 
 
 def cards(args) -> None:
-    from dcut_sched.atomic import atomic_write_text
     from dcut_sched.traces import Trace
     from dcut_sched.traces.stats import trace_stats
+    from dcut_sched.util.atomic import atomic_write_text
 
     preset = Trace.load(ROOT / "dcut_sched" / "data" / "traces" / "dflash-qwen3-8b-gsm8k-b16.parquet")
     ptab = depth_table(preset)
@@ -125,8 +125,8 @@ def fit(args) -> dict:
     from scipy.optimize import minimize
     from scipy.special import expit, log_expit, logit
 
-    from dcut_sched.atomic import atomic_write_text
     from dcut_sched.traces import Trace
+    from dcut_sched.util.atomic import atomic_write_text
 
     tr = Trace.load(ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-dflash-b16.parquet")
     k = tr.block_size - 1
@@ -165,9 +165,9 @@ def fit(args) -> dict:
 
 
 def protocol(args) -> None:
-    from dcut_sched.atomic import atomic_write_text
     from dcut_sched.simulator import benchmark_table
     from dcut_sched.traces.synth import generate, get_preset
+    from dcut_sched.util.atomic import atomic_write_text
 
     f = json.loads((RESULTS / "dflash_calibration_fit.json").read_text())
     BUILD.mkdir(parents=True, exist_ok=True)

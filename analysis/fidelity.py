@@ -52,11 +52,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dcut_sched.atomic import atomic_write_text, atomic_write_with  # noqa: E402
 from dcut_sched.cost_curve import CostCurve  # noqa: E402
 from dcut_sched.engine.observer import EngineObserver  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
+from dcut_sched.util.atomic import atomic_write_text, atomic_write_with  # noqa: E402
+from dcut_sched.util.tables import write_table  # noqa: E402
 
 POLICIES = ("ar", "full", "uniform", "threshold", "topk", "dcut", "fine", "oracle")
 BATCH_SIZES = (16, 8, 4, 2, 1)  # cheapest first: a partial run still covers the large batches
@@ -392,7 +392,7 @@ def _setup(threads: int = 1):
 def stage_profile(args) -> None:
     """Re-measure the CPU cost curve (dcut-profile --cpu) at the engine runs' context length."""
     log_load("profile", "before", args.out_dir)
-    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--cpu", "--model", "smollm2-135m",
+    cmd = [sys.executable, "-m", "dcut_sched.cli.profile", "--cpu", "--model", "smollm2-135m",
            "--batch-sizes", ",".join(map(str, PROFILE_BATCH_SIZES)), "--block-size", str(BLOCK_SIZE),
            "--grid-step", "8", "--draft", "self-skip:14,15", "--context-len", str(args.context_len),
            "--warmups", "1", "--repeats", "5", "--rounds", "5", "--threads", "1", "--no-progress",
@@ -406,7 +406,7 @@ def stage_timing_profile(args) -> None:
     """A second CPU curve for the step-time model: every bs 1..16 (continuous batching visits them
     all and this CPU's cost is not smooth in bs) at the engine's measured decode context."""
     log_load("timing-profile", "before", args.out_dir)
-    cmd = [sys.executable, "-m", "dcut_sched.profiler.cli", "--cpu", "--model", "smollm2-135m",
+    cmd = [sys.executable, "-m", "dcut_sched.cli.profile", "--cpu", "--model", "smollm2-135m",
            "--batch-sizes", ",".join(str(b) for b in range(1, 17)), "--block-size", str(BLOCK_SIZE),
            "--grid-step", "8", "--draft", "self-skip:14,15", "--context-len", str(args.timing_context_len),
            "--warmups", "1", "--repeats", "5", "--rounds", "5", "--threads", "1", "--no-progress",

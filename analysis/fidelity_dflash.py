@@ -44,10 +44,10 @@ def main() -> int:
     from fidelity import engine_matched_trace, error_summary, relative_error
 
     from dcut_sched import policies
-    from dcut_sched.atomic import all_or_none, atomic_write_text
     from dcut_sched.cost_curve import CostCurve
     from dcut_sched.simulator import run_open_loop
     from dcut_sched.traces import Trace
+    from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
     bench = pd.read_csv(BENCH)
     settings = json.loads(BENCH.with_suffix(".json").read_text())["settings"]

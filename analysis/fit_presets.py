@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from dcut_sched.atomic import atomic_write_text
 from dcut_sched.traces.fit import fit_moments
 from dcut_sched.traces.synth import SynthParams
+from dcut_sched.util.atomic import atomic_write_text
 
 BS = 32
 UNIFORM = np.array([101.4, 152.9, 183.0, 201.2])

@@ -48,12 +48,12 @@ from report_selection import PUBLISHED_GSM8K, plot_selection, selection_table  #
 from report_speedup import Family, plot_family, run_family  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from dcut_sched.atomic import atomic_write_text  # noqa: E402
 from dcut_sched.cost_curve import CostCurveError  # noqa: E402
 from dcut_sched.policies import PEERS  # noqa: E402
 from dcut_sched.policies import names as policy_names  # noqa: E402
-from dcut_sched.tables import write_table  # noqa: E402
 from dcut_sched.traces import TraceError  # noqa: E402
+from dcut_sched.util.atomic import atomic_write_text  # noqa: E402
+from dcut_sched.util.tables import write_table  # noqa: E402
 
 H20 = "dcut_sched/profiler/profiles/h20-qwen3-8b-published.json"
 CPU = "dcut_sched/profiler/profiles/cpu-smollm2-135m-b16.json"

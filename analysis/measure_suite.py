@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         r = json.loads(result.read_text())
     else:
         r = run_suite(args.pytest_args, args.burn)
-        from dcut_sched.atomic import atomic_write_text
+        from dcut_sched.util.atomic import atomic_write_text
 
         result.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(result, json.dumps(r, indent=2) + "\n")

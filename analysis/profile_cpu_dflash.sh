@@ -6,6 +6,6 @@
 # Run it on a quiet machine; the curve records the load it saw. Interrupted? Re-run with --resume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m dcut_sched.profiler.cli --cpu --model smollm2-135m --batch-sizes 1,2,4,8,16 --block-size 16 \
+python -m dcut_sched.cli.profile --cpu --model smollm2-135m --batch-sizes 1,2,4,8,16 --block-size 16 \
     --grid-step 8 --draft dflash:drafters/smollm2-135m-dflash --context-len 80 --warmups 1 --repeats 3 --rounds 3 \
     --threads 2 --no-progress --out dcut_sched/profiler/profiles/cpu-smollm2-135m-dflash-b16.json "$@"

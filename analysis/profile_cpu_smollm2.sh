@@ -5,7 +5,7 @@
 # Interrupted? Run it again with --resume appended.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHONPATH=. python -m dcut_sched.profiler.cli --cpu --model smollm2-135m --batch-sizes 1,2,4,8,16 --block-size 16 \
+PYTHONPATH=. python -m dcut_sched.cli.profile --cpu --model smollm2-135m --batch-sizes 1,2,4,8,16 --block-size 16 \
     --grid-step 8 --draft self-skip:14,15 --context-len 256 --warmups 1 --repeats 5 --rounds 5 --threads 1 \
     --report analysis/cpu-smollm2-135m-b16-interp.csv \
     --out dcut_sched/profiler/profiles/cpu-smollm2-135m-b16.json "$@"

@@ -31,7 +31,7 @@ def replace_block(name: str, body: str, path: Path | None = None) -> None:
     Raises:
         SystemExit: the page has no such block.
     """
-    from dcut_sched.atomic import atomic_write_text
+    from dcut_sched.util.atomic import atomic_write_text
 
     path = path if path is not None else BLOCK_FILES.get(name, README)
     text = path.read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dcut_sched.atomic import atomic_path
+from dcut_sched.util.atomic import atomic_path
 
 __all__ = ["figure_module", "save_figure"]
 

@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not 0 <= args.warmup < args.steps:
         ap.error(f"need 0 <= --warmup ({args.warmup}) < --steps ({args.steps})")
-    from dcut_sched.atomic import atomic_write_text
+    from dcut_sched.util.atomic import atomic_write_text
 
     os.chdir(ROOT)
     start = time.perf_counter()

@@ -297,7 +297,7 @@ def update_generated_block(path: Path, key: str, text: str) -> bool:
 
     Returns whether the file has that block (files without it are left alone). Written atomically.
     """
-    from dcut_sched.atomic import atomic_write_text
+    from dcut_sched.util.atomic import atomic_write_text
 
     begin, end = f"<!-- generated:{key} -->", f"<!-- /generated:{key} -->"
     doc = path.read_text(encoding="utf-8")

@@ -38,10 +38,10 @@ from report_calibration import plot_reliability, reliability  # noqa: E402
 from report_figures import figure_module, save_figure  # noqa: E402
 
 import dcut_sched as d  # noqa: E402
-from dcut_sched.atomic import atomic_write_text  # noqa: E402
 from dcut_sched.calibration import OnlineCalibrator  # noqa: E402
 from dcut_sched.simulator import seed_spread  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
+from dcut_sched.util.atomic import atomic_write_text  # noqa: E402
 
 GREEDY = "dcut_sched/data/traces/smollm2-135m-skip14-15-b16.parquet"
 SAMPLED = {0.7: "dcut_sched/data/traces/smollm2-135m-skip14-15-b16-t07.parquet", 1.0: "dcut_sched/data/traces/smollm2-135m-skip14-15-b16-t10.parquet"}

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                 shutil.rmtree(work, ignore_errors=True)
         for s in r["steps"]:  # keep the tail of each step's output, not megabytes of it
             s["output"] = s["output"][-6000:] if s["name"] != "tests" else s["output"]
-        from dcut_sched.atomic import atomic_write_text
+        from dcut_sched.util.atomic import atomic_write_text
 
         atomic_write_text(RESULT, json.dumps(r, indent=1) + "\n")
     write_blocks(r)

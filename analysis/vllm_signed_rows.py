@@ -34,9 +34,9 @@ def main() -> int:
     import bench_vllm as bench
 
     import dcut_sched as d
-    from dcut_sched.atomic import all_or_none, atomic_write_text
     from dcut_sched.integrations.vllm_tools.engine_steps import engine_step_rows
-    from dcut_sched.tables import write_table
+    from dcut_sched.util.atomic import all_or_none, atomic_write_text
+    from dcut_sched.util.tables import write_table
 
     shipped = d.CostCurve.load(OUT / bench.CURVE_NAME, check_hardware=False)
     records = [json.loads(line) for line in (OUT / bench.CURVE_NAME.replace(".json", ".steps.jsonl")).read_text().splitlines()

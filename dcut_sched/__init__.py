@@ -11,7 +11,7 @@ format (pyarrow).
 
 from __future__ import annotations
 
-from ._lazy import lazy_exports
+from .util._lazy import lazy_exports
 
 __version__ = "0.1.0"
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 __all__ = ["capture_graph"]
 
 
@@ -40,8 +42,6 @@ def capture_graph(fn: Callable[[], Any], *, pool: Any = None, warmup_iters: int 
         whatever ``fn`` or the capture raises (e.g. ``torch.cuda.OutOfMemoryError``).
     """
     if cuda is None:
-        import torch
-
         cuda = torch.cuda
     side = cuda.Stream()
     side.wait_stream(cuda.current_stream())

@@ -20,6 +20,8 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
+import platformdirs
+
 __all__ = [
     "LOCAL_ARTIFACTS",
     "PROMPT_SETS",
@@ -96,8 +98,6 @@ def checkout_root() -> Path | None:
 def user_cache_dir() -> Path:
     """``platformdirs.user_cache_dir("dcut-sched")`` (``$XDG_CACHE_HOME/dcut-sched`` or
     ``~/.cache/dcut-sched`` on Linux)."""
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("dcut-sched"))
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "expected_tokens",
     "global_topk",
     "is_tensor",
+    "tensor_module",
     "slot_scores",
     "verified_prefix_tokens",
 ]
@@ -51,6 +52,12 @@ def is_tensor(x: Any) -> bool:
 
 
 _is_torch = is_tensor
+
+
+def tensor_module() -> Any:
+    """The ``torch`` module, for code that holds a tensor: already imported (a tensor exists only once
+    it is), so the numpy paths never import it."""
+    return sys.modules["torch"]
 
 
 def check_confidences(conf: Array, *, name: str = "conf") -> None:
@@ -79,8 +86,7 @@ def check_confidences(conf: Array, *, name: str = "conf") -> None:
             f"{name} has no draft slots (shape {shape}); block_size must be >= 2 for speculation"
         )
     if _is_torch(conf):
-        import torch
-
+        torch = tensor_module()
         if not conf.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor; got dtype {conf.dtype}")
         bad = ~((conf >= 0) & (conf <= 1))  # False for NaN too, and +-inf fails one side
@@ -121,8 +127,7 @@ def check_scores(scores: Array, *, name: str = "scores") -> None:
     if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
         raise ValueError(f"{name} must have shape [batch_size >= 1, B >= 1]; got {shape}")
     if _is_torch(scores):
-        import torch
-
+        torch = tensor_module()
         if not scores.is_floating_point():
             raise ValueError(f"{name} must be a floating tensor; got dtype {scores.dtype}")
         nan = torch.isnan(scores)
@@ -168,8 +173,7 @@ def slot_scores(conf: Array, *, validate: bool = True) -> Array:
     if validate:
         check_confidences(conf)
     if _is_torch(conf):
-        import torch
-
+        torch = tensor_module()
         ones = torch.ones((conf.shape[0], 1), dtype=conf.dtype, device=conf.device)
         return torch.cat([ones, torch.cumprod(conf, dim=1)], dim=1)
     conf = np.asarray(conf)
@@ -240,8 +244,7 @@ class ScoreRanking:
         self._order: Any = None
         self._cumsum: Any = None
         if self._torch:
-            import torch
-
+            torch = tensor_module()
             flat = scores.t().reshape(-1)
             sorted_neg, order = torch.sort(-flat, stable=True)
             self._order = order
@@ -317,8 +320,7 @@ class ScoreRanking:
             bad = [k for k in ks_list if not (self.batch_size <= k <= self.max_tokens)][0]
             self.check_budget(bad)
         if self._torch:
-            import torch
-
+            torch = tensor_module()
             idx = torch.as_tensor(ks_arr - 1, device=self._cumsum.device)
             return self._cumsum[idx].cpu().numpy()
         if self._order is None and 0 < len(ks_list) <= self.PARTITION_MAX_BUDGETS:
@@ -340,8 +342,7 @@ class ScoreRanking:
         """
         k = self.check_budget(k)
         if self._torch:
-            import torch
-
+            torch = tensor_module()
             chosen = self._order[:k] % self.batch_size
             # scatter-add into zeros(bs): torch.bincount would read max() on the host (a CUDA sync)
             counts = torch.zeros(self.batch_size, dtype=torch.int64, device=chosen.device)
@@ -415,8 +416,7 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
         _check_lengths(scores, lengths)
     block = scores.shape[1]
     if _is_torch(scores):
-        import torch
-
+        torch = tensor_module()
         lengths = torch.as_tensor(lengths, device=scores.device)
         mask = torch.arange(block, device=scores.device)[None, :] < lengths[:, None]
         per = (scores * mask).sum(dim=1)
@@ -442,8 +442,7 @@ def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
         ``[bs]`` int64 array/tensor of the inputs' kind.
     """
     if _is_torch(accept_len):
-        import torch
-
+        torch = tensor_module()
         lengths = torch.as_tensor(lengths, device=accept_len.device)
         return 1 + torch.minimum(accept_len.long(), lengths.long() - 1)
     return 1 + np.minimum(np.asarray(accept_len, dtype=np.int64), np.asarray(lengths, dtype=np.int64) - 1)
@@ -454,8 +453,7 @@ def _check_lengths(scores: Array, lengths: Any) -> None:
         raise ValueError(f"scores must have shape [batch_size, B]; got {getattr(scores, 'shape', type(scores).__name__)}")
     bs, block = int(scores.shape[0]), int(scores.shape[1])
     if _is_torch(lengths):
-        import torch
-
+        torch = tensor_module()
         shape, lo, hi = tuple(lengths.shape), None, None
         if shape == (bs,) and bs:
             lo, hi = (int(v) for v in torch.aminmax(lengths))

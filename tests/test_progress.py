@@ -3,7 +3,7 @@
 import io
 import time
 
-from dcut_sched.progress import RunProgress, format_duration, status_line
+from dcut_sched.util.progress import RunProgress, format_duration, status_line
 
 
 def test_format_duration():

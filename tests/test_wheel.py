@@ -49,7 +49,7 @@ def test_wheel_holds_the_shipped_inputs_and_no_local_artifacts(wheel):
                  *(f"dcut_sched/data/traces/dflash-qwen3-8b-{b}-b16.parquet"
                    for b in ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench"))):
         assert data in names, data
-    assert "dcut_sched/profiler/cli.py" in names
+    assert "dcut_sched/cli/profile.py" in names
     assert not [n for n in names if n.startswith(("drafters/", "tests/", "dcut_profiler"))]
     assert not [n for n in names if n.endswith(".safetensors")]
 

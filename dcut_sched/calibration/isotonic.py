@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from scipy.optimize import isotonic_regression
 
 from ..scores import Array, verified_prefix_tokens
 from .metrics import censored_outcomes
@@ -149,7 +150,6 @@ class OnlineCalibrator:
     def _isotonic(self, values: np.ndarray, weights: np.ndarray) -> np.ndarray:
         if values.size == 1:
             return values
-        from scipy.optimize import isotonic_regression  # scipy loads on the first refit only
 
         return isotonic_regression(values, weights=weights, increasing=True).x
 

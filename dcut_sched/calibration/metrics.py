@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy.stats import binned_statistic
 
 __all__ = ["CONF_EPS", "censored_outcomes", "expected_calibration_error", "logistic_map", "logit", "reached_slots"]
 
@@ -46,8 +47,6 @@ def expected_calibration_error(prob: np.ndarray, outcome: np.ndarray, num_bins: 
         outcome: 0/1 outcomes, same size.
         num_bins: number of bins.
     """
-    from scipy.stats import binned_statistic
-
     prob = np.asarray(prob, dtype=np.float64).ravel()
     outcome = np.asarray(outcome, dtype=np.float64).ravel()
     if prob.size == 0:

@@ -13,7 +13,10 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.optimize import minimize
 
+from ..util.atomic import atomic_write_text
+from ..util.inputs import InputFileError, parse_json_strict, read_text
 from .metrics import CONF_EPS, expected_calibration_error, logistic_map, logit, reached_slots
 
 __all__ = ["PRIOR_FORMAT", "PRIOR_NAME", "CalibrationPrior", "CalibrationPriorError", "calibration_report", "fit_prior"]
@@ -73,8 +76,6 @@ class CalibrationPrior(BaseModel):
             CalibrationPriorError: unreadable, not strict JSON, or a field missing / of the wrong
                 type or range (one line naming the file, the field and the fix).
         """
-        from ..inputs import InputFileError, parse_json_strict, read_text
-
         fix = "refit it with `dcut-drafter calibrate --draft DIR` (or delete it to run without a prior)"
         try:
             raw = parse_json_strict(read_text(path, "a calibration prior"), str(path))
@@ -111,8 +112,6 @@ class CalibrationPrior(BaseModel):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the prior atomically (JSON, indented)."""
-        from ..atomic import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.model_dump(), indent=2) + "\n")
 
 
@@ -133,8 +132,6 @@ def fit_prior(conf: np.ndarray, accept_len: np.ndarray, num_slots: np.ndarray | 
     Raises:
         ValueError: shapes disagree, or depth 1 has fewer than ``min_reached`` reached slots.
     """
-    from scipy.optimize import minimize
-
     conf = np.asarray(conf, dtype=np.float64)
     accept_len = np.asarray(accept_len)
     if conf.ndim != 2 or accept_len.shape != (conf.shape[0],):

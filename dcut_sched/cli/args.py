@@ -9,11 +9,13 @@
   a path that is a symlink loop, input or output, is refused naming its flag.
 - :func:`read_text_input`: a text input (JSON, JSONL, config) read as UTF-8, with a one-line error
   naming the flag, the file and the fix when it is missing, binary (e.g. a Parquet file given by
-  mistake) or not UTF-8 (:mod:`dcut_sched.inputs`).
+  mistake) or not UTF-8 (:mod:`dcut_sched.util.inputs`).
 - :func:`check_json_input`: a JSON input refused before any work unless it reads under
-  :func:`dcut_sched.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
+  :func:`dcut_sched.util.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
   bounded nesting).
 - :func:`param_value`: the value of a ``--param`` flag, strict JSON or else a plain string.
+- :func:`comma_list`: the one comma-separated list type (batch sizes, layers, ratios, policy names),
+  at most :data:`MAX_LIST_ITEMS` items.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..atomic import check_writable
+from ..util.atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["MAX_SEED", "check_json_input", "check_paths", "finite_float", "flag_of", "given_flags", "int_at_least",
-           "param_value",
+__all__ = ["MAX_LIST_ITEMS", "MAX_SEED", "check_json_input", "check_paths", "comma_list", "finite_float", "flag_of",
+           "given_flags", "int_at_least", "param_value",
            "read_text_input", "same_file", "seed_type", "short_value", "torch_device"]
 
 #: The largest ``--seed`` any tool takes: seeds are stored as int64 in result files.
@@ -52,6 +54,49 @@ def int_at_least(minimum: int, maximum: int | None = None) -> "callable":
         return value
 
     parse.__name__ = f"integer >= {minimum}" if maximum is None else f"integer in [{minimum}, {maximum}]"
+    return parse
+
+
+#: The most items one comma-separated flag value holds (docs/reliability.md): far above any real list
+#: of batch sizes, layers or policies; it bounds the work of one parse.
+MAX_LIST_ITEMS = 10_000
+
+
+def comma_list(kind: Callable[[str], Any] = int, *, what: str = "integers", item: str = "value",
+               minimum: float | None = None, maximum: float | None = None, open_low: bool = False,
+               need: str = "", limit: int | None = None, unique: bool = False, allow_empty: bool = False,
+               max_items: int = MAX_LIST_ITEMS) -> "callable":
+    """An ``argparse`` type: a comma-separated list of ``kind`` values (empty items are skipped).
+
+    Refused, in this order: more than ``max_items`` items; an item ``kind`` cannot read ("not a
+    comma-separated list of ``what``"); an empty list unless ``allow_empty``; a value outside
+    [``minimum``, ``maximum``] (``minimum`` excluded with ``open_low``; "need ``need``"); a value
+    above ``limit``, a documented work limit; a repeated value when ``unique``.
+    """
+
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if len(parts) > max_items:
+            raise argparse.ArgumentTypeError(f"{len(parts):,} items, above the limit {max_items:,} "
+                                             f"(docs/reliability.md)")
+        try:
+            values = [kind(p) for p in parts]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a comma-separated list of {what}") from None
+        if not values and not allow_empty:
+            raise argparse.ArgumentTypeError(f"empty {item} list")
+        low = (lambda v: not v > minimum) if open_low else (lambda v: not v >= minimum)
+        if (minimum is not None and any(low(v) for v in values)) or \
+                (maximum is not None and any(not v <= maximum for v in values)):
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r}: need {need}")
+        if limit is not None and values and max(values) > limit:
+            raise argparse.ArgumentTypeError(f"{item} {short_value(str(max(values)))} is above the limit {limit:,} "
+                                             f"(docs/reliability.md)")
+        if unique and len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"{short_value(text)!r}: a {item} is given twice")
+        return values
+
+    parse.__name__ = f"comma-separated {what}"
     return parse
 
 
@@ -176,7 +221,7 @@ def check_paths(
             another output (both flags named), an unknown suffix, a folder, or a place that cannot
             be written.
     """
-    from ..inputs import is_symlink_loop
+    from ..util.inputs import is_symlink_loop
 
     ins: list[tuple[str, str]] = []
     for flag, value in inputs.items():
@@ -215,8 +260,8 @@ def check_paths(
 
 def read_text_input(path: str | os.PathLike, flag: str, what: str) -> str:
     """The UTF-8 text of an input file, or a :class:`UsageError` naming ``flag``, the file and the fix
-    (:func:`dcut_sched.inputs.read_text`)."""
-    from ..inputs import InputFileError, read_text
+    (:func:`dcut_sched.util.inputs.read_text`)."""
+    from ..util.inputs import InputFileError, read_text
 
     try:
         return read_text(path, what)
@@ -226,13 +271,13 @@ def read_text_input(path: str | os.PathLike, flag: str, what: str) -> str:
 
 def check_json_input(path: str | os.PathLike | None, flag: str, what: str) -> None:
     """Refuse before any work a JSON input that is missing, a symlink loop, binary, not UTF-8, not
-    JSON, or breaks a rule of :func:`dcut_sched.inputs.parse_json_strict` (a key repeated in one
+    JSON, or breaks a rule of :func:`dcut_sched.util.inputs.parse_json_strict` (a key repeated in one
     object, a number longer than its digit limit, nesting too deep), with a one-line
     :class:`UsageError` naming ``flag`` and the file. ``NaN``/``Infinity`` pass here: the loader
     then checks the fields and names the one that holds them."""
     if path is None:
         return
-    from ..inputs import InputFileError, parse_json_strict
+    from ..util.inputs import InputFileError, parse_json_strict
 
     text = read_text_input(path, flag, what)
     try:
@@ -248,10 +293,10 @@ def param_value(raw: str, where: str) -> Any:
 
     Raises:
         argparse.ArgumentTypeError: JSON that breaks a rule of
-            :func:`dcut_sched.inputs.parse_json_strict` (a number longer than its digit limit, a
+            :func:`dcut_sched.util.inputs.parse_json_strict` (a number longer than its digit limit, a
             repeated key, nesting too deep), one short line naming ``where`` (``uniform.rho``).
     """
-    from ..inputs import InputFileError, JSONSyntaxError, parse_json_strict
+    from ..util.inputs import InputFileError, JSONSyntaxError, parse_json_strict
 
     try:
         return parse_json_strict(raw, where, allow_nonfinite=True)

@@ -112,10 +112,10 @@ CALIBRATION_TOKENS = 96
 
 
 def _train(args) -> int:
-    from ..atomic import missing_folders, remove_empty_folders
     from ..drafters.train import TrainSettings
     from ..drafters.workdir import check_drafter_folder, lock_work_dir
     from ..traces.prompts import PromptError, load_prompt_records
+    from ..util.atomic import missing_folders, remove_empty_folders
 
     settings = TrainSettings(seed=args.seed, steps=args.steps, num_layers=args.layers,
                              draft_vocab_size=args.draft_vocab or None, num_generated_prompts=args.num_prompts,
@@ -179,7 +179,7 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
             "eval_prompts": _eval_prompts_label(args.eval_prompts)}
 
     def write(folder: Path) -> None:  # weights, config, curve, report, card and plot: the folder is swapped in whole
-        from ..atomic import atomic_write_text
+        from ..util.atomic import atomic_write_text
 
         save_checkpoint(model, folder, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed})
         _write_curve(folder / "training_curve.csv", state.history)
@@ -250,7 +250,7 @@ def _check_out_folder(text: str | None) -> Path:
 def _write_curve(path: Path, history) -> None:
     import pandas as pd
 
-    from ..atomic import atomic_write_text
+    from ..util.atomic import atomic_write_text
 
     atomic_write_text(path, pd.DataFrame(history).to_csv(index=False))
 
@@ -262,7 +262,7 @@ def _plot_curve(path: Path, history, evals) -> None:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from ..atomic import atomic_path
+    from ..util.atomic import atomic_path
 
     h = pd.DataFrame(history)
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
@@ -285,7 +285,7 @@ def _plot_curve(path: Path, history, evals) -> None:
 
 
 def _write_card(path: Path, meta: dict) -> None:
-    from ..atomic import atomic_write_text
+    from ..util.atomic import atomic_write_text
 
     s, c = meta["settings"], meta["config"]
     lines = [
@@ -468,10 +468,10 @@ def _calibrate(args) -> int:
     from ..drafters.data import continue_prompts, sequence_features
     from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
     from ..drafters.train import TrainSettings
-    from ..inputs import InputFileError, parse_json_strict, read_text
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
     from ..traces.prompts import PromptError, load_prompt_records
+    from ..util.inputs import InputFileError, parse_json_strict, read_text
 
     folder = Path(args.draft)
     out = folder / PRIOR_NAME

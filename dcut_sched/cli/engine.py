@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from .args import (
     check_json_input,
     check_paths,
+    comma_list,
     int_at_least,
     param_value,
     seed_type,
@@ -45,11 +46,7 @@ def _param(text: str) -> tuple[str, Any]:
     return key, param_value(raw, key)
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+_layer_list = comma_list(item="layer", allow_empty=True)
 
 
 def _paragraphs(*texts: str) -> str:
@@ -114,7 +111,7 @@ def build_parser() -> CliParser:
     g.add_argument("--batch-size", type=int_at_least(1, MAX_BATCH_SIZE), default=8, help="requests decoded at a time (default: 8)")
     g.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: slots per block, B-1 drafts (default: 16)")
     g.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=32, help="tokens generated per request (default: 32)")
-    g.add_argument("--skip-layers", type=_int_list, default=[14, 15], metavar="I,J",
+    g.add_argument("--skip-layers", type=_layer_list, default=[14, 15], metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -148,7 +145,7 @@ def build_parser() -> CliParser:
 
 
 def _write_table(path: str, frame) -> None:
-    from ..tables import write_table
+    from ..util.tables import write_table
 
     write_table(frame, path)
 
@@ -167,16 +164,15 @@ def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
                  "--trace": (args.trace, (".parquet",))})
 
 
-def run(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _load_inputs(args: argparse.Namespace):
+    """Load: the drafter, the sampling settings, the policy parameters and the prompt texts, each refused
+    with a :class:`UsageError` naming its flag. Returns ``(draft_spec, dflash, sampling, params, texts)``."""
     import torch
 
     from .. import policies
-    from ..controller import RatioController
-    from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
     from ..drafters import load_dflash, parse_draft_spec
     from ..drafters.dflash import DraftCheckpointError, check_target
-    from ..engine import DEFAULT_PROMPTS, PromptFileError, SpecEngine, default_cost_curve, load_prompt_texts
+    from ..engine import DEFAULT_PROMPTS, PromptFileError, load_prompt_texts
     from ..model.config import LlamaConfig
     from ..sampling import SamplingParams
 
@@ -225,6 +221,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--prompts: {exc}") from None
     if args.num_prompts is not None:  # >= 1 (its argparse type)
         texts = texts[: args.num_prompts]
+    return draft_spec, dflash, sampling, params, texts
+
+
+def _build_controller(args: argparse.Namespace, draft_spec, dflash, params: dict[str, Any]):
+    """Build: the cost curve (``--cost``, else the shipped default) and the controller, before the model
+    loads. Returns ``(controller, cost_source)``."""
+    from .. import policies
+    from ..controller import RatioController
+    from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
+    from ..engine import default_cost_curve
+
     policy_cls = policies.policy_class(args.policy)  # its class attributes, without building one
     curve = cost_source = None
     if args.cost and not policy_cls.needs_cost:
@@ -247,8 +254,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cost: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"policy {args.policy}: {exc}") from None
+    return ctrl, cost_source
+
+
+def _build_engine(args: argparse.Namespace, ctrl, cost_source, sampling, dflash, texts: list[str]):
+    """Build: SmolLM2-135M, its tokenizer and the :class:`~dcut_sched.engine.SpecEngine`.
+    Returns ``(engine, model, tokenizer, prompt_ids)``."""
+    from ..engine import SpecEngine
+
     try:
-        from ..model import LlamaModel, greedy_generate, sample_generate
+        from ..model import LlamaModel
         from ..model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
 
         tokenizer = load_smollm2_tokenizer()
@@ -262,13 +277,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     engine.cost_source = cost_source or "none (policy needs no cost curve)"
+    return engine, model, tokenizer, prompt_ids
 
-    from rich.table import Table
 
-    from ..console import make_console
-    from ..progress import RunProgress, format_duration
+def _generate(args: argparse.Namespace, engine, prompt_ids: list):
+    """Run: the engine over every prompt, with progress and a run-time estimate after a few steps."""
+    import torch
 
-    console = make_console()
+    from ..util.progress import RunProgress, format_duration
+
     max_tokens = len(prompt_ids) * args.max_new_tokens
     progress = RunProgress(f"{PROG} {args.policy}", max_tokens, "tokens", enabled=not args.quiet)
     state = {"requests": 0, "steps": 0, "tokens": 0}
@@ -292,59 +309,55 @@ def run(args: argparse.Namespace) -> int:
                   f"the first {ESTIMATE_AFTER_STEPS} steps")
     progress.update(detail="prefill and first step (the first drafted step includes the drafter's prefill)")
     with progress:
-        result = engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
-                                 on_step=on_step)
-    summary = result.summary()
-    summary["drafter"] = draft_spec.describe()
+        return engine.generate(prompt_ids, record_trace=bool(args.trace), on_request_done=on_request_done,
+                               on_step=on_step)
 
-    mismatched: list[int] = []
-    if args.check:
-        num_batches = -(-len(prompt_ids) // args.batch_size)
-        check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
-                            "steps", enabled=not args.quiet)
-        done_batches = [0]
 
-        def on_ref_step(done: int, total: int) -> None:
-            if done == 1 and check.completed > 0:
-                done_batches[0] += 1
-            check.update(completed=done_batches[0] * total + done,
-                         detail=f"batch {done_batches[0] + 1}/{num_batches}")
+def _check_reference(args: argparse.Namespace, model, tokenizer, prompt_ids: list, sampling, outputs) -> list[int]:
+    """``--check``: decode every prompt without speculation; returns the prompts whose output differs."""
+    from ..model import greedy_generate, sample_generate
+    from ..util.progress import RunProgress
 
-        with check:
-            if sampling.is_greedy:
-                reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
-                                            batch_size=args.batch_size, on_step=on_ref_step)
-            else:
-                reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
-                                            batch_size=args.batch_size, on_step=on_ref_step)
-        mismatched = [i for i, (a, b) in enumerate(zip(result.outputs, reference)) if a != b]
-        same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
-        summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"
+    num_batches = -(-len(prompt_ids) // args.batch_size)
+    check = RunProgress(f"{PROG} --check (plain decoding reference)", num_batches * args.max_new_tokens,
+                        "steps", enabled=not args.quiet)
+    done_batches = [0]
 
-    table = Table(title=f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, bs={args.batch_size}, "
-                        f"{len(prompt_ids)} prompts x {args.max_new_tokens} tokens")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key in ("cost_source", "sampling", "generated_tokens", "steps", "drafted_steps", "tokens_per_s", "decode_tokens_per_s",
-                "accepted_per_step", "tokens_per_request_step", "mean_ratio", "prefill_ms", "draft_ms", "plan_ms",
-                "verify_ms", "bad_conf_requests", "check"):
-        if key in summary:
-            v = summary[key]
-            table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
-    console.print(table)
-    if args.show_steps > 0 and result.steps:
-        st = Table(title=f"first {min(args.show_steps, len(result.steps))} step plans")
-        for col in ("step", "bs", "drafted", "lengths", "num_tokens", "ratio", "accepted", "tokens"):
-            st.add_column(col, justify="right")
-        for s in result.steps[: args.show_steps]:
-            st.add_row(str(s.step), str(s.batch_size), "yes" if s.drafted else "no", str(s.lengths), str(s.num_tokens),
-                       f"{s.ratio:.2f}", str(s.accepted), str(s.committed_tokens))
-        console.print(st)
+    def on_ref_step(done: int, total: int) -> None:
+        if done == 1 and check.completed > 0:
+            done_batches[0] += 1
+        check.update(completed=done_batches[0] * total + done,
+                     detail=f"batch {done_batches[0] + 1}/{num_batches}")
+
+    with check:
+        if sampling.is_greedy:
+            reference = greedy_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id,
+                                        batch_size=args.batch_size, on_step=on_ref_step)
+        else:
+            reference = sample_generate(model, prompt_ids, args.max_new_tokens, tokenizer.eos_id, sampling,
+                                        batch_size=args.batch_size, on_step=on_ref_step)
+    return [i for i, (a, b) in enumerate(zip(outputs, reference)) if a != b]
+
+
+def _report(args: argparse.Namespace, summary: dict, result, sampling, texts: list[str], tokenizer) -> None:
+    """Report: the summary table, the first step plans and the first decoded outputs."""
+    from ..util.console import make_console
+    from .render import render_engine
+
+    console = make_console()
+    render_engine(console, f"dcut-engine: {args.policy}, {sampling.describe()}, B={args.block_size}, "
+                           f"bs={args.batch_size}, {len(texts)} prompts x {args.max_new_tokens} tokens",
+                  summary, result.steps, args.show_steps)
     for i in range(min(args.show_outputs, len(result.outputs))):
         console.print(f"[bold]prompt {i}:[/bold] {texts[i]!r}\n[bold]output:[/bold] "
                       f"{tokenizer.decode(result.outputs[i], skip_special_tokens=True)!r}")
 
-    from ..atomic import all_or_none
+
+def _write(args: argparse.Namespace, summary: dict, result, draft_spec, dflash) -> None:
+    """Write: ``--out``, ``--steps`` and ``--trace``, together or not at all."""
+    import pandas as pd
+
+    from ..util.atomic import all_or_none
 
     trace = None
     if args.trace:
@@ -364,6 +377,24 @@ def run(args: argparse.Namespace) -> int:
             _write_table(args.steps, result.steps_frame())
         if trace is not None:
             trace.save(args.trace)
+
+
+def run(args: argparse.Namespace) -> int:
+    """One ``dcut-engine`` run: load, build, generate, check, report, write. Exit status 1 when ``--check``
+    finds an output that differs from plain decoding."""
+    draft_spec, dflash, sampling, params, texts = _load_inputs(args)
+    ctrl, cost_source = _build_controller(args, draft_spec, dflash, params)
+    engine, model, tokenizer, prompt_ids = _build_engine(args, ctrl, cost_source, sampling, dflash, texts)
+    result = _generate(args, engine, prompt_ids)
+    summary = result.summary()
+    summary["drafter"] = draft_spec.describe()
+    mismatched: list[int] = []
+    if args.check:
+        mismatched = _check_reference(args, model, tokenizer, prompt_ids, sampling, result.outputs)
+        same = "identical to greedy" if sampling.is_greedy else "identical to sampled decoding"
+        summary["check"] = same if not mismatched else f"differs for prompts {mismatched}"
+    _report(args, summary, result, sampling, texts, tokenizer)
+    _write(args, summary, result, draft_spec, dflash)
     return 1 if mismatched else 0
 
 

@@ -37,7 +37,7 @@ def check_graph_tokens(config, cost_path: str) -> None:
     """
     from .. import policies
     from ..cost_curve import CostCurve, CostCurveRangeError
-    from ..simulator.simulate import policy_specs
+    from ..simulator.config import policy_specs
 
     curve = CostCurve.load(cost_path, check_hardware=False)
     block, counts = curve.block_size, sorted(config.graph_token_counts)

@@ -20,6 +20,7 @@ from .args import (
     MAX_SEED,
     check_json_input,
     check_paths,
+    comma_list,
     finite_float,
     flag_of,
     given_flags,
@@ -64,26 +65,13 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{short_value(text)!r} is not a comma-separated list of integers") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{short_value(text)!r}: need positive integers, e.g. 4,8,16,32,64")
-    if max(values) > MAX_LIST_VALUE:
-        raise argparse.ArgumentTypeError(f"{short_value(str(max(values)))} is above the limit {MAX_LIST_VALUE:,} "
-                                         f"(docs/reliability.md)")
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"{short_value(text)!r}: a value is given twice")
-    return values
+_policy_list = comma_list(str, what="policy names", item="policy")
 
 
-def _name_list(text: str) -> list[str]:
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError("empty policy list")
-    return values
+def _int_list(item: str) -> "callable":
+    """``--batch-sizes`` / ``--graph-tokens``: distinct positive integers up to :data:`MAX_LIST_VALUE`."""
+    return comma_list(item=item, minimum=1, need="positive integers, e.g. 4,8,16,32,64", limit=MAX_LIST_VALUE,
+                      unique=True)
 
 
 def _param(text: str) -> tuple[str, str, Any]:
@@ -128,6 +116,13 @@ def build_parser() -> CliParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_run_flags(p, policies, defaults)
+    _add_loop_and_output_flags(p, defaults)
+    return p
+
+
+def _add_run_flags(p: CliParser, policies, defaults) -> None:
+    """The inputs and what to simulate: traces, curves, policies, batch sizes, seeds, what-ifs."""
     g = p.add_argument_group("inputs")
     g.add_argument("--trace", action="append", metavar="FILE",
                    help="acceptance trace (Parquet, docs/design.md §3); repeat it for the mean over several benchmarks, "
@@ -135,13 +130,13 @@ def build_parser() -> CliParser:
     g.add_argument("--cost", action="append", metavar="FILE",
                    help=f"cost curve (JSON, dcut.cost-curve/2, docs/design.md §4; /1 still loads); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")
-    g.add_argument("--policies", type=_name_list, default=None, metavar="LIST",
+    g.add_argument("--policies", type=_policy_list, default=None, metavar="LIST",
                    help=f"comma-separated policies, or 'all' ({','.join(policies.names())}); ar is always run as the "
                         f"baseline (default: all for one --trace; {','.join(defaults.DEFAULT_BENCHMARK_POLICIES)} for "
                         "the five-benchmark main job)")
     g.add_argument("--param", type=_param, action="append", default=[], metavar="POLICY.KEY=VALUE",
                    help="policy parameter, repeatable, e.g. --param uniform.rho=0.25 --param dcut.ratios=[0.5,1.0]")
-    g.add_argument("--batch-sizes", type=_int_list, default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
+    g.add_argument("--batch-sizes", type=_int_list("batch size"), default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
                    help="comma-separated batch sizes (open loop: maximum batch sizes) (default: %(default)s)")
     g.add_argument("--mode", choices=("closed", "open"), default="closed",
                    help="closed: fixed concurrency, steady state (the published benchmark); open: Poisson "
@@ -158,10 +153,14 @@ def build_parser() -> CliParser:
                    help="multiply the cost curve's draft step by X (what-if: a cheaper or dearer drafter) (default: %(default)s)")
     g.add_argument("--calibrate", action="store_true",
                    help="pass confidences through dcut_sched.calibration.OnlineCalibrator before each policy")
-    g.add_argument("--graph-tokens", type=_int_list, default=None, metavar="LIST",
+    g.add_argument("--graph-tokens", type=_int_list("token count"), default=None, metavar="LIST",
                    help="token counts a CUDA-graph bank captured (at every batch size), e.g. 64,128,256,512,1024: "
                         "fine only chooses among them and each drafted step is charged at the smallest captured "
                         "count >= its budget, as the controller with a VerifyGraphBank (default: every budget)")
+
+
+def _add_loop_and_output_flags(p: CliParser, defaults) -> None:
+    """The closed- and open-loop flags, the outputs, the selection curve and the sweeps."""
     g = p.add_argument_group("closed loop")
     g.add_argument("--steps", type=int_at_least(1, MAX_STEPS), default=None,
                    help=f"engine steps per (trace, policy, batch size), warm-up included; at most {MAX_STEPS:,} "
@@ -208,7 +207,6 @@ def build_parser() -> CliParser:
                    help="the most seconds to wait for the Dask scheduler to connect and answer; an address where "
                         "nothing answers (or another kind of server) is an error naming it, exit 2 (default: "
                         f"{DEFAULT_SCHEDULER_TIMEOUT_S:g})")
-    return p
 
 
 def _input_paths(given: list[str] | None, default: str | Sequence[str], flag: str, what: str, several: bool) -> list[str]:
@@ -255,128 +253,9 @@ def _make_calibrator():
     return OnlineCalibrator()
 
 
-def _speedup_table(title: str, sizes, open_loop: bool, **table_kwargs):
-    """An empty speedup table: a policy column, one column per batch size, the geomean."""
-    from rich.table import Table
-
-    table = Table(title=title, **table_kwargs)
-    table.add_column("policy", style="bold")
-    for bs in sizes:
-        table.add_column(f"bs {bs}" + (" (max)" if open_loop else ""), justify="right")
-    table.add_column("geomean", justify="right", style="bold")
-    return table
-
-
-def _speedup_text(s: float) -> str:
-    """``1.23x``, green above 1, red below (rich markup)."""
-    color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
-    return f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
-
-
-def _render_table(df, console, title: str, caption: str) -> None:
-
-    from ..simulator import speedup_table
-
-    open_loop = df.attrs.get("mode") == "open"
-    speed = speedup_table(df)
-    second = speedup_table(df, "tpot_ms_p50" if open_loop else "tokens_per_s")
-    sizes = [c for c in speed.columns if c != "geomean"]
-    table = _speedup_table(title, sizes, open_loop)
-    for policy, row in speed.iterrows():
-        cells = []
-        for bs in sizes:
-            s, v = row[bs], second.loc[policy, bs]
-            detail = f"{v:,.2f}" if open_loop else f"{v:,.0f}"
-            head = _speedup_text(s)
-            cells.append(f"{head}\n[dim]{detail}[/dim]")
-        table.add_row(policy, *cells, f"{row['geomean']:.2f}x")
-    console.print(table)
-    console.print(caption, highlight=False, soft_wrap=True)
-
-
-def _render_open_table(df, console, title: str, caption: str) -> None:
-    """Open loop: one row per (max batch size, policy) with what the speedup ratio hides."""
-    from rich.table import Table
-
-    table = Table(title=title)
-    for name, justify in (("max bs", "right"), ("arrivals req/s", "right"), ("policy", "left"),
-                          ("TPOT speedup", "right"),
-                          ("mean batch", "right"), ("goodput tok/s", "right"), ("TPOT p50 ms", "right"),
-                          ("TPOT p90 ms", "right"), ("TPOT p99 ms", "right"), ("TTFT p50 ms", "right"),
-                          ("TTFT p99 ms", "right"), ("SLO met", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for i, (bs, rows) in enumerate(df.groupby("batch_size", sort=True)):
-        if i:
-            table.add_section()
-        for r in rows.itertuples(index=False):
-            s = float(r.speedup_vs_ar)
-            color = "green" if s > 1.0 + 1e-9 else ("red" if s < 1.0 - 1e-9 else "")
-            speed = f"[{color}]{s:.2f}x[/{color}]" if color else f"{s:.2f}x"
-            slo = "-" if r.slo_tpot_ms != r.slo_tpot_ms else f"{r.slo_met_frac:.0%}"  # NaN: no SLO given
-            table.add_row(str(bs), f"{r.rate_rps:.2f}", r.policy, speed, f"{r.mean_batch_size:.1f}", f"{r.goodput_tokens_per_s:,.0f}",
-                          f"{r.tpot_ms_p50:.2f}", f"{r.tpot_ms_p90:.2f}", f"{r.tpot_ms_p99:.2f}",
-                          f"{r.ttft_ms_p50:.1f}", f"{r.ttft_ms_p99:.1f}", slo)
-    console.print(table)
-    console.print(caption, highlight=False, soft_wrap=True)
-
-
-def _render_open_benchmarks(df, console, num_benchmarks: int) -> None:
-    """Open loop over several benchmarks: the open-loop table of the per-benchmark means."""
-    cols = ["rate_rps", "speedup_vs_ar", "mean_batch_size", "goodput_tokens_per_s", "tpot_ms_p50", "tpot_ms_p90",
-            "tpot_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "slo_tpot_ms", "slo_met_frac"]
-    mean = df.groupby(["batch_size", "policy"], sort=False)[cols].mean().reset_index()
-    _render_open_table(mean, console, f"{PROG} open loop: latency and goodput per max batch size, mean over "
-                                      f"{num_benchmarks} benchmarks",
-                       "each cell: the mean over the benchmarks of that benchmark's figure (a percentile column is "
-                       "the mean of the per-benchmark percentiles). TPOT speedup = ar's mean TPOT / the policy's "
-                       "at the same arrivals: faster decoding per request, not more throughput; faster policies run "
-                       "smaller batches (mean batch) and below saturation goodput is about the offered load.")
-
-
-def _render_benchmarks(df, console, args, cost: str) -> None:
-    """The published protocol's table: mean speedup over the benchmarks per policy and batch size."""
-    from rich import box
-
-    from ..simulator import benchmark_table
-
-    mean = benchmark_table(df)
-    lo = benchmark_table(df.groupby(["policy", "batch_size"], sort=False)["speedup_vs_ar"].min()
-                         .rename("speedup_vs_ar").reset_index().assign(benchmark="min"))
-    hi = benchmark_table(df.groupby(["policy", "batch_size"], sort=False)["speedup_vs_ar"].max()
-                         .rename("speedup_vs_ar").reset_index().assign(benchmark="max"))
-    names = df.attrs.get("benchmarks", [])
-    open_loop = args.mode == "open"
-    approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
-    sizes = [c for c in mean.columns if c != "geomean"]
-    table = _speedup_table(f"{PROG} {'open' if open_loop else 'closed'} loop: mean speedup over ar, "
-                           f"{len(names)} benchmarks{approx}", sizes, open_loop, box=box.SIMPLE_HEAD)
-    for policy, row in mean.iterrows():
-        cells = []
-        for bs in sizes:
-            head = _speedup_text(row[bs])
-            cells.append(f"{head}\n[dim]{lo.loc[policy, bs]:.2f}-{hi.loc[policy, bs]:.2f}[/dim]")
-        table.add_row(policy, *cells, f"{row['geomean']:.2f}x")
-    console.print(table)
-    what = ("speedup = output tokens/s over ar's" if not open_loop else "speedup = ar mean TPOT over the policy's")
-    notes = [
-        f"cells: mean over the benchmarks of the {what}; below, the lowest-highest benchmark; "
-        f"geomean over all {len(names) * len(sizes)} (benchmark, batch size) settings",
-        f"benchmarks: {', '.join(names)}",
-        f"cost {cost}" + (f" (draft step x{args.draft_scale:g})" if args.draft_scale != 1.0 else "")
-        + f"; plain step C_ar: {df['plain_step'].iat[0]}",
-        f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}; "
-        f"--out keeps one row per (trace, policy, batch size)",
-    ]
-    cycles = int(df["trace_cycles"].max())
-    if cycles:
-        notes.append(f"note: traces ran out and were cycled (up to {cycles} times, fresh offsets): requests "
-                     f"replayed more than once")
-    console.print("\n".join(notes), highlight=False, soft_wrap=True)
-
-
 def _run_selection_curve(args, console) -> None:
-    from ..atomic import all_or_none
     from ..simulator import plot_selection_curve, selection_curve, write_frame
+    from ..util.atomic import all_or_none
 
     suffix = Path(args.selection_curve).suffix.lower()
     if args.trace and len(args.trace) > 1:
@@ -390,19 +269,9 @@ def _run_selection_curve(args, console) -> None:
                 {"--selection-curve": (args.selection_curve, TABLE_SUFFIXES + PLOT_SUFFIXES)})
     df = selection_curve(trace, args.selection_bs, num_batches=args.selection_batches, seed=args.seed)
     if not args.quiet:
-        from rich.table import Table
+        from .render import render_selection
 
-        approx = " (approximate: step-indexed trace)" if bool(df["approximate"].any()) else ""
-        table = Table(title=f"selection curve at bs {args.selection_bs}: accepted tokens per step{approx}")
-        table.add_column("budget K", justify="right")
-        table.add_column("rho", justify="right")
-        policies = list(dict.fromkeys(df["policy"]))
-        for name in policies:
-            table.add_column(name, justify="right")
-        for k, rows in df.groupby("budget", sort=True):
-            by = rows.set_index("policy")
-            table.add_row(str(k), f"{rows['ratio'].iat[0]:.3f}", *[f"{by.loc[n, 'accepted_tokens']:.1f}" for n in policies])
-        console.print(table)
+        render_selection(df, console, args.selection_bs)
     with all_or_none():
         if suffix in PLOT_SUFFIXES:
             plot_selection_curve(df, args.selection_curve, trace=trace)
@@ -415,7 +284,7 @@ def _run_selection_curve(args, console) -> None:
 class _Work:
     """The size of a simulation, printed before it starts; an estimate, printed after its first
     unit of work finishes (that unit's time x the rounds of ``parallel`` units); progress while it
-    runs (:class:`~dcut_sched.progress.RunProgress` on stderr: a bar on a terminal, a line every
+    runs (:class:`~dcut_sched.util.progress.RunProgress` on stderr: a bar on a terminal, a line every
     ``DCUT_PROGRESS_INTERVAL_S`` seconds elsewhere). Nothing with ``--quiet``.
 
     Args:
@@ -427,7 +296,7 @@ class _Work:
     """
 
     def __init__(self, args, *, total: int, unit: str, what: str, parallel: int = 1):
-        from ..progress import RunProgress
+        from ..util.progress import RunProgress
 
         self.total, self.unit, self.parallel = total, unit, max(1, min(parallel, total))
         per = f"{args.steps:,} steps" if args.mode == "closed" else f"{args.requests:,} arrivals"
@@ -445,7 +314,7 @@ class _Work:
 
     def done(self, completed: int, detail: str = "") -> None:
         """``completed`` units of ``total`` are finished; the first call also prints the estimate."""
-        from ..progress import format_duration
+        from ..util.progress import format_duration
 
         self.progress.update(completed=completed, detail=detail)
         if self._estimated or completed < 1:
@@ -461,7 +330,7 @@ class _Work:
 
 def _num_runs(config) -> tuple[int, int]:
     """(policies, runs) of one :func:`~dcut_sched.simulator.simulate` call: ``ar`` included, x batch sizes."""
-    from ..simulator.simulate import policy_specs
+    from ..simulator.config import policy_specs
 
     policies = len(policy_specs(config.policies, config.policy_params))  # counted, not built
     return policies, policies * len(config.batch_sizes)
@@ -469,8 +338,6 @@ def _num_runs(config) -> tuple[int, int]:
 
 def _run_seeds(args, console) -> None:
     """``--seeds N``: one trace and curve, N seeds; the table shows mean, std and range of the speedup."""
-    from rich.table import Table
-
     from ..simulator import check_simulation, seed_spread, simulate, write_frame
 
     if args.sweep or args.plot or (args.trace and len(args.trace) > 1) or (args.cost and len(args.cost) > 1):
@@ -506,18 +373,9 @@ def _run_seeds(args, console) -> None:
     df.attrs = dict(frames[0].attrs)
     spread = seed_spread(df)
     if not args.quiet:
-        table = Table(title=f"{PROG} {args.mode} loop: speedup over ar, mean over {args.seeds} seeds "
-                            f"({args.seed}..{args.seed + args.seeds - 1})")
-        table.add_column("policy", style="bold")
-        sizes = sorted(spread["batch_size"].unique())
-        for bs in sizes:
-            table.add_column(f"bs {bs}", justify="right")
-        for policy, rows in spread.groupby("policy", sort=False):
-            by = rows.set_index("batch_size")
-            table.add_row(policy, *[f"{by.loc[bs, 'speedup_mean']:.3f}x\n[dim]sd {by.loc[bs, 'speedup_std']:.3f}  "
-                                    f"{by.loc[bs, 'speedup_min']:.2f}-{by.loc[bs, 'speedup_max']:.2f}[/dim]"
-                                    for bs in sizes])
-        console.print(table)
+        from .render import render_seeds
+
+        render_seeds(spread, console, args, PROG)
         from ..traces import Trace
 
         sampled = ("sampled trace: acceptance redrawn from p per seed" if Trace.load(trace).sampled
@@ -624,17 +482,12 @@ def check_flags_used(args, given) -> None:
         raise UsageError("--jobs has no effect with --scheduler dask (the cluster's workers run the jobs): drop --jobs")
 
 
-def _run(args, console) -> None:
-    from ..atomic import all_or_none
-    from ..simulator import plot_speedup, simulate, simulate_benchmarks, sweep, write_frame
-    from ..simulator.plot import describe_inputs
+def _load(args):
+    """Load: the traces and cost curves (or the shipped defaults), the run's defaults and its
+    :class:`~dcut_sched.simulator.SimConfig`; every input and output checked before any run.
+    Returns ``(traces, costs, benchmarks, config)``; ``benchmarks``: several traces, one mean."""
+    from ..simulator import check_simulation
 
-    if args.selection_curve:
-        _run_selection_curve(args, console)
-        return
-    if args.seeds != 1:
-        _run_seeds(args, console)
-        return
     if args.plot and args.sweep:
         raise UsageError("--plot draws one trace and curve; plot a sweep's --out file with analysis/ scripts")
     d = _defaults()
@@ -661,11 +514,8 @@ def _run(args, console) -> None:
         raise UsageError("--scheduler dask runs a --sweep on a cluster: add --sweep and --scheduler-address ADDR")
     if args.scheduler_address and args.scheduler != "dask":
         raise UsageError("--scheduler-address is for --scheduler dask")
-
     if args.scheduler_timeout is not None and args.scheduler != "dask":
         raise UsageError("--scheduler-timeout is for --scheduler dask")
-    from ..simulator import check_simulation
-
     # Bad input is refused before the size line and any run.
     pairs = list(itertools.product(traces, costs if args.sweep else costs[:1]))
     for trace, cost in pairs:
@@ -675,19 +525,27 @@ def _run(args, console) -> None:
             if len(pairs) == 1:
                 raise
             raise UsageError(f"--trace {trace} with --cost {cost} cannot run: {exc}") from None
+    return traces, costs, benchmarks, config
+
+
+def _build_work(args, traces: list[str], costs: list[str], config, benchmarks: bool) -> _Work:
+    """Build: the run's size line, estimate and progress (:class:`_Work`)."""
     policies, runs = _num_runs(config)
     per_sim = f"{policies} policies x {len(config.batch_sizes)} batch sizes"
     if args.sweep:
-        import os
-
         cells = len(traces) * len(costs) * len(config.batch_sizes)
         parallel = 1 if args.scheduler == "dask" else (args.jobs or os.cpu_count() or 1)
-        work = _Work(args, total=cells, unit="jobs", parallel=parallel,
+        return _Work(args, total=cells, unit="jobs", parallel=parallel,
                      what=f"{cells} jobs ({len(traces)} traces x {len(costs)} costs x {len(config.batch_sizes)} "
                           f"batch sizes) of {policies} policies each")
-    else:
-        work = _Work(args, total=len(traces) * runs, unit="runs",
-                     what=f"{len(traces)} traces x {per_sim}" if benchmarks else per_sim)
+    return _Work(args, total=len(traces) * runs, unit="runs",
+                 what=f"{len(traces)} traces x {per_sim}" if benchmarks else per_sim)
+
+
+def _simulate(args, work: _Work, traces: list[str], costs: list[str], config, benchmarks: bool):
+    """Run: a sweep (local processes or a Dask cluster), the benchmarks' mean, or one trace."""
+    from ..simulator import simulate, simulate_benchmarks, sweep
+
     with contextlib.ExitStack() as stack:
         executor = None
         if args.scheduler == "dask":  # connected (or refused, within --scheduler-timeout) before the size line
@@ -704,70 +562,62 @@ def _run(args, console) -> None:
             def on_job(done: int, total: int) -> None:
                 work.done(done)
 
-            df = sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, executor=executor, on_job=on_job)
-        elif benchmarks:
-            df = simulate_benchmarks(traces, costs[0], config, on_run=on_run, jobs=_jobs(args))
-        else:
-            df = simulate(traces[0], costs[0], config, on_run=on_run, jobs=_jobs(args))
-    if benchmarks:
-        if not args.quiet:
-            _render_benchmarks(df, console, args, costs[0])
-            if args.mode == "open":
-                _render_open_benchmarks(df, console, len(traces))
-        with all_or_none():  # --out and --plot appear together or not at all
-            if args.out:
-                write_frame(df, args.out)
-            if args.plot:
-                from ..simulator import benchmark_table
+            return sweep(traces, costs, config.batch_sizes, config, jobs=args.jobs, executor=executor, on_job=on_job)
+        if benchmarks:
+            return simulate_benchmarks(traces, costs[0], config, on_run=on_run, jobs=_jobs(args))
+        return simulate(traces[0], costs[0], config, on_run=on_run, jobs=_jobs(args))
 
-                mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
-                mean.attrs = dict(df.attrs)
-                plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks "
-                                                     f"vs ar\ncost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
-        if args.out:
-            _wrote(args.out, f"{len(df)} rows, one per (trace, policy, batch size)")
-        if args.plot:
-            _wrote(args.plot, "speedup plot")
+
+def _report(args, console, df, traces: list[str], costs: list[str], benchmarks: bool) -> None:
+    """Report: the benchmarks' mean table (and the open-loop one), or one table per trace and curve."""
+    from .render import render_benchmarks, render_open_benchmarks, render_runs
+
+    if args.quiet:
         return
-    if not args.quiet:
-        approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
-        loop = "closed loop" if args.mode == "closed" else "open loop"
-        groups = df.groupby(["trace", "cost"], sort=False) if args.sweep else [((traces[0], costs[0]), df)]
-        for (trace, cost), part in groups:
-            part = part.copy()
-            part.attrs = dict(df.attrs, approximate=bool(part["approximate"].any()))
-            what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
-                    else "TPOT speedup = ar's mean TPOT / the policy's mean TPOT at the same arrivals (the rate "
-                         "is --load x ar's capacity at each max bs): how much faster each request decodes, not "
-                         "more throughput. Faster policies finish requests sooner, so they run smaller batches "
-                         "(mean batch), and below saturation every policy's goodput is about the offered load "
-                         "(goodput: output tokens/s of measured requests that meet --slo-tpot-ms, all without "
-                         "it). TTFT includes queueing.")
-            title = f"{PROG} {loop}: speedup over ar{approx}"
-            notes = [what, f"trace {trace}", f"cost {cost}; plain step C_ar: {part['plain_step'].iat[0]}"]
-            if args.mode == "closed":
-                notes.append(f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}")
-            else:
-                notes.append(f"{args.requests} Poisson arrivals per run, first {args.requests // 10} left out of "
-                             f"latencies; prefill: {part['prefill'].iat[0]}; seed {args.seed}")
-            cycles = int(part["trace_cycles"].max())
-            if cycles:
-                notes.append(f"note: the trace ran out and was cycled {cycles} time(s) with a fresh offset "
-                             f"(requests replayed more than once)")
-            if args.mode == "open":
-                _render_open_table(part, console, f"{PROG} {loop}: latency and goodput per max batch size{approx}",
-                                   "\n".join(notes))
-            else:
-                _render_table(part, console, title, "\n".join(notes))
+    if benchmarks:
+        render_benchmarks(df, console, args, costs[0], PROG)
+        if args.mode == "open":
+            render_open_benchmarks(df, console, len(traces), PROG)
+    else:
+        render_runs(df, console, args, traces, costs, PROG)
+
+
+def _write(args, df, traces: list[str], costs: list[str], benchmarks: bool) -> None:
+    """Write: ``--out`` and ``--plot``, together or not at all; then say what was written."""
+    from ..simulator import benchmark_table, plot_speedup, write_frame
+    from ..simulator.plot import describe_inputs
+    from ..util.atomic import all_or_none
+
     with all_or_none():  # --out and --plot appear together or not at all
         if args.out:
             write_frame(df, args.out)
-        if args.plot:
+        if args.plot and benchmarks:
+            mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
+            mean.attrs = dict(df.attrs)
+            plot_speedup(mean, args.plot, title=f"{args.mode} loop: mean speedup over {len(traces)} benchmarks "
+                                                 f"vs ar\ncost {describe_inputs(df).partition('cost ')[2] or costs[0]}")
+        elif args.plot:
             plot_speedup(df, args.plot)
     if args.out:
-        _wrote(args.out, f"{len(df)} rows, one per ({'trace, cost, ' if args.sweep else ''}policy, batch size)")
+        rows = "trace, " if benchmarks else ("trace, cost, " if args.sweep else "")
+        _wrote(args.out, f"{len(df)} rows, one per ({rows}policy, batch size)")
     if args.plot:
         _wrote(args.plot, "speedup plot")
+
+
+def _run(args, console) -> None:
+    """One ``dcut-sim`` invocation: a selection curve, several seeds, or load, build, run, report, write."""
+    if args.selection_curve:
+        _run_selection_curve(args, console)
+        return
+    if args.seeds != 1:
+        _run_seeds(args, console)
+        return
+    traces, costs, benchmarks, config = _load(args)
+    work = _build_work(args, traces, costs, config, benchmarks)
+    df = _simulate(args, work, traces, costs, config, benchmarks)
+    _report(args, console, df, traces, costs, benchmarks)
+    _write(args, df, traces, costs, benchmarks)
 
 
 def _wrote(path: str, what: str) -> None:
@@ -807,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         args = build_parser().parse_args(argv)
         check_flags_used(args, given_flags(build_parser, argv, args))
-        from ..console import make_console  # after parsing: --help answers without importing rich
+        from ..util.console import make_console  # after parsing: --help answers without importing rich
 
         _run(args, make_console())
 

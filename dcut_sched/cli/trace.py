@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, finite_float, flag_of, int_at_least, seed_type, torch_device
+from .args import check_paths, comma_list, finite_float, flag_of, int_at_least, seed_type, torch_device
 from .errors import CliParser, UsageError, run_cli
 
 __all__ = ["build_parser", "main"]
@@ -39,11 +39,12 @@ MAX_SYNTH_REQUESTS = 20_000
 MAX_BINS = 10_000
 MAX_FIT_EVALS = 100_000
 
+_layer_list = comma_list(what="layer indices", item="layer", allow_empty=True)
+
+
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.replace("-", ",").split(",") if x.strip()) if text else ()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer indices") from None
+    """``--skip-layers``: layer indices separated by commas or dashes."""
+    return tuple(_layer_list(text.replace("-", ",")))
 
 
 def build_parser() -> CliParser:
@@ -295,7 +296,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     stats = trace_stats(trace, bins=args.bins)
     if args.out:
-        from dcut_sched.atomic import atomic_write_text
+        from dcut_sched.util.atomic import atomic_write_text
 
         atomic_write_text(args.out, json.dumps(stats, indent=2) + "\n")
     if args.json:

@@ -12,7 +12,7 @@ loading torch through :mod:`.controller`.
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..util._lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ..graph_capture import capture_graph
 from .step_driver import GraphCells
 
 __all__ = ["VerifyGraphBank", "cells_from_curve"]
@@ -158,8 +159,6 @@ class VerifyGraphBank:
 
     # ------------------------------------------------------------------ capture
     def _capture_all(self) -> None:
-        from ..graph_capture import capture_graph
-
         self.pool = torch.cuda.graph_pool_handle()
         for cell in reversed(self.cells):  # largest first: the pool grows once
             inputs = self._static(cell)

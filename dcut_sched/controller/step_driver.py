@@ -24,7 +24,7 @@ A graph bank also restricts the budgets a policy may choose (:func:`restrict_to_
 policy with an ``allowed_num_tokens`` parameter, i.e. ``fine``, only considers the captured token
 counts unless it was given its own).
 
-The module imports neither torch nor the simulator (torch is imported only when a tensor arrives,
+The module imports neither torch nor the simulator (torch is taken from ``sys.modules`` when a tensor arrives,
 which requires it to be imported already), so the simulator runs it without torch.
 
 Counters live here too (steps, budgets, bad inputs; device counters summed lazily so counting costs
@@ -40,7 +40,7 @@ import numpy as np
 
 from .. import policies as _policies
 from ..policies import Policy, VerifyPlan
-from ..scores import Array, is_tensor, verified_prefix_tokens
+from ..scores import Array, is_tensor, tensor_module, verified_prefix_tokens
 from ..step_costs import StepCosts
 
 __all__ = ["GraphCells", "StepDriver", "restrict_to_graph_cells"]
@@ -216,8 +216,7 @@ class StepDriver:
         (counted in ``bad_conf_requests``); integer input becomes float32. Same kind and device;
         numpy input that is already clean is returned as it is (two reductions, no copy)."""
         if is_tensor(conf):
-            import torch
-
+            torch = tensor_module()
             if not conf.is_floating_point():
                 conf = conf.to(torch.float32)
             ok = (conf == conf.clamp(0.0, 1.0)).all(dim=1)  # False on NaN, +-inf and out of range
@@ -328,8 +327,7 @@ class StepDriver:
         """Reported accepted drafts -> drafts accepted among the ``lengths - 1`` verified ones."""
         hi = lengths - 1
         if is_tensor(lengths):
-            import torch
-
+            torch = tensor_module()
             accept = torch.as_tensor(accept, device=lengths.device).to(torch.int64)
             self._count("bad_accept_requests", ((accept < 0) | (accept > hi)).sum())
             return verified_prefix_tokens(accept.clamp(min=0), lengths) - 1

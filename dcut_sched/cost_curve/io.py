@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..atomic import atomic_write_text
+from ..util.atomic import atomic_write_text
+from ..util.inputs import InputFileError, parse_json_strict
 from .schema import SCHEMA, SCHEMA_V1, SCHEMAS, STEP_KINDS, CostCurveError, _json_scalar, _now_iso
 
 if TYPE_CHECKING:
@@ -145,7 +146,6 @@ class CurveIO:
         except UnicodeDecodeError as exc:
             raise CostCurveError(f"cost curve {path_str}: not a UTF-8 JSON text file (byte {exc.start}: binary "
                                  f"data?); pass the file dcut-profile --out wrote") from None
-        from ..inputs import InputFileError, parse_json_strict
 
         try:  # strict: a key given twice in one row (JSON keeps the last silently), NaN, huge numbers
             doc = parse_json_strict(text, f"cost curve {path_str}", allow_nonfinite=True)

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from ..inputs import shown
+from ..util.inputs import shown
 
 __all__ = [
     "AR_ASSUMED_NO_ROWS", "AR_ASSUMED_V1", "BACKENDS", "GRAPH_MODES", "MAX_MS", "PROVENANCES", "SCHEMA", "SCHEMAS", "SCHEMA_V1",

@@ -413,13 +413,13 @@ class DFlashDraftModel(nn.Module):
 
 def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metadata: dict | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (float32) into ``folder``, each atomically
-    (inside :func:`~dcut_sched.atomic.all_or_none`, together with the block's other outputs).
+    (inside :func:`~dcut_sched.util.atomic.all_or_none`, together with the block's other outputs).
 
     Returns the folder. ``metadata`` goes into the safetensors header (strings only).
     """
     from safetensors.torch import save_file
 
-    from ..atomic import atomic_path, atomic_write_text
+    from ..util.atomic import atomic_path, atomic_write_text
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -518,7 +518,7 @@ def read_config(folder: str | os.PathLike) -> DFlashConfig:
         DraftCheckpointError: the folder lacks ``config.json`` or ``model.safetensors``, or the config
             is unreadable or malformed (names the file and the field).
     """
-    from ..inputs import InputFileError, parse_json_strict, read_text
+    from ..util.inputs import InputFileError, parse_json_strict, read_text
 
     folder = Path(folder)
     cfg_path, w_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME

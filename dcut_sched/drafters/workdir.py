@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from ..atomic import _signals_held, _umask, missing_folders, remove_empty_folders
+from ..util.atomic import _signals_held, _umask, missing_folders, remove_empty_folders
 
 __all__ = ["TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
            "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder"]

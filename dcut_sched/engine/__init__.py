@@ -7,7 +7,7 @@ See ``docs/controller.md`` and :mod:`dcut_sched.engine.spec_engine`. Names are i
 
 from __future__ import annotations
 
-from .._lazy import lazy_exports
+from ..util._lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {

@@ -25,52 +25,13 @@ import torch
 
 from ..controller.request_batch import RequestBatch
 from ..sampling import SamplingParams, sample_at, sampling_probs
-from .observer import EngineObserver
+from .observer import EngineObserver, EngineStepRecord
 from .packing import RowPacking, pack_rows
 
 __all__ = [
     "DecodeBatch", "DecodeContext", "StepOutcome", "EngineStepRecord", "Verification",
     "accepted_drafts", "committed_features", "prefill_free_rows", "speculative_step", "verify_block",
 ]
-
-
-@dataclass
-class EngineStepRecord:
-    """One engine step.
-
-    Attributes:
-        step: index from 0.
-        request_ids: ``[bs]`` prompt index of each active request.
-        drafted: whether the step ran the drafter.
-        lengths: ``[bs]`` slots verified per request (the plan).
-        num_tokens: ``sum(lengths)``; ``ratio``: ``num_tokens / (bs * B)``.
-        graph_cell: ``(batch_size, num_tokens)`` cell the plan maps to.
-        packed_tokens: token-forwards of the packed verification input (``rows * T``).
-        expected_tokens: the plan's expected tokens.
-        accepted: ``[bs]`` drafts accepted per request.
-        committed_tokens: tokens committed this step (after truncation at EOS / max_new_tokens).
-        draft_ms, plan_ms, verify_ms: wall time of the three phases (``plan_ms`` includes the
-            oracle's full-block verification; :mod:`dcut_sched.engine.observer`).
-    """
-
-    step: int
-    request_ids: list[int]
-    drafted: bool
-    lengths: list[int]
-    num_tokens: int
-    ratio: float
-    graph_cell: tuple[int, int]
-    packed_tokens: int
-    expected_tokens: float
-    accepted: list[int]
-    committed_tokens: int
-    draft_ms: float
-    plan_ms: float
-    verify_ms: float
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.request_ids)
 
 
 class DecodeBatch:

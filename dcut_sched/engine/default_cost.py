@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cost_curve import CostCurve
+from ..paths import profile_path
 
 __all__ = ["DEFAULT_PROFILE_TEMPLATE", "DFLASH_PROFILE_TEMPLATE", "builtin_cpu_curve", "default_cost_curve", "default_profile_path"]
 
@@ -17,8 +18,6 @@ DFLASH_PROFILE_TEMPLATE = "cpu-smollm2-135m-dflash-b{block_size}.json"
 def default_profile_path(block_size: int, drafter: str = "self") -> Path:
     """Where the shipped CPU profile for ``block_size`` and ``drafter`` (``self`` or ``dflash``) is (it
     may not exist for that block size)."""
-    from ..paths import profile_path
-
     template = DFLASH_PROFILE_TEMPLATE if drafter == "dflash" else DEFAULT_PROFILE_TEMPLATE
     return profile_path(template.format(block_size=block_size))
 

@@ -32,16 +32,53 @@ hooks (``model.register_forward_pre_hook`` / ``register_forward_hook``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .decode_step import EngineStepRecord
-
-__all__ = ["PHASES", "EngineObserver", "Phase"]
+__all__ = ["PHASES", "EngineObserver", "EngineStepRecord", "Phase"]
 
 Phase = Literal["draft", "oracle_verify", "plan", "verify"]
 #: The phases of a decode step, in the order they run.
 PHASES: tuple[str, ...] = ("draft", "oracle_verify", "plan", "verify")
+
+
+@dataclass
+class EngineStepRecord:
+    """One engine step.
+
+    Attributes:
+        step: index from 0.
+        request_ids: ``[bs]`` prompt index of each active request.
+        drafted: whether the step ran the drafter.
+        lengths: ``[bs]`` slots verified per request (the plan).
+        num_tokens: ``sum(lengths)``; ``ratio``: ``num_tokens / (bs * B)``.
+        graph_cell: ``(batch_size, num_tokens)`` cell the plan maps to.
+        packed_tokens: token-forwards of the packed verification input (``rows * T``).
+        expected_tokens: the plan's expected tokens.
+        accepted: ``[bs]`` drafts accepted per request.
+        committed_tokens: tokens committed this step (after truncation at EOS / max_new_tokens).
+        draft_ms, plan_ms, verify_ms: wall time of the three phases (``plan_ms`` includes the
+            oracle's full-block verification; :mod:`dcut_sched.engine.observer`).
+    """
+
+    step: int
+    request_ids: list[int]
+    drafted: bool
+    lengths: list[int]
+    num_tokens: int
+    ratio: float
+    graph_cell: tuple[int, int]
+    packed_tokens: int
+    expected_tokens: float
+    accepted: list[int]
+    committed_tokens: int
+    draft_ms: float
+    plan_ms: float
+    verify_ms: float
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.request_ids)
 
 
 class EngineObserver:

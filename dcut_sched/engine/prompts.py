@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..util.inputs import InputFileError, parse_json, read_text
+
 __all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompt_texts"]
 
 #: Short chat prompts of mixed kinds (arithmetic, code, facts, writing) used when no file is given.
@@ -53,8 +55,6 @@ def load_prompt_texts(path: str | os.PathLike) -> list[str]:
         PromptFileError: unreadable file, invalid JSON line, a JSON object without a prompt field,
             or no prompts at all (the message names file and line).
     """
-    from ..inputs import InputFileError, parse_json, read_text
-
     name = str(path)
     try:
         lines = read_text(path, "a prompt file (JSON lines or one prompt per line)").splitlines()

@@ -57,11 +57,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from ..controller import RatioController
 from ..controller.request_batch import RequestBatch
+from ..drafters.runtime import DFlashDrafter, NoDrafter
+from ..model.drafter import SelfSpecDrafter
 from ..sampling import SamplingParams, request_keys
+from ..traces import Trace
+from ..traces.format import accept_len_dtype
 from .decode_step import (
     DecodeBatch,
     DecodeContext,
@@ -163,8 +168,6 @@ class EngineResult:
 
     def steps_frame(self):
         """One row per step (pandas DataFrame); list columns hold per-request values."""
-        import pandas as pd
-
         return pd.DataFrame([asdict(s) | {"batch_size": s.batch_size} for s in self.steps])
 
     def trace(self, metadata: dict[str, Any] | None = None):
@@ -177,9 +180,6 @@ class EngineResult:
         Raises:
             ValueError: the run did not record a trace, or recorded no drafted step.
         """
-        from ..traces import Trace
-        from ..traces.format import accept_len_dtype
-
         if self.trace_rows is None:
             raise ValueError("this run did not record a trace; call generate(..., record_trace=True)")
         if not self.trace_rows:
@@ -298,8 +298,6 @@ class SpecEngine:
             ValueError: an empty prompt list or an empty prompt, ``keys`` of the wrong length, or
                 ``record_trace`` of a sampled run whose policy does not verify every slot.
         """
-        from ..model.drafter import SelfSpecDrafter
-
         prompts = [list(map(int, p)) for p in prompt_ids]
         if not prompts:
             raise ValueError("SpecEngine.generate: no prompts")
@@ -320,13 +318,10 @@ class SpecEngine:
         cache = model.new_cache(rows_total, max_len + 1)
         if self.dflash is not None and ctrl.policy.speculative:
             # (a policy that never drafts, `ar`, is plain decoding: no context features, no drafter updates)
-            from ..drafters.runtime import DFlashDrafter
 
             drafter = DFlashDrafter(self.dflash, model, max_batch_size=rows_total, max_seq_len=max_len + 1)
             capture = drafter.target_feature_layers
         elif self.dflash is not None:
-            from ..drafters.runtime import NoDrafter
-
             drafter, capture = NoDrafter(), None
         else:
             drafter = SelfSpecDrafter(model, self.skip_layers, max_batch_size=rows_total, max_seq_len=max_len)

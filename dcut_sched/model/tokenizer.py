@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dcut_sched.model.gguf_weights import cache_dir, cache_key, gguf_field, open_gguf, smollm2_gguf_path
+from dcut_sched.model.gguf_file import gguf_field, open_gguf
+from dcut_sched.model.gguf_weights import cache_dir, cache_key, smollm2_gguf_path
 
 _TOKENIZER_CACHE_VERSION = 1
 

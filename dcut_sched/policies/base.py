@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores
+from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores, tensor_module
 from ..step_costs import StepCosts
 from .params import PolicyParamError, UnknownPolicyError, keys_text, validate_params
 from .params import param_defaults as _param_defaults
@@ -78,8 +78,7 @@ def budget_from_ratio(rho: float, batch_size: int, block_size: int) -> int:
 def constant_lengths(batch_size: int, value: int, like: Array | None = None) -> Array:
     """``[batch_size]`` int64 lengths all equal to ``value``, of ``like``'s kind and device."""
     if is_tensor(like):
-        import torch
-
+        torch = tensor_module()
         return torch.full((batch_size,), int(value), dtype=torch.int64, device=like.device)
     return np.full(batch_size, int(value), dtype=np.int64)
 
@@ -301,8 +300,7 @@ def check_accept_len(accept_len: Array | None, batch_size: int, block_size: int,
     if lo < 0 or hi > block_size - 1:
         raise ValueError(f"accept_len values must be in [0, {block_size - 1}]; got range [{lo}, {hi}]")
     if is_tensor(like):
-        import torch
-
+        torch = tensor_module()
         return torch.as_tensor(accept_len, dtype=torch.int64, device=like.device)
     if is_tensor(accept_len):
         accept_len = accept_len.cpu().numpy()

@@ -34,8 +34,9 @@ from functools import lru_cache
 from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model
 
-from ..inputs import shown
+from ..util.inputs import shown
 
 __all__ = ["PolicyParamError", "UnknownPolicyError", "param_defaults", "validate_params"]
 
@@ -88,8 +89,6 @@ def _integral(value: Any) -> Any:
 
 def _kind(annotation: Any) -> tuple[Any, str] | None:
     """``(pydantic type, what it is in words)`` for a constructor annotation; ``None``: not checked."""
-    from pydantic import BeforeValidator, Field, Strict
-
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is bool:
         return Annotated[bool, BeforeValidator(_plain), Strict()], "a boolean"
@@ -116,8 +115,6 @@ def _kind(annotation: Any) -> tuple[Any, str] | None:
 @lru_cache(maxsize=None)
 def _model(cls: type) -> tuple[Any, dict[str, str]]:
     """The strict pydantic model of ``cls``'s parameters and each checked key's kind in words."""
-    from pydantic import ConfigDict, create_model
-
     defaults, hints = _signature(cls)
     fields: dict[str, Any] = {}
     words: dict[str, str] = {}
@@ -162,8 +159,6 @@ def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
         PolicyParamError: an unknown key (the valid keys listed), a value of another kind (the
             expected kind and the default named), or a non-finite number.
     """
-    from pydantic import ValidationError
-
     name = cls.name
     defaults = param_defaults(cls)
     for key in params:

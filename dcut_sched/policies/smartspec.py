@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..scores import Array, is_tensor
+from ..scores import Array, is_tensor, tensor_module
 from ..step_costs import StepCosts
 from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, register
 
@@ -147,8 +147,7 @@ class SmartSpec(Policy):
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:
         if is_tensor(lengths):
-            import torch
-
+            torch = tensor_module()
             trials_t = torch.minimum(torch.as_tensor(num_accepted, device=lengths.device) + 1, lengths - 1)
             accepted, trials = float(torch.as_tensor(num_accepted).sum()), float(trials_t.sum())
         else:

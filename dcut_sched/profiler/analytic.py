@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .devices import DeviceSpec
-from .shapes import ModelShape
+from .shapes import ModelShape, resolve_model
 
 __all__ = ["DEFAULT_AR_EFFICIENCY", "DEFAULT_EFFICIENCY", "DraftSpec", "Efficiency", "ar_step_ms", "forward_bytes",
            "forward_flops", "forward_ms", "draft_ms", "parse_draft_spec"]
@@ -235,8 +235,6 @@ def draft_shape(target: ModelShape, spec: DraftSpec) -> ModelShape:
         return target.with_layers(target.num_layers - len(spec.skip_layers))
     if spec.kind == "dflash":
         if spec.config is not None:
-            from .shapes import resolve_model
-
             return resolve_model(spec.config)[0]
         return target.with_layers(spec.num_layers)
     raise ValueError("no draft step to cost (draft spec 'none')")

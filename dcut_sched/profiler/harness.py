@@ -24,11 +24,23 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from dcut_sched.atomic import atomic_write_text
+from dcut_sched.cost_curve.schema import MAX_MS
+from dcut_sched.util.atomic import atomic_write_text
+from dcut_sched.util.inputs import InputFileError, parse_json_strict, read_text, shown
 
 from .grid import Cell
 
@@ -55,8 +67,6 @@ def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
     try:
-        import torch
-
         if isinstance(exc, torch.cuda.OutOfMemoryError):
             return True
     except (ImportError, AttributeError):  # pragma: no cover - torch always present here
@@ -151,12 +161,6 @@ def _partial_model():
     """Strict pydantic model of the partial file :func:`_write_partial` writes (built on first use)."""
     global _PARTIAL_MODEL
     if _PARTIAL_MODEL is None:
-        from typing import Annotated, Literal
-
-        from pydantic import BaseModel, ConfigDict, Field
-
-        from dcut_sched.cost_curve.schema import MAX_MS
-
         Sample = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]  # what a curve row may hold
 
         class PartialProfile(BaseModel):
@@ -177,17 +181,13 @@ def load_partial(path: str | Path) -> dict[str, Any]:
     Contract: ``schema`` is :data:`PARTIAL_SCHEMA`; ``settings`` an object; ``samples_ms`` an object
     of lists of positive finite numbers (booleans, strings, nulls, nested lists refused);
     ``skipped`` an object of strings; ``measure_seconds`` a finite number >= 0; no other field. The
-    JSON itself is read by :func:`dcut_sched.inputs.parse_json_strict` (a repeated key, a
+    JSON itself is read by :func:`dcut_sched.util.inputs.parse_json_strict` (a repeated key, a
     200-digit number or deep nesting refused). Reading never writes: a refused file is left
     byte-identical.
 
     Raises:
         PartialMismatch: one line naming the file and the first bad field, and ``--fresh``.
     """
-    from pydantic import ValidationError
-
-    from dcut_sched.inputs import InputFileError, parse_json_strict, read_text
-
     path = Path(path)
     try:
         raw = parse_json_strict(read_text(path, "a dcut-profile partial file"), f"partial file {path}",
@@ -218,8 +218,6 @@ def _load_partial(path: Path, settings: Mapping[str, Any]) -> dict[str, Any]:
     old = doc["settings"]
     diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
     if diff:
-        from dcut_sched.inputs import shown
-
         changed = "; ".join(f"{str(k)[:60]}: {shown(old.get(k), 60)} -> {shown(settings.get(k), 60)}" for k in diff[:4])
         raise PartialMismatch(f"partial file {path}: made with other settings ({changed}); rerun with the same "
                               f"options, or with --fresh to ignore and replace it")
@@ -292,15 +290,6 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     rng = np.random.default_rng(seed)
     orders = [[cells[i] for i in rng.permutation(len(cells))] for _ in range(rounds)]
     todo = [c for c in orders[0] if len(samples[c.key]) < repeats]
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())

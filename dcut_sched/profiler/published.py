@@ -30,11 +30,13 @@ import sys
 
 from dcut_sched import CostCurve
 from dcut_sched.paths import profile_path
+from dcut_sched.util.console import make_console
 
 from .analytic import parse_draft_spec
 from .devices import get_device
 from .efficiency_fit import EfficiencyFit, fill_curve, fit_efficiency
 from .grid import DEFAULT_RATIOS, bucket_tokens
+from .report import fit_table
 from .shapes import resolve_model
 
 __all__ = ["PUBLISHED_AR_H20_QWEN3_8B_TOK_S", "PUBLISHED_H20_QWEN3_8B", "published_ar_ms", "PUBLISHED_MOE_H20", "PUBLISHED_SOURCE", "build_h20_qwen3_8b",
@@ -108,9 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     curve, fit = build_h20_qwen3_8b()
     curve.save(args.out)
-    from dcut_sched.console import make_console
-
-    from .report import fit_table
 
     console = make_console()
     console.print(fit_table(fit, title="fit to the published H20 rows"))

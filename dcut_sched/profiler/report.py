@@ -10,7 +10,7 @@ import pandas as pd
 from rich.table import Table
 
 from dcut_sched import CostCurve
-from dcut_sched.tables import write_table
+from dcut_sched.util.tables import write_table
 
 from .efficiency_fit import EfficiencyFit
 from .grid import DEFAULT_RATIOS, bucket_tokens
@@ -115,7 +115,7 @@ def interp_table(err: pd.DataFrame) -> Table:
 
 
 def write_frame(frame: pd.DataFrame, path: str | Path) -> None:
-    """Write a DataFrame with the project's one table writer (:func:`dcut_sched.tables.write_table`).
+    """Write a DataFrame with the project's one table writer (:func:`dcut_sched.util.tables.write_table`).
 
     Raises:
         ValueError: a suffix other than .csv, .json or .parquet.

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from dcut_sched.model.config import PRESETS, LlamaConfig
+from dcut_sched.util.inputs import read_json
 
 __all__ = ["MOE_PRESETS", "ModelShape", "resolve_model", "model_names"]
 
@@ -193,7 +194,6 @@ def resolve_model(spec: str) -> tuple[ModelShape, LlamaConfig | None]:
     if not os.path.isfile(path):
         raise ValueError(f"model {spec!r}: not a preset ({', '.join(model_names())}) and no config.json "
                          f"at {path}")
-    from dcut_sched.inputs import read_json
 
     raw = read_json(path, "a Hugging Face config.json (or a preset name)")  # InputFileError is a ValueError
     if not isinstance(raw, dict):

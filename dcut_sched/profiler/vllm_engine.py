@@ -14,8 +14,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from dcut_sched.atomic import all_or_none, atomic_path, existing_folder
 from dcut_sched.cost_curve import CostCurve
+from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available
+from dcut_sched.util.atomic import all_or_none, atomic_path, existing_folder
 
 __all__ = ["profile_vllm", "steps_path_for"]
 
@@ -36,8 +37,6 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
     Raises:
         VllmProfileError: no vLLM environment, or the profile process failed (its last output lines).
     """
-    from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python, vllm_available
-
     ok, reason = vllm_available()
     if not ok:
         raise VllmProfileError(reason)

@@ -42,17 +42,22 @@ Draft cell (bs):
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from dcut_sched.drafters.dflash import load_checkpoint
+from dcut_sched.drafters.runtime import DFlashDrafter
 from dcut_sched.model.config import LlamaConfig
 from dcut_sched.model.drafter import SelfSpecDrafter
 from dcut_sched.model.llama import LlamaModel
 
 from .analytic import DraftSpec
 from .grid import Cell
+from .shapes import resolve_model
 
 __all__ = ["ForwardWorkload", "padded_layout"]
 
@@ -76,9 +81,6 @@ def padded_layout(batch_size: int, num_tokens: int) -> tuple[int, list[int]]:
 def _is_dflash_folder(config: Any) -> bool:
     """A ``dflash:CONFIG`` argument naming a trained DFlash drafter folder (``architectures`` is
     ``DFlashDraftModel`` in its config.json), not a layer count or a target preset."""
-    import json
-    from pathlib import Path
-
     if not isinstance(config, str) or not (Path(config) / "config.json").is_file():
         return False
     try:
@@ -136,9 +138,6 @@ class ForwardWorkload:
                                            max_seq_len=self.context_len + self.block_size)
             _fill_context(self.drafter.cache.k, self.drafter.cache.v, self.context_len, self._gen)
         elif draft.kind == "dflash" and _is_dflash_folder(draft.config):
-            from dcut_sched.drafters.dflash import load_checkpoint
-            from dcut_sched.drafters.runtime import DFlashDrafter
-
             self.drafter = DFlashDrafter(load_checkpoint(draft.config), self.model, max_batch_size=self.max_batch_size,
                                          max_seq_len=self.max_seq_len)
             fs = self.drafter.model.config.feature_size
@@ -160,7 +159,6 @@ class ForwardWorkload:
     def _dflash_config(self, draft: DraftSpec) -> LlamaConfig:
         if draft.config is None:
             return self.config.replace(num_layers=draft.num_layers, name=f"{self.config.name}-dflash{draft.num_layers}")
-        from .shapes import resolve_model
 
         _, cfg = resolve_model(draft.config)
         if cfg is None:

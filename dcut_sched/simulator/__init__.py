@@ -22,7 +22,7 @@ import sys
 import types
 from typing import Any
 
-from .._lazy import lazy_exports
+from ..util._lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {

@@ -14,10 +14,14 @@ round-trip through JSON-able dicts (result metadata, job files).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Union
 
+from .. import policies as policy_registry
+from ..policies import Policy
+from ..util.inputs import shown
 from .defaults import DEFAULT_BATCH_SIZES, DEFAULT_NUM_STEPS, DEFAULT_WARMUP_STEPS
 
 __all__ = ["DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "SimConfig", "SimulationError"]
@@ -40,6 +44,93 @@ def _is_int(value: Any) -> bool:
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) or \
         hasattr(value, "dtype") and value.dtype.kind in "iuf" and math.isfinite(float(value))
+
+
+#: A policy given by name, as an instance, or as ``(name, params)``.
+PolicySpec = Union[str, Policy, tuple]
+
+
+
+
+def _label(name: str, params: Mapping[str, Any]) -> str:
+    """``name``, or ``name(key=value,...)`` with the parameters that differ from the constructor's
+    defaults (read from its signature: no policy is built for a label)."""
+    default = policy_registry.param_defaults(name)
+    changed = {k: v for k, v in params.items() if default.get(k) != v}
+    if not changed:
+        return name
+    return f"{name}(" + ",".join(f"{k}={v}" for k, v in changed.items()) + ")"
+
+
+def policy_specs(
+    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[tuple[str, str, dict[str, Any] | Policy]]:
+    """``[(label, name, params or the instance given)]``, ``ar`` first if missing, every name and
+    parameter checked (:func:`dcut_sched.policies.check_params`, the one validation path) and no
+    policy built: what :class:`SimConfig` validates and :func:`resolve_policies` builds.
+
+    Raises:
+        SimulationError: unknown policy name, bad parameter key or kind, or a duplicate label.
+    """
+    policy_params = dict(policy_params or {})
+    unknown = set(policy_params) - set(policy_registry.names())
+    if unknown:
+        raise SimulationError(f"parameters given for unknown policy {sorted(unknown)[0]!r}; "
+                              f"known policies: {', '.join(policy_registry.names())}")
+    specs = list(policy_registry.names() if specs is None else specs)
+    by_name = {s if isinstance(s, str) else (s.name if isinstance(s, Policy) else s[0]) for s in specs}
+    unused = sorted(set(policy_params) - by_name)
+    if unused:
+        raise SimulationError(f"parameters given for policy {unused[0]!r}, which is not run; add it to the "
+                              f"policies or drop its parameters")
+    out: list[tuple[str, str, dict[str, Any] | Policy]] = []
+    for spec in specs:
+        if isinstance(spec, Policy):
+            out.append((_label(spec.name, spec.params()), spec.name, spec))
+            continue
+        name, params = (spec, dict(policy_params.get(spec, {}))) if isinstance(spec, str) else (spec[0], dict(spec[1]))
+        try:
+            policy_registry.check_params(name, params)
+        except KeyError as exc:
+            raise SimulationError(str(exc.args[0])) from None
+        except ValueError as exc:
+            raise SimulationError(f"policy {name!r} with parameters {shown(params, 120)}: {exc}") from None
+        out.append((_label(name, params), name, params))
+    labels = [label for label, _, _ in out]
+    dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dupes:
+        raise SimulationError(f"policy {dupes[0]!r} is listed twice")
+    if not any(name == "ar" and label == "ar" for label, name, _ in out):
+        out.insert(0, ("ar", "ar", {}))
+    return out
+
+
+def resolve_policies(
+    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[tuple[str, Policy]]:
+    """``[(label, policy)]`` from names, instances or ``(name, params)``; ``ar`` first if missing.
+    Each policy given by name is built here, once (:func:`dcut_sched.policies.get`); every run then
+    works on a reset deep copy of it.
+
+    Args:
+        specs: policies (None: every registered policy, in registry order).
+        policy_params: extra parameters per policy name for specs given by name,
+            e.g. ``{"uniform": {"rho": 0.25}}``.
+
+    Raises:
+        SimulationError: unknown policy name, bad parameters (a value out of range included), or a
+            duplicate label.
+    """
+    out: list[tuple[str, Policy]] = []
+    for label, name, given in policy_specs(specs, policy_params):
+        if isinstance(given, Policy):
+            out.append((label, given))
+            continue
+        try:
+            out.append((label, policy_registry.get(name, **given)))
+        except (TypeError, ValueError) as exc:
+            raise SimulationError(f"policy {name!r} with parameters {shown(given, 120)}: {exc}") from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -74,10 +165,6 @@ class SimConfig:
             prefill_ms`` for k admitted requests (``prompt_len`` wins when both are given); neither:
             free.
         slo_tpot_ms: open loop: TPOT objective for goodput (> 0).
-
-    Built policies: :meth:`built_policies` builds the run's policies once per config and keeps them
-    on the instance (attribute ``_built_policies``, not a field: not compared, not in
-    :meth:`to_dict`); :meth:`replace` passes them on unless ``policies`` or ``policy_params`` change.
 
     Raises:
         SimulationError: from ``__post_init__``, naming the field, its value and the valid range.
@@ -122,8 +209,6 @@ class SimConfig:
                 fail("policy_params", "must map policy names to {parameter: value} dicts")
             put("policy_params", {str(k): dict(v) for k, v in self.policy_params.items()})
         if self.policies is not None or self.policy_params:
-            from .simulate import policy_specs  # the policy registry: only when policies are named
-
             policy_specs(self.policies, self.policy_params)
         sizes = list(self.batch_sizes) if not isinstance(self.batch_sizes, (int, str)) else [self.batch_sizes]
         if not sizes:
@@ -185,28 +270,18 @@ class SimConfig:
         return any(_policy_name(p) != "ar" for p in self.policies)
 
     def replace(self, **changes: Any) -> "SimConfig":
-        """A copy with ``changes`` (validated again); it keeps the policies already built unless
-        ``policies`` or ``policy_params`` change."""
-        new = dataclasses.replace(self, **changes)
-        built = self.__dict__.get("_built_policies")
-        if built is not None and "policies" not in changes and "policy_params" not in changes:
-            object.__setattr__(new, "_built_policies", built)
-        return new
+        """A copy with ``changes`` (validated again; its policies are built again when used)."""
+        return dataclasses.replace(self, **changes)
 
+    @functools.cached_property
     def built_policies(self) -> list:
-        """``[(label, policy)]``, ``ar`` first: the policies of this config, each built once
-        (:func:`~.simulate.resolve_policies`) and kept; every run works on a reset deep copy.
+        """``[(label, policy)]``, ``ar`` first: this config's policies, built on first use
+        (:func:`resolve_policies`) and kept; every run works on a reset deep copy.
 
         Raises:
             SimulationError: a parameter the policy's constructor refuses (a value out of range).
         """
-        built = self.__dict__.get("_built_policies")
-        if built is None:
-            from .simulate import resolve_policies
-
-            built = resolve_policies(self.policies, self.policy_params)
-            object.__setattr__(self, "_built_policies", built)
-        return built
+        return resolve_policies(self.policies, self.policy_params)
 
     # ------------------------------------------------------------------ dicts
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..paths import profile_path, trace_path
+
 __all__ = [
     "DEFAULT_BATCH_SIZES",
     "DEFAULT_BENCHMARK_POLICIES",
@@ -56,13 +58,9 @@ DEFAULT_SELECTION_BATCH_SIZE = 64
 
 def default_trace_path(name: str = DEFAULT_TRACE) -> Path:
     """Where shipped trace ``name`` lives (checkout or installed package)."""
-    from ..paths import trace_path
-
     return trace_path(name)
 
 
 def default_cost_path(name: str = DEFAULT_COST) -> Path:
     """Where shipped cost curve ``name`` lives (checkout or installed package)."""
-    from ..paths import profile_path
-
     return profile_path(name)

@@ -1,12 +1,12 @@
-"""Result files of the simulator: :func:`dcut_sched.tables.write_table` (one table writer)."""
+"""Result files of the simulator: :func:`dcut_sched.util.tables.write_table` (one table writer)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from ..tables import TABLE_SUFFIXES as OUTPUT_SUFFIXES
-from ..tables import write_table as write_frame
+from ..util.tables import TABLE_SUFFIXES as OUTPUT_SUFFIXES
+from ..util.tables import write_table as write_frame
 
 __all__ = ["OUTPUT_SUFFIXES", "check_output_path", "write_frame"]
 

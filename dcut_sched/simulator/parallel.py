@@ -17,7 +17,14 @@ import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Sequence
 
-__all__ = ["run_cells", "usable_cores", "worker_ignores_signals"]
+from ..cost_curve import CostCurve, CostCurveRangeError
+from ..policies import Policy
+from ..traces import Trace
+from .config import SimConfig, SimulationError
+from .loop import run_closed_loop, run_open_loop
+from .results import closed_loop_row, open_loop_row
+
+__all__ = ["run_cells", "run_one", "usable_cores", "worker_ignores_signals"]
 
 #: Per worker process: the ``(trace, cost, config)`` inputs that tasks index (set by ``_init``).
 _INPUTS: list[tuple[Any, Any, Any]] = []
@@ -38,14 +45,33 @@ def worker_ignores_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def run_one(trace: Trace, cost: CostCurve, config: SimConfig, label: str, policy: Policy, bs: int,
+            rate: float | None) -> dict:
+    """One (policy, batch size) run of :func:`simulate`: its result row (before speedups).
+
+    Raises:
+        SimulationError: a budget outside the cost curve or no captured graph cell for it, naming
+            the policy and the batch size.
+    """
+    try:
+        if config.mode == "closed":
+            return closed_loop_row(run_closed_loop(trace, cost, policy, bs, config, label=label))
+        run = run_open_loop(trace, cost, policy, bs, config, rate_rps=rate, label=label)
+        return open_loop_row(run, config.slo_tpot_ms)
+    except CostCurveRangeError as exc:
+        raise SimulationError(f"policy {label!r} at batch size {bs}: {exc}") from None
+    except ValueError as exc:
+        if config.graph_token_counts is None or "no captured cell" not in str(exc):
+            raise
+        raise SimulationError(f"policy {label!r} at batch size {bs}: {exc} (graph_token_counts)") from None
+
+
 def _init(inputs: list[tuple[Any, Any, Any]]) -> None:
     worker_ignores_signals()
     _INPUTS[:] = inputs
 
 
 def _run(task: tuple) -> dict:
-    from .simulate import run_one
-
     index, *rest = task
     trace, cost, config = _INPUTS[index]
     return run_one(trace, cost, config, *rest)
@@ -58,7 +84,7 @@ def run_cells(inputs: Sequence[tuple[Any, Any, Any]], tasks: Sequence[tuple], jo
     Args:
         inputs: ``(trace, cost, config)`` triples (picklable; sent once to each worker).
         tasks: ``(input_index, label, policy, batch_size, rate_rps)`` each; the arguments of
-            :func:`~.simulate.run_one` after its inputs.
+            :func:`run_one` after its inputs.
         jobs: worker processes; 1 (or a single task) runs everything in this process.
         on_done: called as ``on_done(done, task_index)`` as each task finishes.
 
@@ -66,8 +92,6 @@ def run_cells(inputs: Sequence[tuple[Any, Any, Any]], tasks: Sequence[tuple], jo
         Whatever the first failing task raised (the others are cancelled); ``ValueError`` for
         ``jobs < 1``.
     """
-    from .simulate import run_one
-
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
     rows: list[dict | None] = [None] * len(tasks)

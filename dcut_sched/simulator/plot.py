@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import pandas as pd
 
-from ..atomic import atomic_path
+from ..cost_curve import CostCurve
+from ..util.atomic import atomic_path
 
 __all__ = ["describe_inputs", "plot_selection_curve", "plot_speedup"]
 
@@ -60,10 +62,6 @@ def _label(policy: str) -> str:
 
 def describe_inputs(df: pd.DataFrame) -> str:
     """``trace NAME, cost MODEL on DEVICE (BACKEND)`` for a results frame's trace and cost curve."""
-    import warnings
-
-    from ..cost_curve import CostCurve
-
     trace = df.attrs.get("trace") or (str(df["trace"].iat[0]) if "trace" in df and len(df) else "")
     cost = df.attrs.get("cost") or (str(df["cost"].iat[0]) if "cost" in df and len(df) else "")
     parts = [f"trace {Path(trace).stem}"] if trace else []

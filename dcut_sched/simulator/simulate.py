@@ -3,113 +3,32 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from .. import policies as policy_registry
 from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
-from ..inputs import shown
 from ..policies import Policy
 from ..step_costs import StepCosts
 from ..traces import Trace, TraceError, check_trace_columns
-from .config import DEFAULT_LOAD, DEFAULT_OPEN_REQUESTS, MODES, SimConfig, SimulationError
-from .loop import run_closed_loop, run_open_loop
-from .parallel import run_cells
+from .config import (
+    DEFAULT_LOAD,
+    DEFAULT_OPEN_REQUESTS,
+    MODES,
+    PolicySpec,
+    SimConfig,
+    SimulationError,
+    policy_specs,
+    resolve_policies,
+)
+from .parallel import run_cells, run_one
 from .replay import output_lengths
-from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups, closed_loop_row, open_loop_row
+from .results import CLOSED_COLUMNS, OPEN_COLUMNS, add_speedups
 
 __all__ = [
     "DEFAULT_LOAD", "DEFAULT_OPEN_REQUESTS", "MODES", "PolicySpec", "SimConfig", "SimulationError", "check_simulation",
     "default_rate_rps", "policy_specs", "resolve_policies", "result_frame", "run_one", "run_tasks", "simulate",
 ]
-
-#: A policy given by name, as an instance, or as ``(name, params)``.
-PolicySpec = Union[str, Policy, tuple]
-
-
-
-
-def _label(name: str, params: Mapping[str, Any]) -> str:
-    """``name``, or ``name(key=value,...)`` with the parameters that differ from the constructor's
-    defaults (read from its signature: no policy is built for a label)."""
-    default = policy_registry.param_defaults(name)
-    changed = {k: v for k, v in params.items() if default.get(k) != v}
-    if not changed:
-        return name
-    return f"{name}(" + ",".join(f"{k}={v}" for k, v in changed.items()) + ")"
-
-
-def policy_specs(
-    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
-) -> list[tuple[str, str, dict[str, Any] | Policy]]:
-    """``[(label, name, params or the instance given)]``, ``ar`` first if missing, every name and
-    parameter checked (:func:`dcut_sched.policies.check_params`, the one validation path) and no
-    policy built: what :class:`~.config.SimConfig` validates and :func:`resolve_policies` builds.
-
-    Raises:
-        SimulationError: unknown policy name, bad parameter key or kind, or a duplicate label.
-    """
-    policy_params = dict(policy_params or {})
-    unknown = set(policy_params) - set(policy_registry.names())
-    if unknown:
-        raise SimulationError(f"parameters given for unknown policy {sorted(unknown)[0]!r}; "
-                              f"known policies: {', '.join(policy_registry.names())}")
-    specs = list(policy_registry.names() if specs is None else specs)
-    by_name = {s if isinstance(s, str) else (s.name if isinstance(s, Policy) else s[0]) for s in specs}
-    unused = sorted(set(policy_params) - by_name)
-    if unused:
-        raise SimulationError(f"parameters given for policy {unused[0]!r}, which is not run; add it to the "
-                              f"policies or drop its parameters")
-    out: list[tuple[str, str, dict[str, Any] | Policy]] = []
-    for spec in specs:
-        if isinstance(spec, Policy):
-            out.append((_label(spec.name, spec.params()), spec.name, spec))
-            continue
-        name, params = (spec, dict(policy_params.get(spec, {}))) if isinstance(spec, str) else (spec[0], dict(spec[1]))
-        try:
-            policy_registry.check_params(name, params)
-        except KeyError as exc:
-            raise SimulationError(str(exc.args[0])) from None
-        except ValueError as exc:
-            raise SimulationError(f"policy {name!r} with parameters {shown(params, 120)}: {exc}") from None
-        out.append((_label(name, params), name, params))
-    labels = [label for label, _, _ in out]
-    dupes = sorted({lab for lab in labels if labels.count(lab) > 1})
-    if dupes:
-        raise SimulationError(f"policy {dupes[0]!r} is listed twice")
-    if not any(name == "ar" and label == "ar" for label, name, _ in out):
-        out.insert(0, ("ar", "ar", {}))
-    return out
-
-
-def resolve_policies(
-    specs: Iterable[PolicySpec] | None = None, policy_params: Mapping[str, Mapping[str, Any]] | None = None
-) -> list[tuple[str, Policy]]:
-    """``[(label, policy)]`` from names, instances or ``(name, params)``; ``ar`` first if missing.
-    Each policy given by name is built here, once (:func:`dcut_sched.policies.get`); every run then
-    works on a reset deep copy of it.
-
-    Args:
-        specs: policies (None: every registered policy, in registry order).
-        policy_params: extra parameters per policy name for specs given by name,
-            e.g. ``{"uniform": {"rho": 0.25}}``.
-
-    Raises:
-        SimulationError: unknown policy name, bad parameters (a value out of range included), or a
-            duplicate label.
-    """
-    out: list[tuple[str, Policy]] = []
-    for label, name, given in policy_specs(specs, policy_params):
-        if isinstance(given, Policy):
-            out.append((label, given))
-            continue
-        try:
-            out.append((label, policy_registry.get(name, **given)))
-        except (TypeError, ValueError) as exc:
-            raise SimulationError(f"policy {name!r} with parameters {shown(given, 120)}: {exc}") from None
-    return out
-
 
 def _load(trace: Trace | str | os.PathLike, cost: CostCurve | str | os.PathLike) -> tuple[Trace, CostCurve]:
     """Load (and validate) the inputs. A :class:`Trace` built in code is validated here too, since the
@@ -172,9 +91,10 @@ def sim_config(config: SimConfig | None = None, **options: Any) -> SimConfig:
 def _prepare(trace, cost, config: SimConfig) -> tuple[Trace, CostCurve, list[tuple[str, Policy]]]:
     """Load and check everything :func:`simulate` needs before it runs anything (the options were
     validated by :class:`SimConfig`; here what needs the trace and the cost curve). The policies are
-    the config's, built once for every trace and check (:meth:`SimConfig.built_policies`)."""
+    the config's, built once per config (:attr:`SimConfig.built_policies`); every run works on a reset
+    deep copy."""
     trace, cost = _load(trace, cost)
-    runs = config.built_policies()
+    runs = config.built_policies
     drafting = any(p.name != "ar" for _, p in runs)
     # the step costs every run will build (StepCosts checks the block size)
     costs = StepCosts(cost, trace.block_size, overhead_ms=config.overhead_ms, draft_scale=config.draft_scale)
@@ -266,27 +186,6 @@ def run_tasks(trace: Trace, cost: CostCurve, config: SimConfig,
             default_rate_rps(trace, cost, bs, config.load) if config.mode == "open" else None)
         tasks += [(label, policy, int(bs), rate) for label, policy in runs]
     return tasks
-
-
-def run_one(trace: Trace, cost: CostCurve, config: SimConfig, label: str, policy: Policy, bs: int,
-            rate: float | None) -> dict:
-    """One (policy, batch size) run of :func:`simulate`: its result row (before speedups).
-
-    Raises:
-        SimulationError: a budget outside the cost curve or no captured graph cell for it, naming
-            the policy and the batch size.
-    """
-    try:
-        if config.mode == "closed":
-            return closed_loop_row(run_closed_loop(trace, cost, policy, bs, config, label=label))
-        run = run_open_loop(trace, cost, policy, bs, config, rate_rps=rate, label=label)
-        return open_loop_row(run, config.slo_tpot_ms)
-    except CostCurveRangeError as exc:
-        raise SimulationError(f"policy {label!r} at batch size {bs}: {exc}") from None
-    except ValueError as exc:
-        if config.graph_token_counts is None or "no captured cell" not in str(exc):
-            raise
-        raise SimulationError(f"policy {label!r} at batch size {bs}: {exc} (graph_token_counts)") from None
 
 
 def result_frame(rows: list[dict], trace: Trace, cost: CostCurve, config: SimConfig) -> pd.DataFrame:

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+from rich.table import Table
 from scipy.optimize import differential_evolution, minimize
 
+from ..util.console import make_console
 from .format import Trace
 from .stats import reached_slots, replay_rows, selection_curve_arrays
 from .synth import SynthParams, generate
@@ -207,10 +209,6 @@ def fit_trace(trace: Trace, *, seed: int = 0, max_evals: int = 400, num_batches:
 
 def print_fit(result: FitResult) -> None:
     """Print a fit result as rich tables and a labelled summary line."""
-    from rich.table import Table
-
-    from ..console import make_console
-
     console = make_console()
     p = Table(title="Fitted generator parameters")
     p.add_column("parameter")

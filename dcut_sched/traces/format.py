@@ -39,7 +39,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..atomic import atomic_path
+from ..util.atomic import atomic_path
+from ..util.inputs import is_symlink_loop
 
 __all__ = [
     "INDEXINGS",
@@ -294,8 +295,6 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
     Raises:
         TraceError: missing file, a symlink loop, truncated or non-Parquet file.
     """
-    from ..inputs import is_symlink_loop
-
     path_str = str(path)
     if is_symlink_loop(path):
         raise TraceError(f"{path_str}: is a symlink loop (the link leads back to itself); give a trace file")

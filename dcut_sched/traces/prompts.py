@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..util.inputs import InputFileError, parse_json, read_text
+
 __all__ = ["Prompt", "PromptError", "load_prompt_records", "prompts_digest"]
 
 
@@ -40,8 +42,6 @@ def load_prompt_records(path: str | os.PathLike) -> list[Prompt]:
         PromptError: missing file, a line that is not a JSON object, a missing or non-string field,
             an empty prompt or a duplicate id (the message names file, line and field).
     """
-    from ..inputs import InputFileError, parse_json, read_text
-
     path = Path(path)
     if not path.exists():
         raise PromptError(f"{path}: no such prompt file")

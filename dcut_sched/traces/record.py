@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
+from dcut_sched.util.progress import RunProgress, format_duration
+
 from .format import Trace, TraceError, accept_len_dtype
 from .prompts import Prompt, prompts_digest
 
@@ -148,7 +150,7 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
         resume: continue a matching partial file (False: start over and overwrite it).
         progress: show progress on stderr (a bar on a terminal, else a status line with rate and
             ETA every ``DCUT_PROGRESS_INTERVAL_S`` s, also during the target decode; see
-            :mod:`dcut_sched.progress`).
+            :mod:`dcut_sched.util.progress`).
         max_positions: stop after the request that brings the total to at least this many.
         extra_metadata: more file metadata (JSON-encoded when not a string).
         sampling: the target's sampling (default greedy); T > 0 records a sampled trace (``p`` columns,
@@ -218,8 +220,6 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     done_ids = {int(r[0]) for r in done}
     total_positions = sum(len(r) for r in rows.request_id)
     todo = [(i, p) for i, p in enumerate(prompts) if i not in done_ids]
-
-    from dcut_sched.progress import RunProgress, format_duration
 
     batch = max(1, int(getattr(backend, "generate_batch", 1)))
     num_batches = -(-len(todo) // batch)

@@ -24,10 +24,12 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from rich.table import Table
 from scipy.stats import binned_statistic
 
 from .. import policies
 from ..scores import verified_prefix_tokens
+from ..util.console import make_console
 from .format import Trace, TraceError, check_trace_columns, read_trace_file
 
 __all__ = [
@@ -169,10 +171,6 @@ def _sampled_stats(trace: Trace, steps: np.ndarray) -> dict[str, Any]:
 
 def print_stats(stats: dict[str, Any]) -> None:
     """Print :func:`trace_stats` as rich tables."""
-    from rich.table import Table
-
-    from ..console import make_console
-
     console = make_console()
     console.print(f"[bold]{stats['file']}[/bold]: {stats['num_requests']} requests, {stats['num_positions']} "
                   f"positions, B={stats['block_size']}, source={stats['source']}")

@@ -49,7 +49,8 @@ from typing import Any
 import numpy as np
 from scipy.special import expit, ndtri
 
-from ..atomic import atomic_write_text
+from ..util.atomic import atomic_write_text
+from ..util.inputs import InputFileError, is_symlink_loop, read_json_strict
 from .format import Trace, accept_len_dtype
 
 __all__ = [
@@ -162,11 +163,9 @@ class SynthParams:
 
         Raises:
             SynthParamsError: missing/unreadable file (a symlink loop too), JSON that
-                :func:`~dcut_sched.inputs.parse_json_strict` refuses (a key repeated in one object, a
+                :func:`~dcut_sched.util.inputs.parse_json_strict` refuses (a key repeated in one object, a
                 number longer than 64 digits, nesting too deep) or invalid parameters (names the file).
         """
-        from ..inputs import InputFileError, is_symlink_loop, read_json_strict
-
         p = Path(path)
         if not p.exists() and not is_symlink_loop(p):
             raise SynthParamsError(f"{p}: no such parameter file")

@@ -5,7 +5,7 @@ draft step and the plain decode step at bs 4/8/16/32/64) against the 10 s goal. 
 writes the full curve (bs 1..64, every multiple of the grid step as well) and judges how well the
 coarse grid predicts the dense cells at two batch sizes (goal: median error <= 3 %).
 
-Both run ``dcut_sched.profiler.cli.main`` in this process (the code behind the ``dcut-profile`` console script)
+Both run ``dcut_sched.cli.profile.main`` in this process (the code behind the ``dcut-profile`` console script)
 and then check the file it wrote: schema version 2, ``ar`` rows (the plain decode step, on a GPU a
 captured full CUDA graph), ``draft`` rows, every cell measured, the hardware fingerprint.
 """
@@ -69,7 +69,7 @@ def _prepare(res: StepResult, cfg: Settings) -> bool:
 
 def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict | None:
     """Run dcut-profile; returns the written file as JSON, or ``None`` after recording the failure."""
-    from dcut_sched.profiler.cli import main
+    from dcut_sched.cli.profile import main
 
     argv = [*args, "--out", str(out)]
     command = "dcut-profile " + " ".join(argv)
@@ -84,7 +84,7 @@ def _profile(res: StepResult, cfg: Settings, out: Path, args: list[str]) -> dict
     if rc != 0 or not out.exists():
         err = [ln for ln in tee.buf.getvalue().splitlines() if ln.strip()]
         res.check("dcut-profile exits 0 and writes the curve", False, value=rc, detail=err[-1] if err else "",
-                  hint=f"rerun: PYTHONPATH=. python3 -m dcut_sched.profiler.cli {' '.join(argv)}"
+                  hint=f"rerun: PYTHONPATH=. python3 -m dcut_sched.cli.profile {' '.join(argv)}"
                        + (f" --resume (measured cells are kept in {partial.name})" if partial.exists() else ""))
         return None
     res.check("dcut-profile exits 0 and writes the curve", True, value=rc)

@@ -115,8 +115,8 @@ def drafters(tmp_path, monkeypatch):
 
 
 def test_profile_resolves_a_bare_drafter_name_as_the_engine_does(drafters):
+    from dcut_sched.cli import profile as cli
     from dcut_sched.drafters import parse_draft_spec
-    from dcut_sched.profiler import cli
 
     args = cli.build_parser().parse_args(["--cpu", "--model", "tiny", "--draft", "dflash:mini", "--block-size", "8",
                                           "--out", "c.json"])
@@ -132,7 +132,7 @@ def test_profile_resolves_a_bare_drafter_name_as_the_engine_does(drafters):
     ("narrow", "8", ["--draft dflash:narrow (", "the drafter was made for a target of width 32", "width 256"]),
 ])
 def test_profile_checks_the_drafter_before_measuring(drafters, capsys, draft, block, needles):
-    from dcut_sched.profiler import cli
+    from dcut_sched.cli import profile as cli
 
     status = cli.main(["--cpu", "--model", "tiny", "--draft", f"dflash:{draft}", "--block-size", block,
                        "--batch-sizes", "1", "--out", "c.json"])
@@ -141,7 +141,7 @@ def test_profile_checks_the_drafter_before_measuring(drafters, capsys, draft, bl
 
 
 def test_profile_names_draft_config_when_that_flag_gave_the_drafter(drafters, capsys):
-    from dcut_sched.profiler import cli
+    from dcut_sched.cli import profile as cli
 
     status = cli.main(["--cpu", "--model", "tiny", "--draft-config", "mini", "--block-size", "16", "--out", "c.json"])
     _one_line(status, capsys.readouterr().err, "mini (--draft-config mini) drafts blocks of at most 8")

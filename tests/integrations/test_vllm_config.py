@@ -156,7 +156,7 @@ def test_checkpoint_drops_and_renumbers_layers(tmp_path):
 
 
 def test_dcut_profile_vllm_bad_model_folder(tmp_path, capsys):
-    from dcut_sched.profiler.cli import main
+    from dcut_sched.cli.profile import main
 
     assert main(["--vllm", str(tmp_path), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err

@@ -30,9 +30,9 @@ from pathlib import Path
 def main(job_path: str, out_path: str) -> int:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from dcut_sched.atomic import atomic_write_text
     from dcut_sched.integrations.vllm import llm_kwargs
     from dcut_sched.integrations.vllm_tools.run import load_prompt_token_ids
+    from dcut_sched.util.atomic import atomic_write_text
 
     job = json.loads(Path(job_path).read_text())
     prompt = load_prompt_token_ids(job["prompt"], job["target"])[0]

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from dcut_sched import CostCurve
-from dcut_sched.profiler import cli, harness
+from dcut_sched.cli import profile as cli
+from dcut_sched.profiler import harness
 from dcut_sched.profiler.grid import build_cells
 
 GRID = ["--cpu", "--model", "tiny", "--batch-sizes", "1,2", "--block-size", "4", "--context-len", "8",

@@ -192,7 +192,7 @@ def test_cli_derives_a_smaller_block_size_from_a_curve_with_engine_rows(tmp_path
     ``hardware.fit.derived_block_size``), the rest and every step_overhead row are kept."""
     import json
 
-    from dcut_sched.profiler.cli import main
+    from dcut_sched.cli.profile import main
 
     doc = json.loads(SHIPPED.read_text())
     doc["draft_first"] = [{"batch_size": bs, "num_tokens": k * bs, "median_ms": 1.0 + 0.1 * k * bs}

@@ -38,7 +38,7 @@ def _main(cli: str):
     elif cli == "engine":
         from dcut_sched.cli.engine import main
     else:
-        from dcut_sched.profiler.cli import main
+        from dcut_sched.cli.profile import main
     return main
 
 
@@ -261,9 +261,9 @@ def test_validate_names_a_symlink_loop(inputs, capsys):
 def test_library_readers_name_a_symlink_loop(inputs):
     from dcut_sched.cli.args import same_file
     from dcut_sched.cli.errors import UsageError
-    from dcut_sched.inputs import InputFileError, is_symlink_loop, read_json_strict
     from dcut_sched.traces import Trace, TraceError
     from dcut_sched.traces.synth import SynthParams, SynthParamsError
+    from dcut_sched.util.inputs import InputFileError, is_symlink_loop, read_json_strict
 
     loop = inputs / "loop"
     assert is_symlink_loop(loop) and is_symlink_loop(loop / "x.json") and not is_symlink_loop(inputs / "none")

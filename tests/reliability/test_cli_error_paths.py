@@ -28,7 +28,7 @@ def _main(cli: str):
     elif cli == "drafter":
         from dcut_sched.cli.drafter import main
     else:
-        from dcut_sched.profiler.cli import main
+        from dcut_sched.cli.profile import main
     return main
 
 
@@ -63,7 +63,7 @@ def _run(cli, argv, files, capsys) -> str:
 
 # (id, cli, argv, needles)
 CASES = [
-    # argparse types (cli/args.py, cli/sim.py, cli/engine.py, cli/trace.py, profiler/cli.py)
+    # argparse types (cli/args.py, cli/sim.py, cli/engine.py, cli/trace.py, cli/profile.py)
     ("int-not-an-integer", "sim", [*SIM, "--seeds", "abc"], ["--seeds", "'abc' is not an integer"]),
     ("float-not-a-number", "sim", [*SIM, "--overhead-ms", "abc"], ["--overhead-ms", "'abc' is not a number"]),
     ("sim-batch-sizes-not-ints", "sim", [*SIM, "--batch-sizes", "a,b"],
@@ -77,13 +77,13 @@ CASES = [
     ("record-skip-layers-not-ints", "trace", ["record", "--skip-layers", "x"],
      ["--skip-layers", "is not a comma-separated list of layer indices"]),
     ("profile-batch-sizes-not-ints", "profile", ["--analytic", "--device", "h20", "--batch-sizes", "a", "--out", "x.json"],
-     ["--batch-sizes", "expected comma-separated integers"]),
+     ["--batch-sizes", "is not a comma-separated list of integers"]),
     ("profile-batch-sizes-zero", "profile", ["--analytic", "--device", "h20", "--batch-sizes", "0", "--out", "x.json"],
-     ["--batch-sizes", "expected positive integers"]),
+     ["--batch-sizes", "need positive integers"]),
     ("profile-ratios-not-numbers", "profile", ["--analytic", "--device", "h20", "--ratios", "a", "--out", "x.json"],
-     ["--ratios", "expected comma-separated ratios"]),
+     ["--ratios", "is not a comma-separated list of ratios"]),
     ("profile-ratio-above-1", "profile", ["--analytic", "--device", "h20", "--ratios", "0.5,2", "--out", "x.json"],
-     ["--ratios", "ratios must be in (0, 1]"]),
+     ["--ratios", "need ratios in (0, 1]"]),
     # combinations of flags
     ("sim-cost-twice-without-sweep", "sim", [*SIM, "--cost", "{T}/good-cost.json"],
      ["--cost given 2 times; add --sweep"]),

@@ -110,6 +110,10 @@ CASES = [
     ("sim-batch-size-huge", "sim", [*SIM[:4], "--batch-sizes", "9" * 25, "--quiet"],
      ["--batch-sizes", "above the limit 1,000,000"]),
     ("sim-batch-size-twice", "sim", [*SIM[:4], "--batch-sizes", "2,2", "--quiet"], ["--batch-sizes", "given twice"]),
+    ("sim-batch-sizes-too-many", "sim", [*SIM[:4], "--batch-sizes", ",".join(map(str, range(1, 10_002))), "--quiet"],
+     ["--batch-sizes", "10,001 items, above the limit 10,000"]),
+    ("trace-skip-layers-too-many", "trace", ["record", "--skip-layers", "1," * 10_001],
+     ["--skip-layers", "10,001 items, above the limit 10,000"]),
     ("sim-dspark-capture-limit", "sim", [*SIM, "--policies", "dspark", "--param", "dspark.capture_limit=100000000"],
      ["capture_limit=100000000 must be an integer in [1, 1,048,576]"]),
     ("sim-fine-allowed-huge", "sim", [*SIM, "--policies", "fine", "--param", "fine.allowed_num_tokens=[" + "9" * 20 + "]"],
@@ -297,7 +301,7 @@ def test_no_output_folder_is_left_after_an_error(files, capsys):  # noqa: F811 (
 
 
 def test_check_writable_makes_no_folder(tmp_path):
-    from dcut_sched.atomic import check_writable
+    from dcut_sched.util.atomic import check_writable
 
     check_writable(tmp_path / "a" / "b" / "c.json")
     assert list(tmp_path.iterdir()) == []
@@ -307,7 +311,7 @@ def test_check_writable_makes_no_folder(tmp_path):
 
 
 def test_folders_made_for_a_failed_write_are_removed(tmp_path):
-    from dcut_sched.atomic import all_or_none, atomic_write_text
+    from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
     with pytest.raises(KeyError):
         with all_or_none():

@@ -200,7 +200,7 @@ def test_engine_out_never_overwrites_the_default_cost_curve(capsys):
 
 
 def test_profile_out_never_overwrites_the_fit_curve(tmp_path, capsys):
-    from dcut_sched.profiler import cli
+    from dcut_sched.cli import profile as cli
 
     fit = tmp_path / "h20.json"
     shutil.copy(ROOT / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json", fit)
@@ -211,7 +211,7 @@ def test_profile_out_never_overwrites_the_fit_curve(tmp_path, capsys):
 
 
 def test_profile_partial_never_overwrites_the_model_config(tmp_path, capsys, monkeypatch):
-    from dcut_sched.profiler import cli
+    from dcut_sched.cli import profile as cli
 
     monkeypatch.setattr("dcut_sched.profiler.workload.ForwardWorkload", lambda *a, **k: pytest.fail("built the model"))
     config = tmp_path / "o.json.partial"  # a model config where --out's resumable partial would go

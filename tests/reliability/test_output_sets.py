@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dcut_sched import atomic
-from dcut_sched.atomic import all_or_none, atomic_write_text
 from dcut_sched.cli import sim
+from dcut_sched.util import atomic
+from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-skip14-15-b8.parquet"
@@ -72,7 +72,7 @@ def test_distinct_traces_still_run_as_a_set(inputs, capsys):
 
 
 def _refuse_replace_of(monkeypatch, victim: Path):
-    """``os.replace`` in dcut_sched.atomic fails for ``victim`` as an immutable file would."""
+    """``os.replace`` in dcut_sched.util.atomic fails for ``victim`` as an immutable file would."""
     real = os.replace
 
     def replace(src, dst):

@@ -80,9 +80,9 @@ def _check_status(status: int, sig: int, err: str) -> bool:
 def test_dcut_sim_outputs_none_when_interrupted(tmp_path, capsys, monkeypatch, sig, seed, phase):
     """Interrupted at a random engine step, or as the outputs are being written: exit 128 + signal,
     one line, neither output, no temp file."""
-    from dcut_sched.atomic import OutputSet
     from dcut_sched.cli.sim import main
     from dcut_sched.simulator.loop import _Stepper
+    from dcut_sched.util.atomic import OutputSet
 
     out, plot = tmp_path / "r.parquet", tmp_path / "r.png"
     argv = ["--trace", str(TRACE), "--cost", str(COST), "--batch-sizes", "1,2,4", "--steps", "150", "--warmup", "5",
@@ -104,7 +104,7 @@ def test_dcut_sim_outputs_none_when_interrupted(tmp_path, capsys, monkeypatch, s
 def test_dcut_profile_cpu_outputs_none_when_interrupted_and_keeps_its_partial(tmp_path, capsys, monkeypatch, sig,
                                                                               seed):
     from dcut_sched import CostCurve
-    from dcut_sched.profiler.cli import main
+    from dcut_sched.cli.profile import main
     from dcut_sched.profiler.harness import EagerTimer
 
     out, report = tmp_path / "c.json", tmp_path / "rep.csv"

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from dcut_sched.profiler import cli
+from dcut_sched.cli import profile as cli
 from dcut_sched.profiler.grid import build_cells
 from dcut_sched.profiler.harness import EagerTimer, PartialMismatch, load_partial, run_profile
 

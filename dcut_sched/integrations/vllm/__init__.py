@@ -18,6 +18,7 @@ See docs/vllm.md.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ...defaults import DEFAULT_POLICY
@@ -102,11 +103,7 @@ def uses_dcut_scheduler(scheduler_cls: Any) -> bool:
 
 def _install_front_end_check() -> None:
     """Wrap ``EngineArgs.create_engine_config`` once (idempotent; see :func:`load_general_plugin`)."""
-    import functools
-
     from vllm.engine.arg_utils import EngineArgs
-
-    from .config import check_engine_config
 
     create = EngineArgs.create_engine_config
     if getattr(create, "_dcut_checked", False):

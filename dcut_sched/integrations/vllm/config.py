@@ -38,7 +38,7 @@ the project's one validation path of policy parameters; the policy is then built
 ``dcut_sched.policies.get``, which checks the ranges, and that instance is the one the scheduler's
 controller runs: ``DCutVllmConfig.policy_object``). A key
 given twice in ``$DCUT_VLLM_CONFIG``, ``NaN``, an oversized number or deep nesting is refused
-(:func:`dcut_sched.inputs.parse_json_strict`).
+(:func:`dcut_sched.util.inputs.parse_json_strict`).
 
 The block size is not a key: it is vLLM's ``num_speculative_tokens + 1``, and a cost curve
 measured for another block size fails at start-up.
@@ -50,7 +50,12 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ... import policies
+from ...cli.args import check_paths, short_value
 from ...defaults import DEFAULT_POLICY
+from ...util.inputs import InputFileError, check_value_bounds, parse_json_strict
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEY", "DCutConfigError", "DCutVllmConfig", "METHODS_WITH_LOGITS",
            "SUPPORTED_VLLM_VERSION", "check_engine_config", "require_vllm_version"]
@@ -105,12 +110,6 @@ class DCutVllmConfig:
             DCutConfigError: not an object, an unknown key, a value of the wrong type or range (the
                 key, the value and the expected type named), an unknown policy or a bad parameter.
         """
-        from pydantic import ValidationError
-
-        from ... import policies
-        from ...cli.args import short_value
-        from ...inputs import InputFileError, check_value_bounds
-
         if not isinstance(doc, Mapping):
             raise DCutConfigError(f"{source}: the D-Cut config must be a JSON object, got {type(doc).__name__}")
         known = {f for f in cls.__dataclass_fields__ if f not in ("source", "policy_object")}
@@ -141,7 +140,6 @@ class DCutVllmConfig:
             if getattr(typed, key) is not None and not getattr(typed, key).strip():
                 raise DCutConfigError(f"{source}: key {key!r} is empty; give a path or leave the key out")
         if typed.record_path is not None:  # the record files are outputs: never the curve, never a folder
-            from ...cli.args import check_paths
 
             try:
                 check_paths({"cost_curve": typed.cost_curve},
@@ -169,8 +167,6 @@ class DCutVllmConfig:
             return cls.from_mapping(additional_config[CONFIG_KEY], f"additional_config[{CONFIG_KEY!r}]")
         text = environ.get(CONFIG_ENV)
         if text:
-            from ...inputs import InputFileError, parse_json_strict
-
             try:
                 doc = parse_json_strict(text, f"${CONFIG_ENV}")
             except InputFileError as exc:
@@ -238,8 +234,6 @@ def _typed_model():
     """The strict pydantic model of the keys (built on first use: pydantic is imported lazily)."""
     global _MODEL
     if _MODEL is None:
-        from pydantic import BaseModel, ConfigDict, Field
-
         class DCutConfigModel(BaseModel):
             model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
             policy: str = DEFAULT_POLICY

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import policies
+from ...calibration import CalibrationPrior, CalibrationPriorError
+from ...controller import RatioController
+from ...cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from .config import DCutConfigError, DCutVllmConfig
+from .startup_profile import startup_curve
 
 __all__ = ["build_controller", "drafter_prior"]
 
@@ -19,8 +24,6 @@ def drafter_prior(cfg: DCutVllmConfig, vllm_config):
     Raises:
         DCutConfigError: the file is there but malformed (names the file, the field and the fix).
     """
-    from ...calibration import CalibrationPrior, CalibrationPriorError
-
     model = getattr(getattr(vllm_config, "speculative_config", None), "model", None)
     if not isinstance(model, str) or not model:
         return None
@@ -32,10 +35,6 @@ def drafter_prior(cfg: DCutVllmConfig, vllm_config):
 
 def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
     """The RatioController of ``cfg``; checks the curve against the block size and ``max_num_seqs``."""
-    from ... import policies
-    from ...controller import RatioController
-    from ...cost_curve import CostCurve, CostCurveError, CostCurveRangeError
-
     # the policy the config check built (built here only for a config made in code)
     policy = cfg.policy_object if cfg.policy_object is not None else policies.get(cfg.policy, **cfg.policy_params)
     curve = None
@@ -45,8 +44,6 @@ def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
         except (OSError, CostCurveError) as exc:
             raise DCutConfigError(f"{cfg.source}: 'cost_curve' {cfg.cost_curve}: {exc}") from None
     elif policy.needs_cost:
-        from .startup_profile import startup_curve
-
         curve = startup_curve(cfg, vllm_config, block_size)
     if curve is not None and curve.block_size != block_size:
         raise DCutConfigError(

@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +45,8 @@ import numpy as np
 import torch
 
 from ...cost_curve import ArRow, CostCurve, DraftRow, VerifyRow, cpu_model_name
+from ...model.gguf_weights import cache_dir
+from .config import DCutConfigError
 
 __all__ = ["find_model_runner", "profile_runner", "startup_curve"]
 
@@ -56,8 +59,6 @@ def find_model_runner(llm=None):
     scheduler (the start-up profile). From there: ``model_executor.driver_worker.worker.model_runner``.
     ``None`` when the worker lives in another process (multiprocessing executors).
     """
-    import sys
-
     core = None
     if llm is not None:
         client = llm.llm_engine.engine_core
@@ -245,9 +246,6 @@ def startup_curve(cfg, vllm_config, block_size: int) -> CostCurve:
         DCutConfigError: the engine's model runner is not in this process (multiprocessing).
     """
     import vllm
-
-    from ...model.gguf_weights import cache_dir
-    from .config import DCutConfigError
 
     spec = vllm_config.speculative_config
     max_bs = int(vllm_config.scheduler_config.max_num_seqs)

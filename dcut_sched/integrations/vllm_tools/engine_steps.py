@@ -40,8 +40,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import torch
 
 from ...cost_curve import CostCurve, DraftFirstRow, DraftRow, StepOverheadRow
+from ..vllm.startup_profile import find_model_runner
 
 __all__ = ["VllmStepTiming", "StepTimer", "engine_step_rows"]
 
@@ -89,10 +91,6 @@ class StepTimer:
     """
 
     def __init__(self, llm) -> None:
-        import torch
-
-        from ..vllm.startup_profile import find_model_runner
-
         self._cuda = torch.cuda.is_available()
         engine = llm.llm_engine
         core = getattr(engine.engine_core, "engine_core", None)
@@ -126,8 +124,6 @@ class StepTimer:
 
     def _now(self) -> float:
         if self._cuda:
-            import torch
-
             torch.cuda.synchronize()
         return time.perf_counter()
 

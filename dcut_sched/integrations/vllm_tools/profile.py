@@ -13,8 +13,11 @@ held-out prompts (:mod:`.engine_steps`: per-step overheads, the real draft pass)
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,7 +26,11 @@ import numpy as np
 
 from ...cost_curve import CostCurve
 from ...paths import prompts_path
+from ...util.atomic import atomic_write_text
+from ..vllm import llm_kwargs
 from ..vllm.startup_profile import find_model_runner, profile_runner
+from .engine_steps import StepTimer, engine_step_rows
+from .run import load_prompt_token_ids
 
 __all__ = ["HELDOUT_OFFSET", "measure_engine_steps", "main"]
 
@@ -46,8 +53,6 @@ def measure_engine_steps(llm_args: dict[str, Any], prompts: list[list[int]], bat
         the :class:`~.engine_steps.VllmStepTiming` dicts of every step.
     """
     from vllm import LLM, SamplingParams, TokensPrompt
-
-    from .engine_steps import StepTimer
 
     own = llm is None
     if own:
@@ -74,7 +79,6 @@ def measure_engine_steps(llm_args: dict[str, Any], prompts: list[list[int]], bat
             except Exception:  # noqa: BLE001 - best effort between engines
                 pass
             del llm
-            import gc
 
             gc.collect()
     return [r.to_dict() for r in timer.records]
@@ -105,8 +109,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from vllm import LLM
 
-    from ..vllm import llm_kwargs
-
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     sizes = {"max_num_seqs": max(batch_sizes), "max_model_len": max(1024, args.context_len + 2 * args.block_size),
              "max_num_batched_tokens": max(2048, max(batch_sizes) * args.block_size)}
@@ -125,15 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     curve = profile_runner(runner, args.block_size, batch_sizes, args.context_len, args.warmups, args.repeats,
                            draft=bool(args.draft), model_name=Path(args.model).name, progress=print)
-    import shlex
-    import sys
 
     given = list(sys.argv[1:] if argv is None else argv)
     curve.hardware["profile_command"] = "python -m dcut_sched.integrations.vllm_tools.profile " + shlex.join(given)
     if steps:
-        from .engine_steps import engine_step_rows
-        from .run import load_prompt_token_ids
-
         spec = {"file": args.prompts, "offset": args.prompt_offset, "n": max(batch_sizes), "chat": True}
         prompts = load_prompt_token_ids(spec, args.model)
         records = []
@@ -151,10 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if llm_args is None:
                 llm.llm_engine.engine_core.shutdown()
                 del llm, runner
-                import gc
 
                 gc.collect()
-        from ...atomic import atomic_write_text
 
         atomic_write_text(Path(args.out).with_suffix(".steps.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
         draft, first, overhead, notes = engine_step_rows(curve, records, args.block_size, batch_sizes)

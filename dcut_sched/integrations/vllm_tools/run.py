@@ -42,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from ...defaults import DEFAULT_POLICY
+from ...util.atomic import atomic_write_text
+from ..vllm import llm_kwargs
+from .engine_steps import StepTimer
 
 __all__ = ["main", "load_prompt_token_ids"]
 
@@ -79,8 +82,6 @@ def _scheduler(llm):
 def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from ..vllm import llm_kwargs
-
     t0 = time.perf_counter()
     common = {"max_model_len": int(job.get("max_model_len", 1024)),
               "max_num_seqs": int(run.get("max_num_seqs", job["max_num_seqs"])),
@@ -116,8 +117,6 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     prompts = prompts[: int(run.get("num_prompts", len(prompts)))]
     timer = None
     if job.get("step_timing"):
-        from .engine_steps import StepTimer
-
         timer = StepTimer(llm)
         timer.wave = len(prompts)
     t1 = time.perf_counter()
@@ -152,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job", required=True, help="job JSON (module docstring)")
     ap.add_argument("--out", required=True, help="result JSON (written atomically)")
     args = ap.parse_args(argv)
-    from ...atomic import atomic_write_text
 
     job = json.loads(Path(args.job).read_text())
     for name in job.get("import_first", ()):

@@ -20,6 +20,16 @@ import threading
 import time
 from typing import IO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 #: Seconds between log lines when not on a terminal; ``DCUT_PROGRESS_INTERVAL_S`` overrides it.
 DEFAULT_INTERVAL_S = 30.0
 
@@ -100,16 +110,6 @@ class RunProgress:
             self._thread = threading.Thread(target=self._tick, name="dcut-progress", daemon=True)
             self._thread.start()
         else:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn(self.unit), TimeElapsedColumn(), TextColumn("ETA"),
                                  TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),

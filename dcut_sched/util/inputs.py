@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = ["InputFileError", "JSONSyntaxError", "check_value_bounds", "is_symlink_loop", "read_json",
            "read_json_strict", "read_text", "parse_json", "parse_json_strict", "shown"]
 
@@ -196,8 +198,6 @@ def check_value_bounds(value: Any, where: str, *, max_depth: int = MAX_JSON_DEPT
     Raises:
         InputFileError: one line naming ``where`` and the key path (``policy_params.ratios``).
     """
-    import numpy as np
-
     todo: list[tuple[Any, str, int]] = [(value, "", 0)]
     limit = 10 ** max_digits
     while todo:

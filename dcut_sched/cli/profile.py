@@ -34,11 +34,11 @@ from dcut_sched import CostCurve, CostCurveError
 from dcut_sched.cli.args import (
     check_json_input,
     check_paths,
+    comma_list,
     flag_of,
     given_flags,
     int_at_least,
     seed_type,
-    short_value,
 )
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
 from dcut_sched.cost_curve import AssumedArWarning
@@ -69,29 +69,9 @@ def _nonempty(text: str) -> str:
     return text
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {short_value(text)!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {short_value(text)!r}")
-    if len(set(vals)) != len(vals):
-        raise argparse.ArgumentTypeError(f"a batch size is given twice in {short_value(text)!r}")
-    if max(vals) > MAX_BATCH_SIZE:
-        raise argparse.ArgumentTypeError(f"batch size {short_value(str(max(vals)))} is above the limit "
-                                         f"{MAX_BATCH_SIZE:,} (docs/reliability.md)")
-    return vals
-
-
-def _ratio_list(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ratios, got {short_value(text)!r}") from None
-    if not vals or any(not 0 < v <= 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"ratios must be in (0, 1], got {short_value(text)!r}")
-    return vals
+_int_list = comma_list(item="batch size", minimum=1, need="positive integers", limit=MAX_BATCH_SIZE, unique=True)
+_ratio_list = comma_list(float, what="ratios", item="ratio", minimum=0, open_low=True, maximum=1,
+                         need="ratios in (0, 1]")
 
 
 def build_parser() -> CliParser:
@@ -232,7 +212,7 @@ def _load_warnings(load: dict[str, Any], cpu_count: int | None, threads: int,
 
 
 def _spread_warnings(curve: CostCurve) -> list[str]:
-    from .report import noise_summary
+    from dcut_sched.profiler.report import noise_summary
 
     noise = noise_summary(curve)
     if np.isnan(noise["median_spread_pct"]):
@@ -260,8 +240,8 @@ def _monotone_warnings(curve: CostCurve, tolerance: float = 0.05) -> list[str]:
 
 
 def _resolve(args: argparse.Namespace):
-    from .analytic import parse_draft_spec
-    from .shapes import resolve_model
+    from dcut_sched.profiler.analytic import parse_draft_spec
+    from dcut_sched.profiler.shapes import resolve_model
 
     model, bss, ctx, warm, reps, dtype = DEFAULTS[args.mode]
     if args.block_size is None and not (args.mode == "analytic" and args.fit):
@@ -304,8 +284,8 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
     the drafter must fit the target and draft blocks of ``--block-size`` (checked before measuring)."""
     from dataclasses import replace
 
-    from ..drafters.dflash import DraftCheckpointError, check_target, read_config
-    from .workload import _is_dflash_folder
+    from dcut_sched.drafters.dflash import DraftCheckpointError, check_target, read_config
+    from dcut_sched.profiler.workload import _is_dflash_folder
 
     draft = replace(draft, config=_named_drafter(draft.config))
     if not _is_dflash_folder(draft.config):
@@ -324,11 +304,11 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
 
 
 def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
-    from .analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
-    from .devices import get_device
-    from .efficiency_fit import device_matches, fill_curve, fit_efficiency
-    from .grid import verify_tokens
-    from .report import fit_table
+    from dcut_sched.profiler.analytic import DEFAULT_AR_EFFICIENCY, DEFAULT_EFFICIENCY, ar_step_ms, draft_ms, forward_ms
+    from dcut_sched.profiler.devices import get_device
+    from dcut_sched.profiler.efficiency_fit import device_matches, fill_curve, fit_efficiency
+    from dcut_sched.profiler.grid import verify_tokens
+    from dcut_sched.profiler.report import fit_table
 
     device = get_device(args.device)
     if args.fit:
@@ -391,11 +371,11 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
 def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     import torch
 
-    from ..drafters.dflash import DraftCheckpointError
-    from .cuda_graphs import GraphTimer, cuda_hardware, require_cuda
-    from .grid import build_cells
-    from .harness import EagerTimer, partial_path_for, run_profile
-    from .workload import ForwardWorkload
+    from dcut_sched.drafters.dflash import DraftCheckpointError
+    from dcut_sched.profiler.cuda_graphs import GraphTimer, cuda_hardware, require_cuda
+    from dcut_sched.profiler.grid import build_cells
+    from dcut_sched.profiler.harness import EagerTimer, partial_path_for, run_profile
+    from dcut_sched.profiler.workload import ForwardWorkload
 
     gpu = args.mode == "gpu"
     if gpu:
@@ -465,9 +445,8 @@ def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-profile``; returns the exit status (:mod:`dcut_sched.cli.errors`)."""
-    from dcut_sched.console import make_console
-
-    from .harness import NoCudaError, PartialMismatch
+    from dcut_sched.profiler.harness import NoCudaError, PartialMismatch
+    from dcut_sched.util.console import make_console
 
     argv = list(sys.argv[1:] if argv is None else argv)
     console = make_console()
@@ -516,7 +495,7 @@ def _check_partial(args: argparse.Namespace, partial) -> None:
     """Before any work (model build, measurement): an existing ``OUT.partial`` needs ``--resume`` (it
     is then strictly typed by :func:`dcut_sched.profiler.harness.load_partial`, and a bad one refused and
     kept byte-identical) or ``--fresh`` (ignored, replaced at the first write)."""
-    from .harness import load_partial
+    from dcut_sched.profiler.harness import load_partial
 
     if args.resume and args.fresh:
         raise UsageError("give --resume (continue OUT.partial) or --fresh (ignore and replace it), not both")
@@ -553,10 +532,9 @@ def _check_partial_matches(args: argparse.Namespace, draft, partial) -> None:
     (:data:`_SETTING_FLAGS`; a partial of an older version without ``threads`` counts as another
     thread count), and its cells are cells of this run's grid. The model and the device are
     compared by the harness once the model is built (:func:`~.harness.run_profile`)."""
-    from dcut_sched.inputs import shown
-
-    from .grid import build_cells
-    from .harness import PARTIAL_FIX, PartialMismatch, load_partial
+    from dcut_sched.profiler.grid import build_cells
+    from dcut_sched.profiler.harness import PARTIAL_FIX, PartialMismatch, load_partial
+    from dcut_sched.util.inputs import shown
 
     doc = load_partial(partial)
     old = doc["settings"]
@@ -584,12 +562,11 @@ def _main(argv: list[str], console) -> int:
     if args.vllm:
         return _main_vllm(args)
 
-    from dcut_sched.atomic import all_or_none
-    from dcut_sched.tables import TABLE_SUFFIXES
-
-    from .harness import partial_path_for
-    from .interp_error import interpolation_error
-    from .report import curve_table, interp_table, noise_summary, write_frame
+    from dcut_sched.profiler.harness import partial_path_for
+    from dcut_sched.profiler.interp_error import interpolation_error
+    from dcut_sched.profiler.report import curve_table, interp_table, noise_summary, write_frame
+    from dcut_sched.util.atomic import all_or_none
+    from dcut_sched.util.tables import TABLE_SUFFIXES
 
     command = "dcut-profile " + " ".join(shlex.quote(a) for a in argv)
     partial = partial_path_for(args.out)
@@ -645,8 +622,8 @@ def _named_drafter(name: str) -> str:
     here and no preset (looked up as ``dcut-engine`` does, :func:`dcut_sched.paths.drafter_dir`)."""
     from pathlib import Path
 
-    from ..paths import drafter_dir
-    from .shapes import model_names
+    from dcut_sched.paths import drafter_dir
+    from dcut_sched.profiler.shapes import model_names
 
     if not Path(name).exists() and len(Path(name).parts) == 1 and name not in model_names() \
             and (drafter_dir(name) / "config.json").is_file():
@@ -658,8 +635,8 @@ def _draft_inputs(args: argparse.Namespace) -> list[str] | None:
     """The files ``--draft-config`` / ``--draft dflash:CONFIG`` reads (None for presets and counts): a
     config file, or a folder with its config.json -- for a trained drafter (a bare name resolved) also
     its weights and calibration.json (:func:`dcut_sched.drafters.drafter_files`)."""
-    from ..drafters import drafter_files
-    from .workload import _is_dflash_folder
+    from dcut_sched.drafters import drafter_files
+    from dcut_sched.profiler.workload import _is_dflash_folder
 
     text = args.draft_config or (args.draft.removeprefix("dflash:") if args.draft.startswith("dflash:") else None)
     if not text:
@@ -670,12 +647,12 @@ def _draft_inputs(args: argparse.Namespace) -> list[str] | None:
 
 def _main_vllm(args: argparse.Namespace) -> int:
     """``--vllm MODEL``: the in-engine profile (dcut_sched/profiler/vllm_engine.py)."""
-    from .vllm_engine import VllmProfileError, profile_vllm, steps_path_for
+    from dcut_sched.profiler.vllm_engine import VllmProfileError, profile_vllm, steps_path_for
 
     draft_dir = args.vllm_draft.removeprefix("dflash:") if args.vllm_draft else None
     draft_files = _config_inputs(draft_dir)
     if draft_files and os.path.isdir(draft_dir):
-        from ..drafters import drafter_files
+        from dcut_sched.drafters import drafter_files
 
         draft_files += drafter_files(draft_dir)  # the weights and the calibration prior: inputs too
     check_paths({"--vllm": _config_inputs(args.vllm), "--vllm-draft": draft_files},

@@ -9,8 +9,8 @@ Used by ``dcut-sim --out``/``--selection-curve``, ``dcut-engine --out``/``--step
 - ``.json``: ``{"attrs": {...}, "rows": [{column: value, ...}, ...]}`` -- the frame's ``attrs``
   (run settings such as ``mode``, ``approximate``) and one object per row; NaN is ``null``.
 
-Writes are atomic (:mod:`dcut_sched.atomic`): the file is the old one or the complete new one, and
-inside :func:`dcut_sched.atomic.all_or_none` a command's tables and plots appear together or not at all.
+Writes are atomic (:mod:`dcut_sched.util.atomic`): the file is the old one or the complete new one, and
+inside :func:`dcut_sched.util.atomic.all_or_none` a command's tables and plots appear together or not at all.
 """
 
 from __future__ import annotations
