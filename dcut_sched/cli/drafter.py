@@ -31,7 +31,7 @@ DEFAULT_OUT = "drafters/smollm2-135m-dflash"
 
 
 def build_parser() -> CliParser:
-    from ..drafters.train import TrainSettings
+    from ..drafters.train import INITS, LOSSES, LR_SCHEDULES, TrainSettings
 
     d = TrainSettings()
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
@@ -73,6 +73,13 @@ def build_parser() -> CliParser:
     t.add_argument("--eval-max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens,
                    help="tokens generated per held-out prompt")
     t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
+    t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.lr_schedule,
+                   help="after the warm-up: cosine decay to 10 %% at --steps, or constant")
+    t.add_argument("--init", choices=INITS, default=d.init,
+                   help="drafter layers start random or from the target's top layers")
+    t.add_argument("--loss", choices=LOSSES, default=d.loss,
+                   help="ce: the target's tokens; kl/tv: distillation against its top-k; lk: kl plus acceptance "
+                        "(docs/drafters.md, Losses)")
     t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
     t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
     t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every)
@@ -121,7 +128,8 @@ def _train(args) -> int:
                              draft_vocab_size=args.draft_vocab or None, num_generated_prompts=args.num_prompts,
                              num_gsm8k=args.num_gsm8k, num_mtbench=args.num_mtbench,
                              num_self_instruct=args.num_self_instruct, num_followups=args.num_followups,
-                             max_new_tokens=args.max_new_tokens, eval_max_new_tokens=args.eval_max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
+                             max_new_tokens=args.max_new_tokens, eval_max_new_tokens=args.eval_max_new_tokens, lr=args.lr,
+                             lr_schedule=args.lr_schedule, init=args.init, loss=args.loss, seqs_per_step=args.seqs_per_step,
                              blocks_per_seq=args.blocks_per_seq, eval_every=args.eval_every,
                              max_train_prompts=args.max_train_prompts, max_eval_prompts=args.max_eval_prompts)
     out = _check_out_folder(args.out)

@@ -43,6 +43,11 @@ DATA_NAME = "data.pt"
 STATE_NAME = "state.pt"
 
 
+LR_SCHEDULES = ("cosine", "constant")
+INITS = ("random", "target")
+LOSSES = ("ce", "kl", "tv", "lk")
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """Everything that decides the trained weights (stored with the checkpoint and in the card).
@@ -58,7 +63,14 @@ class TrainSettings:
         num_layers, num_target_features, draft_vocab_size: the drafter's shape (:class:`DFlashConfig`).
         block_sizes: block sizes the steps alternate over.
         steps, seqs_per_step, blocks_per_seq: optimisation steps; sequences and anchors per step.
-        lr, warmup_steps, weight_decay, grad_clip: AdamW with linear warm-up then cosine decay to 10 %.
+        lr, warmup_steps, weight_decay, grad_clip: AdamW with linear warm-up, then ``lr_schedule``:
+            ``cosine`` (decay to 10 % at ``steps``) or ``constant``.
+        init: ``random`` (N(0, 0.02)) or ``target`` (the decoder layers and final norm start from the
+            target's top ``num_layers`` layers; the feature projection stays random).
+        loss: ``ce`` (hard labels: the target's continuation), ``kl`` (distillation against the
+            target's top-k next-token distribution), ``tv`` (its total variation, one minus the
+            sampling acceptance rate) or ``lk`` (``kl`` plus one minus the expected accepted fraction
+            of the block); every term weighted per slot as DFlash does (docs/drafters.md, "Losses").
         eval_every: steps between held-out evaluations (a fixed subset of the eval sequences).
         checkpoint_every: steps between resumable checkpoints.
         max_train_prompts, max_eval_prompts: truncate the prompt sets (smoke runs).
@@ -85,6 +97,9 @@ class TrainSettings:
     warmup_steps: int = 100
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    lr_schedule: str = "cosine"
+    init: str = "random"
+    loss: str = "ce"
     eval_every: int = 250
     checkpoint_every: int = 100
     max_train_prompts: int | None = None
@@ -97,6 +112,9 @@ class TrainSettings:
                      "checkpoint_every", "num_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainSettings.{name} must be >= 1")
+        for name, allowed in (("lr_schedule", LR_SCHEDULES), ("init", INITS), ("loss", LOSSES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"TrainSettings.{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -115,17 +133,22 @@ class TrainState:
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to 10 % of ``lr`` at ``steps``."""
+    """Linear warm-up over ``warmup_steps``, then ``lr`` (constant) or cosine decay to 10 % of ``lr`` at ``steps``."""
     if step < s.warmup_steps:
         return s.lr * (step + 1) / s.warmup_steps
+    if s.lr_schedule == "constant":
+        return s.lr
     frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def block_batch(seqs: Sequence[DraftSequence], anchors: Sequence[Sequence[int]], block_size: int,
-                target_to_draft: torch.Tensor | None) -> dict[str, torch.Tensor]:
+                target_to_draft: torch.Tensor | None, soft: bool = False) -> dict[str, torch.Tensor]:
     """Padded tensors of one batch: features, tokens, anchors, labels ``[N, nb, B-1]`` (draft ids,
-    -100 where the slot lies past the sequence or its token is outside the draft vocabulary)."""
+    -100 where the slot lies past the sequence or its token is outside the draft vocabulary); with
+    ``soft``, also ``soft_ids`` / ``soft_p`` ``[N, nb, B-1, k]``: the target's top-k next tokens
+    before each slot (draft ids, -1 outside the draft vocabulary) and their probabilities (0 there
+    and on unlabelled slots)."""
     n = len(seqs)
     t = max(s.length for s in seqs)
     nb = max(len(a) for a in anchors)
@@ -144,10 +167,29 @@ def block_batch(seqs: Sequence[DraftSequence], anchors: Sequence[Sequence[int]],
             for j in range(1, block_size):
                 if p + j < s.length:
                     labels[i, b, j - 1] = int(s.tokens[p + j])
+    out = {"features": feat, "tokens": tok, "anchors": anc}
+    if soft:
+        if any(s.top_ids is None for s in seqs):
+            raise ValueError("block_batch: soft labels need every sequence's top_ids / top_logp (data of top_k > 0)")
+        k = seqs[0].top_ids.shape[-1]
+        top_ids = torch.zeros(n, t, k, dtype=torch.long)
+        top_p = torch.zeros(n, t, k, dtype=torch.float32)
+        for i, s in enumerate(seqs):
+            top_ids[i, : s.length] = s.top_ids.long()
+            top_p[i, : s.length] = s.top_logp.float().exp()
+        # slot j (1..B-1) predicts the token at p + j from the target's distribution at p + j - 1
+        at = (anc[:, :, None] + torch.arange(block_size - 1)).clamp(max=t - 1)  # [N, nb, B-1]
+        rows = torch.arange(n)[:, None, None]
+        ids, prob = top_ids[rows, at], top_p[rows, at]
+        if target_to_draft is not None:
+            ids = target_to_draft[ids]
+        prob = torch.where((ids >= 0) & (labels >= 0)[..., None], prob, torch.zeros_like(prob))
+        out["soft_ids"], out["soft_p"] = ids, prob
     if target_to_draft is not None:
         mapped = torch.where(labels >= 0, target_to_draft[labels.clamp(min=0)], torch.full_like(labels, -1))
         labels = torch.where(mapped >= 0, mapped, torch.full_like(labels, -100))
-    return {"features": feat, "tokens": tok, "anchors": anc, "labels": labels}
+    out["labels"] = labels
+    return out
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -158,14 +200,63 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     return (ce * w).sum() / w.sum().clamp(min=1e-9)
 
 
+def soft_losses(logits: torch.Tensor, soft_ids: torch.Tensor, soft_p: torch.Tensor, weights: torch.Tensor
+                ) -> dict[str, torch.Tensor]:
+    """Distillation terms of ``logits [N, nb, B-1, V]`` against the target's top-k (``soft_ids`` /
+    ``soft_p`` from :func:`block_batch`), slot-weighted like :func:`block_loss`:
+
+    - ``kl``: cross-entropy against the top-k distribution renormalised (KL up to its entropy);
+    - ``tv``: one minus the sampling acceptance rate ``alpha_j = sum_x min(p(x), q(x))`` over the top-k;
+    - ``accepted``: the expected accepted fraction of the block, ``sum_j prod_{t<=j} alpha_t / (B-1)``.
+    """
+    logq = logits.log_softmax(-1)
+    q_at = logq.gather(-1, soft_ids.clamp(min=0))  # [N, nb, B-1, k]
+    mass = soft_p.sum(-1)
+    valid = mass > 0
+    w = weights.view(1, 1, -1) * valid
+    norm = w.sum().clamp(min=1e-9)
+    p = soft_p / mass.clamp(min=1e-9)[..., None]
+    kl = (-(p * q_at).sum(-1) * w).sum() / norm
+    alpha = torch.minimum(soft_p, q_at.exp()).sum(-1) * valid  # [N, nb, B-1]
+    tv = ((1 - alpha) * w).sum() / norm
+    blocks = valid[..., 0]
+    accepted = (alpha.cumprod(-1).sum(-1) / alpha.shape[-1])[blocks].mean() if bool(blocks.any()) else alpha.sum() * 0
+    return {"kl": kl, "tv": tv, "accepted": accepted}
+
+
+def step_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor], block_size: int, loss: str) -> torch.Tensor:
+    """The training loss ``loss`` (:class:`TrainSettings`) of one batch's logits."""
+    weights = block_loss_weights(block_size)
+    if loss == "ce":
+        return block_loss(logits, batch["labels"], weights)
+    terms = soft_losses(logits, batch["soft_ids"], batch["soft_p"], weights)
+    if loss == "lk":
+        return terms["kl"] + (1 - terms["accepted"])
+    return terms[loss]
+
+
+def init_from_target(model: DFlashDraftModel, target) -> None:
+    """Start ``model``'s decoder layers and final norm from the target's top layers (same shapes;
+    the target has no q/k norms, so theirs stay 1)."""
+    top = list(target.layers)[-len(model.layers):]
+    with torch.no_grad():
+        for mine, theirs in zip(model.layers, top):
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(mine, name).weight.copy_(getattr(theirs.self_attn, name).weight)
+            mine.input_layernorm.load_state_dict(theirs.input_layernorm.state_dict())
+            mine.post_attention_layernorm.load_state_dict(theirs.post_attention_layernorm.state_dict())
+            mine.mlp.load_state_dict(theirs.mlp.state_dict())
+        model.norm.load_state_dict(target.norm.state_dict())
+
+
 def train_step(model: DFlashDraftModel, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], block_size: int,
-               embed: torch.Tensor, lm_head: torch.Tensor, lr: float, grad_clip: float) -> float:
+               embed: torch.Tensor, lm_head: torch.Tensor, lr: float, grad_clip: float, loss_name: str = "ce") -> float:
     """One optimisation step; returns the loss."""
     model.train()
     for g in opt.param_groups:
         g["lr"] = lr
     logits = model.training_logits(batch["features"], batch["tokens"], batch["anchors"], block_size, embed, lm_head)
-    loss = block_loss(logits, batch["labels"], block_loss_weights(block_size))
+    loss = step_loss(logits, batch, block_size, loss_name)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -260,10 +351,11 @@ def check_work_dir(settings: TrainSettings, work_dir: Path, data_key: dict[str, 
 
 
 def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, eval_prompts: str | Path,
-                 fresh: bool = False, log: Callable[[str], None] = _log, model_file: str | Path | None = None
-                 ) -> tuple[DFlashDraftModel, TrainState, dict]:
+                 fresh: bool = False, log: Callable[[str], None] = _log, model_file: str | Path | None = None,
+                 evaluate: bool = True) -> tuple[DFlashDraftModel, TrainState, dict]:
     """Generate the data (cached in ``work_dir``), train (checkpointed in ``work_dir``, resumed
-    unless ``fresh``), evaluate on the held-out prompts. Returns (model, state, held-out report).
+    unless ``fresh``), evaluate on the held-out prompts (unless not ``evaluate``: the report's
+    ``tau`` is then empty). Returns (model, state, held-out report).
 
     ``work_dir``'s files are checked (:func:`check_work_dir`) before anything is written: data of
     the same key is reused, none (or ``fresh``) is generated, any other is refused. ``model_file``:
@@ -303,6 +395,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
     state_path = work_dir / STATE_NAME
     model = DFlashDraftModel.random_init(cfg, seed=settings.seed)
+    if settings.init == "target":
+        init_from_target(model, target)
     if cfg.draft_vocab_size is not None:
         counts = token_counts(train_seqs, cfg.vocab_size)
         top = np.argsort(-counts, kind="stable")[: cfg.draft_vocab_size]
@@ -331,9 +425,10 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         step = state.step
         bsz = settings.block_sizes[step % len(settings.block_sizes)]
         picked, anchors = _draw(rng, train_seqs, settings)
-        batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft())
+        batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft(),
+                            soft=settings.loss != "ce")
         lr = lr_at(step, settings)
-        loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip)
+        loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip, settings.loss)
         finite_or_raise(loss, None, step + 1, lr)
         state.step += 1
         state.elapsed_s = time.time() - t_start
@@ -361,7 +456,7 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                               "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
                               "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
                               "data_sha256": data["sha256"], "data_stats": data["stats"]}
-    for b in sorted(set(settings.block_sizes), reverse=True):
+    for b in sorted(set(settings.block_sizes), reverse=True) if evaluate else ():
         for mode in sorted({s.mode for s in eval_seqs}):
             rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
             report["tau"][f"B{b}/{mode}"] = tau_summary(rows)
