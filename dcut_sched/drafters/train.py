@@ -22,6 +22,7 @@ import os
 import random
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -29,10 +30,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..calibration import calibration_report, fit_prior
 from ..model.config import LlamaConfig
 from .data import DraftSequence
 from .datagen import DataSettings, generate_and_save, write_sidecar
-from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
+from .dflash import SHIP_DTYPE, DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
 from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
 __all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_config", "data_settings",
@@ -71,6 +73,9 @@ class TrainSettings:
             target's top-k next-token distribution), ``tv`` (its total variation, one minus the
             sampling acceptance rate) or ``lk`` (``kl`` plus one minus the expected accepted fraction
             of the block); every term weighted per slot as DFlash does (docs/drafters.md, "Losses").
+        calibration_every: one training conversation in this many (by a hash of its id, both turns
+            together) is held back from training: the calibration split the drafter's per-depth
+            calibration prior is fitted on (``calibration.json``).
         eval_every: steps between held-out evaluations (a fixed subset of the eval sequences).
         checkpoint_every: steps between resumable checkpoints.
         max_train_prompts, max_eval_prompts: truncate the prompt sets (smoke runs).
@@ -100,6 +105,7 @@ class TrainSettings:
     lr_schedule: str = "cosine"
     init: str = "random"
     loss: str = "ce"
+    calibration_every: int = 10
     eval_every: int = 250
     checkpoint_every: int = 100
     max_train_prompts: int | None = None
@@ -109,7 +115,7 @@ class TrainSettings:
         if not self.block_sizes or any(b < 2 for b in self.block_sizes):
             raise ValueError("TrainSettings.block_sizes: each block size must be >= 2")
         for name in ("steps", "seqs_per_step", "blocks_per_seq", "max_new_tokens", "eval_every",
-                     "checkpoint_every", "num_layers"):
+                     "checkpoint_every", "num_layers", "calibration_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainSettings.{name} must be >= 1")
         for name, allowed in (("lr_schedule", LR_SCHEDULES), ("init", INITS), ("loss", LOSSES)):
@@ -308,6 +314,34 @@ def acceptance(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_siz
     return out
 
 
+def in_calibration_split(prompt_id: str, every: int) -> bool:
+    """Whether the training sequence ``prompt_id`` belongs to the calibration split: its conversation
+    id (``prompt_id`` without ``/turnN``) hashes (CRC-32) to 0 modulo ``every``."""
+    return zlib.crc32(prompt_id.split("/turn")[0].encode()) % every == 0
+
+
+def calibration_blocks(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_size: int, embed: torch.Tensor,
+                       lm_head: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every anchor's block of ``seqs`` (features filled): ``conf [N, B-1]``, drafts accepted ``[N]``
+    with every slot verified, and ``num_slots [N]`` (slots left before the sequence's end), the
+    inputs of :func:`~dcut_sched.calibration.fit_prior`."""
+    conf, accept, slots = [], [], []
+    for s in seqs:
+        for row in acceptance(model, [s], block_size, embed, lm_head):
+            conf.append(row["conf"])
+            accept.append(row["accept_len"])
+            slots.append(np.minimum(block_size - 1, s.length - s.prompt_len - 1 - row["pos"]))
+    if not conf:
+        raise ValueError("calibration_blocks: no anchor to draft from (every continuation is empty)")
+    return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
+
+
+def depth_acceptance(rows: Sequence[dict[str, Any]], block_size: int) -> list[float]:
+    """``P(accepted length >= d)`` for ``d = 1..B-1`` over every anchor of ``rows`` (:func:`acceptance`)."""
+    acc = np.concatenate([r["accept_len"] for r in rows])
+    return [round(float((acc >= d).mean()), 4) for d in range(1, block_size)]
+
+
 def tau_summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """tau (1 + mean accepted length over every anchor) overall and per category."""
     by: dict[str, list[np.ndarray]] = {}
@@ -385,7 +419,13 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     else:
         write_sidecar(data_path, data)  # in case a stop came between the data and its sidecar
         log(f"data: {data_path} holds data of these settings (sha256 {data['sha256'][:16]}); reusing it")
-    train_seqs, eval_seqs = data["train"], data["eval"]
+    calib_seqs = [q for q in data["train"] if in_calibration_split(q.prompt_id, settings.calibration_every)]
+    train_seqs = [q for q in data["train"] if not in_calibration_split(q.prompt_id, settings.calibration_every)]
+    eval_seqs = data["eval"]
+    log(f"data: {len(train_seqs)} training sequences, {len(calib_seqs)} held back for calibration")
+    if not train_seqs:
+        raise ValueError(f"no training sequence is left after holding back the calibration split "
+                         f"(calibration_every {settings.calibration_every}); train on more prompts")
     width = {int(s.features.shape[-1]) for s in (*train_seqs, *eval_seqs)}
     if width != {cfg.feature_size}:
         raise WorkDirError(f"{data_path}: features {sorted(width)} wide, this target's drafter reads {cfg.feature_size} "
@@ -452,19 +492,56 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                         "optimizer": opt.state_dict(), "state": state}, tmp)
             os.replace(tmp, state_path)
     model.eval()
+    with torch.no_grad():  # evaluate the weights as shipped (rounded to SHIP_DTYPE)
+        for prm in model.parameters():
+            prm.copy_(prm.to(SHIP_DTYPE).float())
     report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
                               "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
                               "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
                               "data_sha256": data["sha256"], "data_stats": data["stats"]}
-    for b in sorted(set(settings.block_sizes), reverse=True) if evaluate else ():
+    if not evaluate:
+        return model, state, report
+    for b in sorted(set(settings.block_sizes), reverse=True):
         for mode in sorted({s.mode for s in eval_seqs}):
             rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
             report["tau"][f"B{b}/{mode}"] = tau_summary(rows)
+            report.setdefault("depth_acceptance", {})[f"heldout/B{b}/{mode}"] = depth_acceptance(rows, b)
             unlike = [s for s in data.get("eval_unlike", []) if s.mode == mode]
             if unlike:
-                report.setdefault("tau_unlike", {})[f"B{b}/{mode}"] = tau_summary(
-                    acceptance(model, unlike, b, embed, lm_head))
+                rows = acceptance(model, unlike, b, embed, lm_head)
+                report.setdefault("tau_unlike", {})[f"B{b}/{mode}"] = tau_summary(rows)
+                report["depth_acceptance"][f"unlike/B{b}/{mode}"] = depth_acceptance(rows, b)
+    report["calibration"] = calibrate_on_split(model, calib_seqs, eval_seqs, data.get("eval_unlike", []),
+                                               max(settings.block_sizes), embed, lm_head)
+    if report["calibration"]["prior"] is None:
+        log(f"no calibration prior: {report['calibration']['skipped']}")
+        return model, state, report
+    log(f"calibration prior from {len(calib_seqs)} held-back sequences: ECE raw -> calibrated "
+        + ", ".join(f"{k} {v['ece_raw']:.3f} -> {v['ece_calibrated']:.3f}" for k, v in report["calibration"]["ece"].items()))
     return model, state, report
+
+
+def calibrate_on_split(model: DFlashDraftModel, calib: Sequence[DraftSequence], heldout: Sequence[DraftSequence],
+                       unlike: Sequence[DraftSequence], block_size: int, embed: torch.Tensor, lm_head: torch.Tensor
+                       ) -> dict[str, Any]:
+    """The per-depth calibration prior fitted on the calibration split ``calib`` at ``block_size``,
+    and its ECE (raw and calibrated) there and on both held-out sets: ``{"prior": CalibrationPrior,
+    "ece": {split: calibration_report}}``; ``prior`` None (and ``skipped`` the reason) when the split
+    is too small to fit one."""
+    try:
+        conf, accept, slots = calibration_blocks(model, calib, block_size, embed, lm_head)
+        prior = fit_prior(conf, accept, slots)
+    except ValueError as exc:  # a smoke run's split too small to fit: no prior
+        return {"prior": None, "ece": {}, "skipped": f"{len(calib)} calibration sequences: {exc}"}
+    ece = {"calibration split": calibration_report(conf, accept, slots, prior)}
+    for name, seqs in (("held-out", heldout), ("unlike", unlike)):
+        if seqs:
+            ece[name] = calibration_report(*calibration_blocks(model, seqs, block_size, embed, lm_head), prior)
+    prior = prior.model_copy(update={"provenance": {
+        "fitted_on": f"the calibration split of the training data: {len(calib)} continuations "
+                     "(TrainSettings.calibration_every), never trained on", "block_size": block_size,
+        "blocks": int(conf.shape[0]), **{f"ece {k}": [v["ece_raw"], v["ece_calibrated"]] for k, v in ece.items()}}})
+    return {"prior": prior, "ece": ece}
 
 
 def _draw(rng: random.Random, seqs: Sequence[DraftSequence], s: TrainSettings) -> tuple[list[DraftSequence], list[list[int]]]:

@@ -65,7 +65,7 @@ def test_calibration_list_is_the_list_the_drafter_was_trained_on():
     from dcut_sched.cli.drafter import calibration_training_list
     from dcut_sched.drafters import datagen
     from dcut_sched.drafters.data import generated_prompts, humaneval_prompts, load_prompt_records
-    from dcut_sched.drafters.train import TrainSettings
+    from dcut_sched.drafters.train import TrainSettings, in_calibration_split
     from dcut_sched.paths import prompts_path
 
     evals = str(prompts_path())
@@ -79,10 +79,17 @@ def test_calibration_list_is_the_list_the_drafter_was_trained_on():
     assert [p.id for p in train[360:]] == [p.id for i, p in enumerate(humaneval_prompts()) if i % 5]
     # a drafter of the current pipeline: the first turns of datagen's list (no self-instruct: no target needed)
     settings = TrainSettings(num_self_instruct=0, seed=3)
-    train, source = calibration_training_list(settings.to_json(), 4, evals)(None, None)
     convs, _ = datagen.training_list(datagen.DataSettings.from_train(replace(settings, seed=4), evals, ()), None, None)
+    # without a calibration split in its settings: every training conversation
+    unsplit = {k: v for k, v in settings.to_json().items() if k != "calibration_every"}
+    train, source = calibration_training_list(unsplit, 4, evals)(None, None)
     assert [(p.id, p.text) for p in train] == [(c.id, c.turns[0]) for c in convs] and "seed 4" in source
     assert {p.category for p in train} >= {"math", "gsm8k", "humaneval"}
+    # with one (the current default): only that split, which training never saw
+    train, source = calibration_training_list(settings.to_json(), 4, evals)(None, None)
+    split = [(c.id, c.turns[0]) for c in convs if in_calibration_split(c.id, settings.calibration_every)]
+    assert [(p.id, p.text) for p in train] == split and 0 < len(split) < len(convs) / 4
+    assert "calibration-split" in source
 
 
 def test_calibrate_refuses_a_missing_drafter_folder(tmp_path, capsys):

@@ -5,18 +5,31 @@ constant schedule, and every loss training a tiny drafter to a lower loss."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 
 import pytest
 import torch
 
+from dcut_sched.calibration import fit_prior
 from dcut_sched.drafters.data import DraftSequence, sequence_features
-from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
+from dcut_sched.drafters.dflash import (
+    SHIP_DTYPE,
+    DFlashConfig,
+    DFlashDraftModel,
+    block_loss_weights,
+    load_checkpoint,
+    save_checkpoint,
+)
 from dcut_sched.drafters.train import (
     TrainSettings,
     _draw,
     block_batch,
+    calibrate_on_split,
+    calibration_blocks,
+    depth_acceptance,
+    in_calibration_split,
     init_from_target,
     lr_at,
     soft_losses,
@@ -135,3 +148,43 @@ def test_every_loss_trains(target, seqs, loss):
         losses.append(train_step(model, opt, block_batch(picked, anchors, 8, None, soft=loss != "ce"), 8, emb, emb,
                                  3e-3, 1.0, loss))
     assert sum(losses[-5:]) < 0.8 * sum(losses[:5]), losses
+
+
+def test_calibration_split_keeps_conversations_whole_and_is_a_tenth():
+    ids = [f"gsm8k-{i:04d}" for i in range(2000)]
+    held = [i for i in ids if in_calibration_split(i, 10)]
+    assert 160 <= len(held) <= 240  # CRC-32 spreads the ids: about one in ten
+    assert all(in_calibration_split(i + "/turn2", 10) for i in held)  # the second turn goes with the first
+    assert not any(in_calibration_split(i + "/turn2", 10) for i in ids if i not in held)
+
+
+def test_depth_acceptance_counts_prefixes():
+    rows = [{"accept_len": torch.tensor([0, 1, 3]).numpy()}, {"accept_len": torch.tensor([2]).numpy()}]
+    assert depth_acceptance(rows, 5) == [0.75, 0.5, 0.25, 0.0]
+
+
+def test_calibration_prior_from_the_split_or_none_when_too_small(target, seqs):
+    model = DFlashDraftModel.random_init(CFG, seed=0)
+    init_from_target(model, target)
+    emb = target.embed_tokens.weight.detach()
+    fitted = calibrate_on_split(model, seqs, seqs[:2], [], 8, emb, emb)
+    conf, accept, slots = calibration_blocks(model, seqs, 8, emb, emb)
+    assert conf.shape == (sum(s.length - s.prompt_len - 1 for s in seqs), 7)
+    assert fitted["prior"].intercepts == fit_prior(conf, accept, slots).intercepts
+    assert set(fitted["ece"]) == {"calibration split", "held-out"}
+    assert fitted["ece"]["calibration split"]["ece_calibrated"] <= fitted["ece"]["calibration split"]["ece_raw"]
+    small = calibrate_on_split(model, seqs[:1], [], [], 8, emb, emb)
+    assert small["prior"] is None and "1 calibration sequences" in small["skipped"]
+
+
+def test_bfloat16_checkpoint_loads_as_the_rounded_weights(tmp_path):
+    model = DFlashDraftModel.random_init(CFG, seed=0)
+    folder = save_checkpoint(model, tmp_path / "d", dtype=SHIP_DTYPE)
+    assert json.loads((folder / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    back = load_checkpoint(folder)
+    for (name, a), b in zip(model.state_dict().items(), back.state_dict().values()):
+        expect = a.to(torch.bfloat16).float() if a.is_floating_point() else a
+        assert torch.equal(expect, b), name
+    small = (folder / "model.safetensors").stat().st_size
+    full = (save_checkpoint(model, tmp_path / "f") / "model.safetensors").stat().st_size
+    assert small < 0.55 * full
