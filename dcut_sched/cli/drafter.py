@@ -446,6 +446,8 @@ def calibration_training_list(trained: dict, seed: int, eval_prompts: str) -> Ca
 
     if "num_gsm8k" not in trained:
         count = int(trained["num_generated_prompts"])
+        if count < 0:
+            raise ValueError(f"num_generated_prompts must be >= 0, not {count}")
 
         def legacy(target, tokenizer) -> tuple[list, str]:
             return (legacy_prompt_split(count, seed, eval_prompts)[0],

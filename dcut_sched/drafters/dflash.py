@@ -619,6 +619,11 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
     model = DFlashDraftModel(cfg)
     model.load_state_dict({k: v if k == "draft_to_target" else v.float() for k, v in sd.items()}, strict=True)
     model.calibration_prior = _calibration_prior(folder) if calibration else None
+    prior = model.calibration_prior
+    if prior is not None and len(prior.intercepts) > cfg.block_size - 1:
+        raise DraftCheckpointError(f"{folder / 'calibration.json'}: intercepts has {len(prior.intercepts)} depths, this "
+                                   f"B = {cfg.block_size} drafter drafts at most {cfg.block_size - 1}; refit it with "
+                                   f"dcut-drafter calibrate --draft {folder}")
     if model.draft_to_target is not None:
         d2t = model.draft_to_target
         if not bool((d2t[1:] > d2t[:-1]).all()) or int(d2t[0]) < 0 or int(d2t[-1]) >= cfg.vocab_size:

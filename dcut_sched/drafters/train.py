@@ -93,9 +93,9 @@ class TrainSettings:
     instruct_temperature: float = 0.8
     num_layers: int = 2
     num_target_features: int = 4
-    draft_vocab_size: int | None = 8192
+    draft_vocab_size: int | None = 4096
     block_sizes: tuple[int, ...] = (16, 8)
-    steps: int = 3000
+    steps: int = 2400
     seqs_per_step: int = 4
     blocks_per_seq: int = 16
     lr: float = 1e-3
@@ -104,7 +104,7 @@ class TrainSettings:
     grad_clip: float = 1.0
     lr_schedule: str = "cosine"
     init: str = "random"
-    loss: str = "ce"
+    loss: str = "lk"
     calibration_every: int = 10
     eval_every: int = 250
     checkpoint_every: int = 100
@@ -118,6 +118,9 @@ class TrainSettings:
                      "checkpoint_every", "num_layers", "calibration_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainSettings.{name} must be >= 1")
+        for name in ("max_train_prompts", "max_eval_prompts"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"TrainSettings.{name} must be >= 1 or None (no truncation), not {getattr(self, name)}")
         for name, allowed in (("lr_schedule", LR_SCHEDULES), ("init", INITS), ("loss", LOSSES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"TrainSettings.{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")

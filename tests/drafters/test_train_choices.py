@@ -188,3 +188,21 @@ def test_bfloat16_checkpoint_loads_as_the_rounded_weights(tmp_path):
     small = (folder / "model.safetensors").stat().st_size
     full = (save_checkpoint(model, tmp_path / "f") / "model.safetensors").stat().st_size
     assert small < 0.55 * full
+
+
+def test_truncation_settings_below_one_are_refused():
+    for name in ("max_train_prompts", "max_eval_prompts"):
+        with pytest.raises(ValueError, match=f"TrainSettings.{name} must be >= 1 or None"):
+            TrainSettings(**{name: 0})
+
+
+def test_a_prior_deeper_than_the_block_is_refused(tmp_path):
+    from dcut_sched.calibration import CalibrationPrior
+    from dcut_sched.drafters.dflash import DraftCheckpointError
+
+    folder = save_checkpoint(DFlashDraftModel.random_init(CFG, seed=0), tmp_path / "d")  # B = 8: 7 draft slots
+    CalibrationPrior(intercepts=[0.0] * 7, slope=1.0).save(folder / "calibration.json")
+    assert len(load_checkpoint(folder).calibration_prior.intercepts) == 7
+    CalibrationPrior(intercepts=[0.0] * 8, slope=1.0).save(folder / "calibration.json")
+    with pytest.raises(DraftCheckpointError, match="intercepts has 8 depths, this B = 8 drafter drafts at most 7"):
+        load_checkpoint(folder)
