@@ -31,7 +31,7 @@ DEFAULT_OUT = "drafters/smollm2-135m-dflash"
 
 
 def build_parser() -> CliParser:
-    from ..drafters.train import TrainSettings
+    from ..drafters.train import INITS, LOSSES, LR_SCHEDULES, TrainSettings
 
     d = TrainSettings()
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
@@ -73,6 +73,13 @@ def build_parser() -> CliParser:
     t.add_argument("--eval-max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens,
                    help="tokens generated per held-out prompt")
     t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
+    t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.lr_schedule,
+                   help="after the warm-up: cosine decay to 10 %% at --steps, or constant")
+    t.add_argument("--init", choices=INITS, default=d.init,
+                   help="drafter layers start random or from the target's top layers")
+    t.add_argument("--loss", choices=LOSSES, default=d.loss,
+                   help="ce: the target's tokens; kl/tv: distillation against its top-k; lk: kl plus acceptance "
+                        "(docs/drafters.md, Losses)")
     t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
     t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
     t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every)
@@ -121,7 +128,8 @@ def _train(args) -> int:
                              draft_vocab_size=args.draft_vocab or None, num_generated_prompts=args.num_prompts,
                              num_gsm8k=args.num_gsm8k, num_mtbench=args.num_mtbench,
                              num_self_instruct=args.num_self_instruct, num_followups=args.num_followups,
-                             max_new_tokens=args.max_new_tokens, eval_max_new_tokens=args.eval_max_new_tokens, lr=args.lr, seqs_per_step=args.seqs_per_step,
+                             max_new_tokens=args.max_new_tokens, eval_max_new_tokens=args.eval_max_new_tokens, lr=args.lr,
+                             lr_schedule=args.lr_schedule, init=args.init, loss=args.loss, seqs_per_step=args.seqs_per_step,
                              blocks_per_seq=args.blocks_per_seq, eval_every=args.eval_every,
                              max_train_prompts=args.max_train_prompts, max_eval_prompts=args.max_eval_prompts)
     out = _check_out_folder(args.out)
@@ -136,11 +144,7 @@ def _train(args) -> int:
     except PromptError as exc:
         raise UsageError(f"--eval-prompts: {exc}") from None
     _check_train_outputs(args, out, work)
-    # calibration.json (dcut-drafter calibrate) belongs to the drafter it was fitted for: a retrain
-    # replaces the folder without it, since a new drafter needs its own prior
-    from ..calibration import PRIOR_NAME
-
-    check_drafter_folder(out, settings.to_json(), fresh=args.fresh, owned_files=(*OUT_FILES, PRIOR_NAME))
+    check_drafter_folder(out, settings.to_json(), fresh=args.fresh, owned_files=OUT_FILES)
     made = missing_folders(work)  # the folders this run makes for its work dir
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -157,7 +161,8 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
     data's key holds the feature layers, which come from the target's config) before it writes."""
     import torch
 
-    from ..drafters.dflash import describe, save_checkpoint
+    from ..calibration import PRIOR_NAME
+    from ..drafters.dflash import SHIP_DTYPE, describe, save_checkpoint
     from ..drafters.train import run_training
     from ..drafters.workdir import replace_folder
     from ..model.llama import LlamaModel
@@ -171,6 +176,8 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
     model, state, report = run_training(settings, target=target, tokenizer=tok, work_dir=work,
                                         eval_prompts=args.eval_prompts, fresh=args.fresh)
     wall = time.time() - t0
+    prior = report.pop("calibration")
+    report["calibration_ece"] = prior["ece"]
     command = " ".join(["dcut-drafter", "train", *(shlex.quote(a) for a in args.argv)])
     meta = {"settings": settings.to_json(), "train_seconds": round(state.elapsed_s, 1), "wall_seconds": round(wall, 1),
             "torch_threads": torch.get_num_threads(), "load_at_end": os.getloadavg()[0],
@@ -181,11 +188,13 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
     def write(folder: Path) -> None:  # weights, config, curve, report, card and plot: the folder is swapped in whole
         from ..util.atomic import atomic_write_text
 
-        save_checkpoint(model, folder, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed})
+        save_checkpoint(model, folder, metadata={"dcut_sched": "dflash drafter", "seed": settings.seed}, dtype=SHIP_DTYPE)
         _write_curve(folder / "training_curve.csv", state.history)
         atomic_write_text(folder / "heldout.json", json.dumps(meta, indent=2) + "\n")
         _write_card(folder / "README.md", meta)
         _plot_curve(folder / "training_curve.png", state.history, state.evals)
+        if prior["prior"] is not None:
+            prior["prior"].save(folder / PRIOR_NAME)
 
     replace_folder(out, write)
     print(json.dumps({"out": str(out), "tau": report["tau"], "wall_seconds": round(wall, 1)}, indent=2))
@@ -205,7 +214,7 @@ def _eval_prompts_label(path: str) -> str:
 
 #: What ``train`` writes into ``--out`` (the checkpoint, the curve, the report, the card, the plot).
 OUT_FILES = ("config.json", "model.safetensors", "training_curve.csv", "heldout.json", "README.md",
-             "training_curve.png")
+             "training_curve.png", "calibration.json")
 
 
 def _check_train_outputs(args, out: Path, work: Path) -> None:
@@ -328,9 +337,13 @@ def _write_card(path: Path, meta: dict) -> None:
         "",
         "## Training",
         "",
-        f"{s['steps']} AdamW steps, lr {s['lr']} (warm-up {s['warmup_steps']}, cosine to 10 %), "
-        f"{s['seqs_per_step']} sequences x {s['blocks_per_seq']} random anchors per step, DFlash's per-slot "
-        "cross-entropy with decaying slot weights. Curve: `training_curve.csv`, `training_curve.png`.",
+        f"{s['steps']} AdamW steps, lr {s['lr']} (warm-up {s['warmup_steps']}, then "
+        f"{'cosine to 10 %' if s.get('lr_schedule', 'cosine') == 'cosine' else 'constant'}), "
+        f"{s['seqs_per_step']} sequences x {s['blocks_per_seq']} random anchors per step; layers initialised "
+        f"{'from the target' + chr(39) + 's top layers' if s.get('init') == 'target' else 'at random'}; loss "
+        f"`{s.get('loss', 'ce')}` with DFlash's decaying slot weights (docs/drafters.md, Losses). One training "
+        f"conversation in {s.get('calibration_every', 10)} is held back for calibration. Weights shipped in "
+        f"bfloat16 (the figures below are those weights'). Curve: `training_curve.csv`, `training_curve.png`.",
         "",
         "## Held-out tau (1 + mean accepted drafts per block, every anchor of every held-out continuation)",
         "",
@@ -345,6 +358,21 @@ def _write_card(path: Path, meta: dict) -> None:
         lines.append("")
     lines += ["", "Greedy continuations give greedy verification's acceptance; T = 0.7 continuations that of "
               "sampled verification with the same draws.", ""]
+    depth = meta.get("depth_acceptance", {})
+    if depth:
+        lines += ["## Per-depth acceptance: P(accepted length >= d)", "",
+                  "| set / block / continuation | " + " | ".join(f"d={d}" for d in range(1, 8)) + " |",
+                  "|---|" + "---|" * 7]
+        lines += [f"| {k} | " + " | ".join(f"{x:.3f}" for x in v[:7]) + " |" for k, v in depth.items()]
+        lines.append("")
+    ece = meta.get("calibration_ece", {})
+    if ece:
+        lines += ["## Calibration (`calibration.json`: per-depth prior fitted on the calibration split)", "",
+                  "Expected calibration error of the draft confidences on the reached slots of fully verified "
+                  "blocks, greedy and T = 0.7 continuations together, raw and through the prior:", "",
+                  "| split | reached slots | ECE raw | ECE calibrated |", "|---|---:|---:|---:|"]
+        lines += [f"| {k} | {v['reached']} | {v['ece_raw']:.3f} | {v['ece_calibrated']:.3f} |" for k, v in ece.items()]
+        lines.append("")
     atomic_write_text(path, "\n".join(lines))
 
 
@@ -400,25 +428,16 @@ def calibration_prompts(train, count: int) -> list:
 
 
 def calibration_blocks(model, target, seqs):
-    """Every anchor's block of each sequence (features filled): ``conf [N, B-1]``, drafts accepted
-    ``[N]`` with every slot verified, and ``num_slots [N]`` (slots left before the sequence's end),
-    at the drafter's block size (``train.acceptance``, batched per sequence)."""
-    import numpy as np
-
-    from ..drafters.train import acceptance
+    """:func:`~dcut_sched.drafters.train.calibration_blocks` at the drafter's block size; no anchor
+    is a usage error."""
+    from ..drafters.train import calibration_blocks as blocks
 
     embed = target.embed_tokens.weight.detach()
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
-    block = model.config.block_size
-    conf, accept, slots = [], [], []
-    for s in seqs:
-        for row in acceptance(model, [s], block, embed, lm_head):
-            conf.append(row["conf"])
-            accept.append(row["accept_len"])
-            slots.append(np.minimum(block - 1, s.length - s.prompt_len - 1 - row["pos"]))
-    if not conf:
-        raise UsageError("no anchor to draft from: the continuations are empty (raise --max-new-tokens)")
-    return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
+    try:
+        return blocks(model, seqs, model.config.block_size, embed, lm_head)
+    except ValueError:
+        raise UsageError("no anchor to draft from: the continuations are empty (raise --max-new-tokens)") from None
 
 
 def calibration_training_list(trained: dict, seed: int, eval_prompts: str) -> Callable[[Any, Any], tuple[list, str]]:
@@ -437,11 +456,13 @@ def calibration_training_list(trained: dict, seed: int, eval_prompts: str) -> Ca
 
     from ..drafters import datagen
     from ..drafters.data import legacy_prompt_split
-    from ..drafters.train import TrainSettings
+    from ..drafters.train import TrainSettings, in_calibration_split
     from ..traces.prompts import Prompt
 
     if "num_gsm8k" not in trained:
         count = int(trained["num_generated_prompts"])
+        if count < 0:
+            raise ValueError(f"num_generated_prompts must be >= 0, not {count}")
 
         def legacy(target, tokenizer) -> tuple[list, str]:
             return (legacy_prompt_split(count, seed, eval_prompts)[0],
@@ -452,11 +473,15 @@ def calibration_training_list(trained: dict, seed: int, eval_prompts: str) -> Ca
     fields = {k: tuple(v) if k == "block_sizes" else v for k, v in trained.items() if k in names}
     data = datagen.DataSettings.from_train(dataclasses.replace(TrainSettings(**fields), seed=seed), eval_prompts, ())
 
+    every = int(trained.get("calibration_every", 0))
+
     def current(target, tokenizer) -> tuple[list, str]:
         convs, _ = datagen.training_list(data, target, tokenizer)
+        if every:  # a drafter trained with a calibration split: that split, never trained on
+            convs = [c for c in convs if in_calibration_split(c.id, every)]
         return ([Prompt(c.id, c.category, c.turns[0]) for c in convs],
-                f"first turns of the {len(convs)} training conversations of datagen.training_list (the data "
-                f"settings of the drafter's heldout.json, seed {seed})")
+                f"first turns of the {len(convs)} " + ("calibration-split" if every else "training")
+                + f" conversations of datagen.training_list (the data settings of the drafter's heldout.json, seed {seed})")
 
     return current
 

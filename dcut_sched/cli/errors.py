@@ -27,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -65,7 +66,12 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(sig)
 
 
+_OWNER_PID: int | None = None
+
+
 def _raise_interrupted(signum, _frame) -> None:
+    if os.getpid() != _OWNER_PID:  # a forked worker stopped before its initializer ran: leave quietly
+        os._exit(128 + int(signum))
     raise Interrupted(signum)
 
 
@@ -73,12 +79,15 @@ class handle_signals:
     """Context manager: SIGINT and SIGTERM raise :class:`Interrupted` in the main thread.
 
     The previous handlers come back on exit. Outside the main thread it does nothing (Python only
-    delivers signals there).
+    delivers signals there). A process forked meanwhile that has not set its own handlers exits
+    with 128 + the signal, without a traceback.
     """
 
     def __enter__(self) -> "handle_signals":
+        global _OWNER_PID
         self._old: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
+            _OWNER_PID = os.getpid()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, _raise_interrupted)
         return self

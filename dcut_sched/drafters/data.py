@@ -190,8 +190,9 @@ class DraftSequence:
         tokens: int64 ``[T]`` prompt + continuation; prompt_len: tokens of the prompt.
         features: ``[T, feature_size]`` the target's hidden states at ``target_layer_ids`` (float16
             to halve memory; the drafter casts them).
-        target_logp: optional float32 ``[T]`` the target's log-probability of each next token at the
-            mode's temperature (sampled traces need it).
+        top_ids, top_logp: optional ``[T, k]`` int32 / float16: the target's ``k`` most likely next
+            tokens after each position and their log-probabilities (temperature 1), the soft labels
+            of distillation (:func:`sequence_features` with ``top_k``).
     """
 
     prompt_id: str
@@ -200,6 +201,8 @@ class DraftSequence:
     tokens: torch.Tensor
     prompt_len: int
     features: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logp: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -238,9 +241,10 @@ def continue_prompts(model, tokenizer, prompts: Sequence[Prompt], *, max_new_tok
 
 @torch.no_grad()
 def sequence_features(model, sequences: Sequence[DraftSequence], layer_ids: Sequence[int], *,
-                      batch_tokens: int = 2400, dtype: torch.dtype = torch.float16,
+                      batch_tokens: int = 2400, dtype: torch.dtype = torch.float16, top_k: int = 0,
                       on_batch: Callable[[int], None] | None = None) -> None:
-    """Fill ``features`` of each sequence with one target forward over it (batched by length).
+    """Fill ``features`` of each sequence with one target forward over it (batched by length), and
+    with ``top_k > 0`` also ``top_ids`` / ``top_logp`` (the target's ``top_k`` next tokens).
 
     Under ``no_grad`` rather than ``inference_mode``: the features are ordinary tensors a training
     step may read."""
@@ -258,11 +262,17 @@ def sequence_features(model, sequences: Sequence[DraftSequence], layer_ids: Sequ
             ids[r, :sequences[j].length] = sequences[j].tokens
         cache = model.new_cache(len(group), T)
         pos = torch.arange(T)[None].expand(len(group), T)
-        _, feats = model(ids.to(model.device), pos.to(model.device), cache,
-                         logits_at=torch.zeros(len(group), 1, dtype=torch.long, device=model.device),
-                         capture_layers=tuple(layer_ids))
+        at = pos if top_k > 0 else torch.zeros(len(group), 1, dtype=torch.long)
+        logits, feats = model(ids.to(model.device), pos.to(model.device), cache, logits_at=at.to(model.device),
+                              capture_layers=tuple(layer_ids))
+        if top_k > 0:
+            top_logp, top_ids = logits.float().log_softmax(-1).topk(top_k, dim=-1)
         for r, j in enumerate(group):
             sequences[j].features = feats[r, :sequences[j].length].to("cpu", dtype).clone()
+            if top_k > 0:
+                sequences[j].top_ids = top_ids[r, :sequences[j].length].to("cpu", torch.int32).clone()
+                sequences[j].top_logp = top_logp[r, :sequences[j].length].to("cpu", torch.float16).clone()
+        del logits
         i += len(group)
         if on_batch is not None:
             on_batch(len(group))

@@ -49,7 +49,7 @@ TRAIN_KINDS: tuple[str, ...] = (*PROMPT_TEMPLATES, "humaneval", "gsm8k",
                                 *(f"mtbench-{c}" for c in sources.MTBENCH_TRAIN_CATEGORIES),
                                 *(f"self-{k}" for k in sources.SEED_KINDS))
 #: Version of the generated data's layout and generation rules (part of the key).
-DATA_FORMAT = 2
+DATA_FORMAT = 3
 #: Word n-gram length of the near-duplicate check against held-out prompts, and among self-instruct ones.
 HELDOUT_NGRAM = 5
 TRAIN_NGRAM = 8
@@ -68,6 +68,7 @@ class DataSettings:
         temperature: the sampled continuations' (each turn is continued greedily and sampled).
         instruct_temperature, instruct_max_new_tokens: the self-instruct requests' sampling.
         feature_layer_ids: target layers whose hidden states are the context features.
+        top_k: the target's most likely next tokens kept per position (distillation's soft labels).
         eval_prompts: the held-out prompt file; the ``unlike`` set is always generated too.
         max_train_prompts, max_eval_prompts: truncate the prompt lists (smoke runs).
     """
@@ -84,6 +85,7 @@ class DataSettings:
     instruct_temperature: float = 0.8
     instruct_max_new_tokens: int = 48
     feature_layer_ids: tuple[int, ...] = ()
+    top_k: int = 32
     eval_prompts: str = ""
     max_train_prompts: int | None = None
     max_eval_prompts: int | None = None
@@ -349,7 +351,7 @@ def generate_data(s: DataSettings, target, tokenizer, *, log: Callable[[str], No
         seqs: list[DraftSequence] = []
         for temp in (0.0, s.temperature):
             seqs += _continue(target, tokenizer, convs, split, max_new_tokens=cap, temperature=temp, seed=seed, log=log)
-        sequence_features(target, seqs, s.feature_layer_ids)
+        sequence_features(target, seqs, s.feature_layer_ids, top_k=s.top_k if split == "train" else 0)
         log(f"data: {split}: {len(seqs)} sequences, {sum(q.length for q in seqs)} tokens ({time.time() - t0:.0f} s)")
         splits[split] = seqs
     return {**splits, "stats": stats, "seconds": time.time() - t0}
@@ -404,12 +406,13 @@ def write_sidecar(path: Path, data: dict[str, Any]) -> None:
 
 
 def sequence_bytes(seqs: Sequence[DraftSequence]) -> bytes:
-    """The bytes of every sequence's tokens and features, in order (to compare two generations)."""
+    """The digest of every sequence's tokens, features and top-k, in order (to compare two generations)."""
     h = hashlib.sha256()
     for q in seqs:
         h.update(q.prompt_id.encode() + q.mode.encode() + q.prompt_len.to_bytes(8, "little"))
         h.update(q.tokens.numpy().tobytes())
-        if q.features is not None:
-            h.update(q.features.numpy().tobytes())
+        for t in (q.features, q.top_ids, q.top_logp):
+            if t is not None:
+                h.update(t.numpy().tobytes())
     return h.digest()
 

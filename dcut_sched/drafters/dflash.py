@@ -163,9 +163,10 @@ class DFlashConfig:
                            rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps, qk_norm=True,
                            max_position=self.max_position, name="dflash-drafter")
 
-    def hf_config(self) -> dict[str, Any]:
+    def hf_config(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
         """The ``config.json`` vLLM 0.32.0 reads for architecture ``DFlashDraftModel`` (Qwen3 fields
-        plus ``dflash_config``; ``target_layer_ids`` count layers from 0, vLLM adds 1)."""
+        plus ``dflash_config``; ``target_layer_ids`` count layers from 0, vLLM adds 1) of weights
+        stored in ``dtype``."""
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
@@ -184,7 +185,7 @@ class DFlashConfig:
             "attention_bias": False,
             "tie_word_embeddings": self.draft_vocab_size is None,
             "draft_vocab_size": self.draft_vocab_size or self.vocab_size,
-            "torch_dtype": "float32",
+            "torch_dtype": str(dtype).removeprefix("torch."),
             "num_target_layers": self.target_num_layers,
             "block_size": self.block_size,
             "dflash_config": {
@@ -411,8 +412,14 @@ class DFlashDraftModel(nn.Module):
         return out
 
 
-def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metadata: dict | None = None) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32) into ``folder``, each atomically
+#: The dtype ``dcut-drafter train`` ships weights in (the held-out figures are those weights')
+SHIP_DTYPE = torch.bfloat16
+
+
+def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metadata: dict | None = None,
+                    dtype: torch.dtype = torch.float32) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (floating tensors in ``dtype``; the shipped
+    drafter is bfloat16, :data:`SHIP_DTYPE`) into ``folder``, each atomically
     (inside :func:`~dcut_sched.util.atomic.all_or_none`, together with the block's other outputs).
 
     Returns the folder. ``metadata`` goes into the safetensors header (strings only).
@@ -424,11 +431,12 @@ def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metad
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_path(folder / WEIGHTS_NAME, suffix=".safetensors") as tmp:
-        save_file(model.checkpoint_state_dict(), str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.checkpoint_state_dict().items()}
+        save_file(tensors, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(tmp, 0o666 & ~mask)  # save_file creates the file 0600
-    atomic_write_text(folder / CONFIG_NAME, json.dumps(model.config.hf_config(), indent=2) + "\n")
+    atomic_write_text(folder / CONFIG_NAME, json.dumps(model.config.hf_config(dtype), indent=2) + "\n")
     return folder
 
 
@@ -611,6 +619,11 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
     model = DFlashDraftModel(cfg)
     model.load_state_dict({k: v if k == "draft_to_target" else v.float() for k, v in sd.items()}, strict=True)
     model.calibration_prior = _calibration_prior(folder) if calibration else None
+    prior = model.calibration_prior
+    if prior is not None and len(prior.intercepts) > cfg.block_size - 1:
+        raise DraftCheckpointError(f"{folder / 'calibration.json'}: intercepts has {len(prior.intercepts)} depths, this "
+                                   f"B = {cfg.block_size} drafter drafts at most {cfg.block_size - 1}; refit it with "
+                                   f"dcut-drafter calibrate --draft {folder}")
     if model.draft_to_target is not None:
         d2t = model.draft_to_target
         if not bool((d2t[1:] > d2t[:-1]).all()) or int(d2t[0]) < 0 or int(d2t[-1]) >= cfg.vocab_size:

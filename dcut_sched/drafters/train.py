@@ -22,6 +22,7 @@ import os
 import random
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -29,10 +30,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..calibration import calibration_report, fit_prior
 from ..model.config import LlamaConfig
 from .data import DraftSequence
 from .datagen import DataSettings, generate_and_save, write_sidecar
-from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
+from .dflash import SHIP_DTYPE, DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
 from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
 __all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_config", "data_settings",
@@ -41,6 +43,11 @@ __all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_wo
 #: Files of ``run_training``'s ``work_dir``: the generated data and the resumable checkpoint.
 DATA_NAME = "data.pt"
 STATE_NAME = "state.pt"
+
+
+LR_SCHEDULES = ("cosine", "constant")
+INITS = ("random", "target")
+LOSSES = ("ce", "kl", "tv", "lk")
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,17 @@ class TrainSettings:
         num_layers, num_target_features, draft_vocab_size: the drafter's shape (:class:`DFlashConfig`).
         block_sizes: block sizes the steps alternate over.
         steps, seqs_per_step, blocks_per_seq: optimisation steps; sequences and anchors per step.
-        lr, warmup_steps, weight_decay, grad_clip: AdamW with linear warm-up then cosine decay to 10 %.
+        lr, warmup_steps, weight_decay, grad_clip: AdamW with linear warm-up, then ``lr_schedule``:
+            ``cosine`` (decay to 10 % at ``steps``) or ``constant``.
+        init: ``random`` (N(0, 0.02)) or ``target`` (the decoder layers and final norm start from the
+            target's top ``num_layers`` layers; the feature projection stays random).
+        loss: ``ce`` (hard labels: the target's continuation), ``kl`` (distillation against the
+            target's top-k next-token distribution), ``tv`` (its total variation, one minus the
+            sampling acceptance rate) or ``lk`` (``kl`` plus one minus the expected accepted fraction
+            of the block); every term weighted per slot as DFlash does (docs/drafters.md, "Losses").
+        calibration_every: one training conversation in this many (by a hash of its id, both turns
+            together) is held back from training: the calibration split the drafter's per-depth
+            calibration prior is fitted on (``calibration.json``).
         eval_every: steps between held-out evaluations (a fixed subset of the eval sequences).
         checkpoint_every: steps between resumable checkpoints.
         max_train_prompts, max_eval_prompts: truncate the prompt sets (smoke runs).
@@ -76,15 +93,19 @@ class TrainSettings:
     instruct_temperature: float = 0.8
     num_layers: int = 2
     num_target_features: int = 4
-    draft_vocab_size: int | None = 8192
+    draft_vocab_size: int | None = 4096
     block_sizes: tuple[int, ...] = (16, 8)
-    steps: int = 3000
+    steps: int = 2400
     seqs_per_step: int = 4
     blocks_per_seq: int = 16
     lr: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    lr_schedule: str = "cosine"
+    init: str = "random"
+    loss: str = "lk"
+    calibration_every: int = 10
     eval_every: int = 250
     checkpoint_every: int = 100
     max_train_prompts: int | None = None
@@ -94,9 +115,15 @@ class TrainSettings:
         if not self.block_sizes or any(b < 2 for b in self.block_sizes):
             raise ValueError("TrainSettings.block_sizes: each block size must be >= 2")
         for name in ("steps", "seqs_per_step", "blocks_per_seq", "max_new_tokens", "eval_every",
-                     "checkpoint_every", "num_layers"):
+                     "checkpoint_every", "num_layers", "calibration_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainSettings.{name} must be >= 1")
+        for name in ("max_train_prompts", "max_eval_prompts"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"TrainSettings.{name} must be >= 1 or None (no truncation), not {getattr(self, name)}")
+        for name, allowed in (("lr_schedule", LR_SCHEDULES), ("init", INITS), ("loss", LOSSES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"TrainSettings.{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -115,17 +142,22 @@ class TrainState:
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to 10 % of ``lr`` at ``steps``."""
+    """Linear warm-up over ``warmup_steps``, then ``lr`` (constant) or cosine decay to 10 % of ``lr`` at ``steps``."""
     if step < s.warmup_steps:
         return s.lr * (step + 1) / s.warmup_steps
+    if s.lr_schedule == "constant":
+        return s.lr
     frac = (step - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def block_batch(seqs: Sequence[DraftSequence], anchors: Sequence[Sequence[int]], block_size: int,
-                target_to_draft: torch.Tensor | None) -> dict[str, torch.Tensor]:
+                target_to_draft: torch.Tensor | None, soft: bool = False) -> dict[str, torch.Tensor]:
     """Padded tensors of one batch: features, tokens, anchors, labels ``[N, nb, B-1]`` (draft ids,
-    -100 where the slot lies past the sequence or its token is outside the draft vocabulary)."""
+    -100 where the slot lies past the sequence or its token is outside the draft vocabulary); with
+    ``soft``, also ``soft_ids`` / ``soft_p`` ``[N, nb, B-1, k]``: the target's top-k next tokens
+    before each slot (draft ids, -1 outside the draft vocabulary) and their probabilities (0 there
+    and on unlabelled slots)."""
     n = len(seqs)
     t = max(s.length for s in seqs)
     nb = max(len(a) for a in anchors)
@@ -144,10 +176,29 @@ def block_batch(seqs: Sequence[DraftSequence], anchors: Sequence[Sequence[int]],
             for j in range(1, block_size):
                 if p + j < s.length:
                     labels[i, b, j - 1] = int(s.tokens[p + j])
+    out = {"features": feat, "tokens": tok, "anchors": anc}
+    if soft:
+        if any(s.top_ids is None for s in seqs):
+            raise ValueError("block_batch: soft labels need every sequence's top_ids / top_logp (data of top_k > 0)")
+        k = seqs[0].top_ids.shape[-1]
+        top_ids = torch.zeros(n, t, k, dtype=torch.long)
+        top_p = torch.zeros(n, t, k, dtype=torch.float32)
+        for i, s in enumerate(seqs):
+            top_ids[i, : s.length] = s.top_ids.long()
+            top_p[i, : s.length] = s.top_logp.float().exp()
+        # slot j (1..B-1) predicts the token at p + j from the target's distribution at p + j - 1
+        at = (anc[:, :, None] + torch.arange(block_size - 1)).clamp(max=t - 1)  # [N, nb, B-1]
+        rows = torch.arange(n)[:, None, None]
+        ids, prob = top_ids[rows, at], top_p[rows, at]
+        if target_to_draft is not None:
+            ids = target_to_draft[ids]
+        prob = torch.where((ids >= 0) & (labels >= 0)[..., None], prob, torch.zeros_like(prob))
+        out["soft_ids"], out["soft_p"] = ids, prob
     if target_to_draft is not None:
         mapped = torch.where(labels >= 0, target_to_draft[labels.clamp(min=0)], torch.full_like(labels, -1))
         labels = torch.where(mapped >= 0, mapped, torch.full_like(labels, -100))
-    return {"features": feat, "tokens": tok, "anchors": anc, "labels": labels}
+    out["labels"] = labels
+    return out
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -158,14 +209,63 @@ def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
     return (ce * w).sum() / w.sum().clamp(min=1e-9)
 
 
+def soft_losses(logits: torch.Tensor, soft_ids: torch.Tensor, soft_p: torch.Tensor, weights: torch.Tensor
+                ) -> dict[str, torch.Tensor]:
+    """Distillation terms of ``logits [N, nb, B-1, V]`` against the target's top-k (``soft_ids`` /
+    ``soft_p`` from :func:`block_batch`), slot-weighted like :func:`block_loss`:
+
+    - ``kl``: cross-entropy against the top-k distribution renormalised (KL up to its entropy);
+    - ``tv``: one minus the sampling acceptance rate ``alpha_j = sum_x min(p(x), q(x))`` over the top-k;
+    - ``accepted``: the expected accepted fraction of the block, ``sum_j prod_{t<=j} alpha_t / (B-1)``.
+    """
+    logq = logits.log_softmax(-1)
+    q_at = logq.gather(-1, soft_ids.clamp(min=0))  # [N, nb, B-1, k]
+    mass = soft_p.sum(-1)
+    valid = mass > 0
+    w = weights.view(1, 1, -1) * valid
+    norm = w.sum().clamp(min=1e-9)
+    p = soft_p / mass.clamp(min=1e-9)[..., None]
+    kl = (-(p * q_at).sum(-1) * w).sum() / norm
+    alpha = torch.minimum(soft_p, q_at.exp()).sum(-1) * valid  # [N, nb, B-1]
+    tv = ((1 - alpha) * w).sum() / norm
+    blocks = valid[..., 0]
+    accepted = (alpha.cumprod(-1).sum(-1) / alpha.shape[-1])[blocks].mean() if bool(blocks.any()) else alpha.sum() * 0
+    return {"kl": kl, "tv": tv, "accepted": accepted}
+
+
+def step_loss(logits: torch.Tensor, batch: dict[str, torch.Tensor], block_size: int, loss: str) -> torch.Tensor:
+    """The training loss ``loss`` (:class:`TrainSettings`) of one batch's logits."""
+    weights = block_loss_weights(block_size)
+    if loss == "ce":
+        return block_loss(logits, batch["labels"], weights)
+    terms = soft_losses(logits, batch["soft_ids"], batch["soft_p"], weights)
+    if loss == "lk":
+        return terms["kl"] + (1 - terms["accepted"])
+    return terms[loss]
+
+
+def init_from_target(model: DFlashDraftModel, target) -> None:
+    """Start ``model``'s decoder layers and final norm from the target's top layers (same shapes;
+    the target has no q/k norms, so theirs stay 1)."""
+    top = list(target.layers)[-len(model.layers):]
+    with torch.no_grad():
+        for mine, theirs in zip(model.layers, top):
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(mine, name).weight.copy_(getattr(theirs.self_attn, name).weight)
+            mine.input_layernorm.load_state_dict(theirs.input_layernorm.state_dict())
+            mine.post_attention_layernorm.load_state_dict(theirs.post_attention_layernorm.state_dict())
+            mine.mlp.load_state_dict(theirs.mlp.state_dict())
+        model.norm.load_state_dict(target.norm.state_dict())
+
+
 def train_step(model: DFlashDraftModel, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor], block_size: int,
-               embed: torch.Tensor, lm_head: torch.Tensor, lr: float, grad_clip: float) -> float:
+               embed: torch.Tensor, lm_head: torch.Tensor, lr: float, grad_clip: float, loss_name: str = "ce") -> float:
     """One optimisation step; returns the loss."""
     model.train()
     for g in opt.param_groups:
         g["lr"] = lr
     logits = model.training_logits(batch["features"], batch["tokens"], batch["anchors"], block_size, embed, lm_head)
-    loss = block_loss(logits, batch["labels"], block_loss_weights(block_size))
+    loss = step_loss(logits, batch, block_size, loss_name)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -217,6 +317,34 @@ def acceptance(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_siz
     return out
 
 
+def in_calibration_split(prompt_id: str, every: int) -> bool:
+    """Whether the training sequence ``prompt_id`` belongs to the calibration split: its conversation
+    id (``prompt_id`` without ``/turnN``) hashes (CRC-32) to 0 modulo ``every``."""
+    return zlib.crc32(prompt_id.split("/turn")[0].encode()) % every == 0
+
+
+def calibration_blocks(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_size: int, embed: torch.Tensor,
+                       lm_head: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every anchor's block of ``seqs`` (features filled): ``conf [N, B-1]``, drafts accepted ``[N]``
+    with every slot verified, and ``num_slots [N]`` (slots left before the sequence's end), the
+    inputs of :func:`~dcut_sched.calibration.fit_prior`."""
+    conf, accept, slots = [], [], []
+    for s in seqs:
+        for row in acceptance(model, [s], block_size, embed, lm_head):
+            conf.append(row["conf"])
+            accept.append(row["accept_len"])
+            slots.append(np.minimum(block_size - 1, s.length - s.prompt_len - 1 - row["pos"]))
+    if not conf:
+        raise ValueError("calibration_blocks: no anchor to draft from (every continuation is empty)")
+    return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
+
+
+def depth_acceptance(rows: Sequence[dict[str, Any]], block_size: int) -> list[float]:
+    """``P(accepted length >= d)`` for ``d = 1..B-1`` over every anchor of ``rows`` (:func:`acceptance`)."""
+    acc = np.concatenate([r["accept_len"] for r in rows])
+    return [round(float((acc >= d).mean()), 4) for d in range(1, block_size)]
+
+
 def tau_summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """tau (1 + mean accepted length over every anchor) overall and per category."""
     by: dict[str, list[np.ndarray]] = {}
@@ -260,10 +388,11 @@ def check_work_dir(settings: TrainSettings, work_dir: Path, data_key: dict[str, 
 
 
 def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, eval_prompts: str | Path,
-                 fresh: bool = False, log: Callable[[str], None] = _log, model_file: str | Path | None = None
-                 ) -> tuple[DFlashDraftModel, TrainState, dict]:
+                 fresh: bool = False, log: Callable[[str], None] = _log, model_file: str | Path | None = None,
+                 evaluate: bool = True) -> tuple[DFlashDraftModel, TrainState, dict]:
     """Generate the data (cached in ``work_dir``), train (checkpointed in ``work_dir``, resumed
-    unless ``fresh``), evaluate on the held-out prompts. Returns (model, state, held-out report).
+    unless ``fresh``), evaluate on the held-out prompts (unless not ``evaluate``: the report's
+    ``tau`` is then empty). Returns (model, state, held-out report).
 
     ``work_dir``'s files are checked (:func:`check_work_dir`) before anything is written: data of
     the same key is reused, none (or ``fresh``) is generated, any other is refused. ``model_file``:
@@ -293,7 +422,13 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     else:
         write_sidecar(data_path, data)  # in case a stop came between the data and its sidecar
         log(f"data: {data_path} holds data of these settings (sha256 {data['sha256'][:16]}); reusing it")
-    train_seqs, eval_seqs = data["train"], data["eval"]
+    calib_seqs = [q for q in data["train"] if in_calibration_split(q.prompt_id, settings.calibration_every)]
+    train_seqs = [q for q in data["train"] if not in_calibration_split(q.prompt_id, settings.calibration_every)]
+    eval_seqs = data["eval"]
+    log(f"data: {len(train_seqs)} training sequences, {len(calib_seqs)} held back for calibration")
+    if not train_seqs:
+        raise ValueError(f"no training sequence is left after holding back the calibration split "
+                         f"(calibration_every {settings.calibration_every}); train on more prompts")
     width = {int(s.features.shape[-1]) for s in (*train_seqs, *eval_seqs)}
     if width != {cfg.feature_size}:
         raise WorkDirError(f"{data_path}: features {sorted(width)} wide, this target's drafter reads {cfg.feature_size} "
@@ -303,6 +438,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
     state_path = work_dir / STATE_NAME
     model = DFlashDraftModel.random_init(cfg, seed=settings.seed)
+    if settings.init == "target":
+        init_from_target(model, target)
     if cfg.draft_vocab_size is not None:
         counts = token_counts(train_seqs, cfg.vocab_size)
         top = np.argsort(-counts, kind="stable")[: cfg.draft_vocab_size]
@@ -331,9 +468,10 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         step = state.step
         bsz = settings.block_sizes[step % len(settings.block_sizes)]
         picked, anchors = _draw(rng, train_seqs, settings)
-        batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft())
+        batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft(),
+                            soft=settings.loss != "ce")
         lr = lr_at(step, settings)
-        loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip)
+        loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip, settings.loss)
         finite_or_raise(loss, None, step + 1, lr)
         state.step += 1
         state.elapsed_s = time.time() - t_start
@@ -357,19 +495,56 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                         "optimizer": opt.state_dict(), "state": state}, tmp)
             os.replace(tmp, state_path)
     model.eval()
+    with torch.no_grad():  # evaluate the weights as shipped (rounded to SHIP_DTYPE)
+        for prm in model.parameters():
+            prm.copy_(prm.to(SHIP_DTYPE).float())
     report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
                               "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
                               "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
                               "data_sha256": data["sha256"], "data_stats": data["stats"]}
+    if not evaluate:
+        return model, state, report
     for b in sorted(set(settings.block_sizes), reverse=True):
         for mode in sorted({s.mode for s in eval_seqs}):
             rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
             report["tau"][f"B{b}/{mode}"] = tau_summary(rows)
+            report.setdefault("depth_acceptance", {})[f"heldout/B{b}/{mode}"] = depth_acceptance(rows, b)
             unlike = [s for s in data.get("eval_unlike", []) if s.mode == mode]
             if unlike:
-                report.setdefault("tau_unlike", {})[f"B{b}/{mode}"] = tau_summary(
-                    acceptance(model, unlike, b, embed, lm_head))
+                rows = acceptance(model, unlike, b, embed, lm_head)
+                report.setdefault("tau_unlike", {})[f"B{b}/{mode}"] = tau_summary(rows)
+                report["depth_acceptance"][f"unlike/B{b}/{mode}"] = depth_acceptance(rows, b)
+    report["calibration"] = calibrate_on_split(model, calib_seqs, eval_seqs, data.get("eval_unlike", []),
+                                               max(settings.block_sizes), embed, lm_head)
+    if report["calibration"]["prior"] is None:
+        log(f"no calibration prior: {report['calibration']['skipped']}")
+        return model, state, report
+    log(f"calibration prior from {len(calib_seqs)} held-back sequences: ECE raw -> calibrated "
+        + ", ".join(f"{k} {v['ece_raw']:.3f} -> {v['ece_calibrated']:.3f}" for k, v in report["calibration"]["ece"].items()))
     return model, state, report
+
+
+def calibrate_on_split(model: DFlashDraftModel, calib: Sequence[DraftSequence], heldout: Sequence[DraftSequence],
+                       unlike: Sequence[DraftSequence], block_size: int, embed: torch.Tensor, lm_head: torch.Tensor
+                       ) -> dict[str, Any]:
+    """The per-depth calibration prior fitted on the calibration split ``calib`` at ``block_size``,
+    and its ECE (raw and calibrated) there and on both held-out sets: ``{"prior": CalibrationPrior,
+    "ece": {split: calibration_report}}``; ``prior`` None (and ``skipped`` the reason) when the split
+    is too small to fit one."""
+    try:
+        conf, accept, slots = calibration_blocks(model, calib, block_size, embed, lm_head)
+        prior = fit_prior(conf, accept, slots)
+    except ValueError as exc:  # a smoke run's split too small to fit: no prior
+        return {"prior": None, "ece": {}, "skipped": f"{len(calib)} calibration sequences: {exc}"}
+    ece = {"calibration split": calibration_report(conf, accept, slots, prior)}
+    for name, seqs in (("held-out", heldout), ("unlike", unlike)):
+        if seqs:
+            ece[name] = calibration_report(*calibration_blocks(model, seqs, block_size, embed, lm_head), prior)
+    prior = prior.model_copy(update={"provenance": {
+        "fitted_on": f"the calibration split of the training data: {len(calib)} continuations "
+                     "(TrainSettings.calibration_every), never trained on", "block_size": block_size,
+        "blocks": int(conf.shape[0]), **{f"ece {k}": [v["ece_raw"], v["ece_calibrated"]] for k, v in ece.items()}}})
+    return {"prior": prior, "ece": ece}
 
 
 def _draw(rng: random.Random, seqs: Sequence[DraftSequence], s: TrainSettings) -> tuple[list[DraftSequence], list[list[int]]]:

@@ -24,6 +24,9 @@ TARGET = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_la
 CFG = DFlashConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
                    vocab_size=16, target_num_layers=4, target_layer_ids=(0, 2), mask_token_id=15, block_size=8)
 
+#: training settings of a drafter of the first data pipeline (no ``num_gsm8k``), as the first shipped one had
+FIRST_PIPELINE = {"seed": 0, "num_generated_prompts": 360, "max_new_tokens": 128}
+
 
 def test_loader_reads_the_optional_prior_and_names_a_malformed_one(tmp_path):
     folder = save_checkpoint(DFlashDraftModel.random_init(CFG, seed=0), tmp_path / "d")
@@ -58,20 +61,18 @@ def test_calibration_prompts_spread_over_the_training_list():
 
 
 def test_calibration_list_is_the_list_the_drafter_was_trained_on():
-    import json
     from dataclasses import replace
-    from pathlib import Path
 
     from dcut_sched.cli.drafter import calibration_training_list
     from dcut_sched.drafters import datagen
     from dcut_sched.drafters.data import generated_prompts, humaneval_prompts, load_prompt_records
-    from dcut_sched.drafters.train import TrainSettings
+    from dcut_sched.drafters.train import TrainSettings, in_calibration_split
     from dcut_sched.paths import prompts_path
 
     evals = str(prompts_path())
-    # the shipped drafter (first pipeline): 360 templated prompts of seed 0, then the 131 training HumanEval ones
-    shipped = Path(__file__).resolve().parents[2] / "drafters" / "smollm2-135m-dflash" / "heldout.json"
-    train, source = calibration_training_list(json.loads(shipped.read_text())["settings"], 0, evals)(None, None)
+    # a drafter of the first pipeline (the first shipped one): 360 templated prompts of seed 0, then
+    # the 131 training HumanEval ones
+    train, source = calibration_training_list(FIRST_PIPELINE, 0, evals)(None, None)
     assert source == "training prompts of legacy_prompt_split(360, seed 0)" and len(train) == 360 + 131
     held_out = [p.text for p in load_prompt_records(evals)] + [p.text for i, p in enumerate(humaneval_prompts()) if i % 5 == 0]
     assert [p.text for p in train[:360]] == [p.text for p in generated_prompts(360, 0, exclude=held_out)]
@@ -79,10 +80,17 @@ def test_calibration_list_is_the_list_the_drafter_was_trained_on():
     assert [p.id for p in train[360:]] == [p.id for i, p in enumerate(humaneval_prompts()) if i % 5]
     # a drafter of the current pipeline: the first turns of datagen's list (no self-instruct: no target needed)
     settings = TrainSettings(num_self_instruct=0, seed=3)
-    train, source = calibration_training_list(settings.to_json(), 4, evals)(None, None)
     convs, _ = datagen.training_list(datagen.DataSettings.from_train(replace(settings, seed=4), evals, ()), None, None)
+    # without a calibration split in its settings: every training conversation
+    unsplit = {k: v for k, v in settings.to_json().items() if k != "calibration_every"}
+    train, source = calibration_training_list(unsplit, 4, evals)(None, None)
     assert [(p.id, p.text) for p in train] == [(c.id, c.turns[0]) for c in convs] and "seed 4" in source
     assert {p.category for p in train} >= {"math", "gsm8k", "humaneval"}
+    # with one (the current default): only that split, which training never saw
+    train, source = calibration_training_list(settings.to_json(), 4, evals)(None, None)
+    split = [(c.id, c.turns[0]) for c in convs if in_calibration_split(c.id, settings.calibration_every)]
+    assert [(p.id, p.text) for p in train] == split and 0 < len(split) < len(convs) / 4
+    assert "calibration-split" in source
 
 
 def test_calibrate_refuses_a_missing_drafter_folder(tmp_path, capsys):
@@ -107,8 +115,10 @@ def test_calibrate_replaces_a_malformed_prior_at_tiny_scale(tmp_path, capsys):
     shipped = Path(__file__).resolve().parents[2] / "drafters" / "smollm2-135m-dflash"
     folder = tmp_path / "d"
     folder.mkdir()
-    for name in ("config.json", "model.safetensors", "heldout.json"):
+    for name in ("config.json", "model.safetensors"):
         shutil.copy(shipped / name, folder / name)
+    # settings of the first data pipeline: its training list needs no self-instruct generation
+    (folder / "heldout.json").write_text(json.dumps({"settings": FIRST_PIPELINE}))
     (folder / "calibration.json").write_text("{not json")
     assert drafter.main(["calibrate", "--draft", str(folder), "--prompts", "3", "--max-new-tokens", "24",
                          "--threads", "1"]) == 0
