@@ -65,8 +65,6 @@ from ..controller.request_batch import RequestBatch
 from ..drafters.runtime import DFlashDrafter, NoDrafter
 from ..model.drafter import SelfSpecDrafter
 from ..sampling import SamplingParams, request_keys
-from ..traces import Trace
-from ..traces.format import accept_len_dtype
 from .decode_step import (
     DecodeBatch,
     DecodeContext,
@@ -180,6 +178,11 @@ class EngineResult:
         Raises:
             ValueError: the run did not record a trace, or recorded no drafted step.
         """
+        # traces read and write Parquet: pyarrow is imported only where a trace is made (the
+        # device check's environment serves the engine without it)
+        from ..traces import Trace
+        from ..traces.format import accept_len_dtype
+
         if self.trace_rows is None:
             raise ValueError("this run did not record a trace; call generate(..., record_trace=True)")
         if not self.trace_rows:

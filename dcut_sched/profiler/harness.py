@@ -29,14 +29,6 @@ from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from dcut_sched.cost_curve.schema import MAX_MS
 from dcut_sched.util.atomic import atomic_write_text
@@ -290,6 +282,16 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     rng = np.random.default_rng(seed)
     orders = [[cells[i] for i in rng.permutation(len(cells))] for _ in range(rounds)]
     todo = [c for c in orders[0] if len(samples[c.key]) < repeats]
+
+    # rich is optional where the device check runs (pip's vendored copy stands in): imported here
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())

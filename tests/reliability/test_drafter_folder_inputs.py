@@ -56,7 +56,7 @@ def test_engine_output_never_overwrites_the_drafters_calibration_prior(tmp_path,
 def test_profile_output_never_overwrites_a_file_of_the_drafter(tmp_path, capsys, monkeypatch, name, draft):
     """A bare ``dflash:NAME`` is resolved (``$DCUT_DRAFTERS``) before the outputs are checked: its
     config.json was overwritten by ``--out`` when the name was no path in the working folder."""
-    from dcut_sched.profiler import cli
+    from dcut_sched.cli import profile as cli
 
     root = tmp_path / "drafters"
     folder = _drafter(root / "mini")
@@ -78,7 +78,7 @@ def test_profile_output_never_overwrites_a_file_of_the_drafter(tmp_path, capsys,
      "model.safetensors: not a readable safetensors file"),
 ])
 def test_profile_names_the_drafter_flag_when_its_files_cannot_be_read(tmp_path, capsys, damage, needle):
-    from dcut_sched.profiler import cli
+    from dcut_sched.cli import profile as cli
 
     folder = _drafter(tmp_path / "d")
     damage(folder)
