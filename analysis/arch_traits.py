@@ -17,6 +17,10 @@ import argparse
 import ast
 from pathlib import Path
 
+import numpy as np
+from scipy.sparse import csr_array
+from scipy.sparse.csgraph import connected_components
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "dcut_sched"
 LONG_FUNCTION = 100
@@ -99,34 +103,16 @@ def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
             parts.pop()
         files[".".join(parts)] = path
     graph = {name: _imports(path, name, set(files)) for name, path in files.items()}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    cycles: list[list[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(cycles)
+    names = sorted(graph)
+    at = {n: k for k, n in enumerate(names)}
+    edges = [(at[v], at[w]) for v in names for w in graph[v]]
+    adjacency = csr_array((np.ones(len(edges)), ([e[0] for e in edges], [e[1] for e in edges])),
+                          shape=(len(names), len(names)))
+    _, label = connected_components(adjacency, directed=True, connection="strong")
+    groups: dict[int, list[str]] = {}
+    for n, lab in zip(names, label):
+        groups.setdefault(int(lab), []).append(n)
+    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
 def measure(package: Path = PACKAGE) -> dict:
