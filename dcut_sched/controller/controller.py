@@ -332,7 +332,7 @@ class RatioController:
             )
         return self._finish(vp)
 
-    def observe(self, accept_len: Array) -> None:
+    def observe(self, accept_len: Array, *, step_ms: float | None = None) -> None:
         """Feed back the outcome of the last planned step (once per plan).
 
         Args:
@@ -341,6 +341,9 @@ class RatioController:
                 lengths) are clipped into that range and counted in ``metrics["bad_accept_requests"]``
                 rather than raised on: the serving loop must not fail, and checking values on a CUDA
                 tensor would cost a host sync.
+            step_ms: the step's measured wall time in ms, when the engine times it (``fine`` then
+                plans with measured rather than priced step times); a value that is not finite and
+                positive is ignored.
 
         After a plan without draft nothing is learnt (there were no drafts).
 
@@ -366,7 +369,7 @@ class RatioController:
         if not integer:
             raise TypeError(f"RatioController.observe: accept_len must be an integer array (drafts accepted per "
                             f"request); got dtype {accept_len.dtype}")
-        self.driver.observe(accept_len)
+        self.driver.observe(accept_len, step_ms=step_ms)
 
     def __repr__(self) -> str:
         return (

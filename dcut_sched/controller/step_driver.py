@@ -293,7 +293,7 @@ class StepDriver:
             return batch_size, num_tokens
         return self.graph_cells.cell_for(batch_size, num_tokens)
 
-    def observe(self, num_accepted: Array, *, in_range: bool = False) -> None:
+    def observe(self, num_accepted: Array, *, in_range: bool = False, step_ms: float | None = None) -> None:
         """Feed back the last plan's outcome: ``num_accepted [bs]`` drafts accepted per request.
 
         Args:
@@ -304,11 +304,16 @@ class StepDriver:
                 lengths' kind (the simulator, which computes it with
                 :func:`~dcut_sched.scores.verified_prefix_tokens`): skip the check and the clip.
 
+            step_ms: the engine's measured wall time of the step, ms, for the policy
+                (:meth:`~dcut_sched.policies.Policy.observe_time`); ignored unless finite and > 0.
+
         After a plan without draft only the step is counted (there were no drafts). The caller checks
         that a plan awaits (``pending_batch_size``) and the shape.
         """
         self.pending_batch_size = None
         self.observed_steps += 1
+        if step_ms is not None and 0.0 < step_ms < float("inf"):
+            self.policy.observe_time(float(step_ms))
         if self._last is None:
             return
         conf, lengths = self._last

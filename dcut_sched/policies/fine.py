@@ -16,13 +16,21 @@ Contract, per drafted step at batch size bs (the derivations: docs/design.md §2
   decoding, plus the next probe's estimated loss, fits in ``probe_budget`` of the elapsed time
   (:class:`FineState`). So drafting loses at most about ``probe_budget`` of a run's time (plus one
   probe and its episode), and a probe comes within a bounded time once drafting pays (§2.1).
+- **Realized outcomes** (``feedback``, default on). The plans are estimates: the expected tokens
+  come from the confidences and the times from the cost curve. ``fine`` books each step and, when
+  the engine reports it (``observe``: accepted drafts; ``observe_time``: measured ms), replaces the
+  estimate in the probe budget's account by what happened, and keeps running ratios of accepted to
+  expected drafts and of measured to priced time (drafted and undrafted steps apart,
+  :class:`Realization`). Every later plan counts ``bs + rho * (E(K) - bs)`` tokens and times scaled
+  by the measured ratios. So confidences that promise more than they deliver, or a curve that
+  prices a step wrong, cost at most the probe budget rather than a run (§2.1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -57,6 +65,87 @@ def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms:
 
 
 @dataclass
+class Booked:
+    """One planned step as ``fine`` booked it, awaiting what the engine reports (:meth:`FineState.settle`).
+
+    Attributes:
+        drafted: whether the step verified drafts.
+        batch_size: requests in the step.
+        priced_ms: the cost curve's price of the step, ms.
+        booked_ms: the price times the measured time ratio the plan used, ms.
+        expected_drafts: the raw expected accepted drafts of the verified slots (drafted steps).
+        booked_tokens: the tokens the plan counted on (realization-corrected; drafted steps).
+        plain_rate: plain decoding's tokens per ms the plan compared against (drafted steps).
+        sets_probe_loss: the step's loss estimates the next probe's (a probe, or the step that stops).
+        accepted: the drafts the verification accepted (a host number, or a device scalar read at
+            settling, so observing costs no host sync); None until observed.
+        measured_ms: the engine's wall time of the step; None when not timed.
+    """
+
+    drafted: bool
+    batch_size: int
+    priced_ms: float
+    booked_ms: float
+    expected_drafts: float = 0.0
+    booked_tokens: float = 0.0
+    plain_rate: float = 0.0
+    sets_probe_loss: bool = False
+    accepted: Any = None
+    measured_ms: float | None = None
+
+
+@dataclass
+class Realization:
+    """What the engine delivered against what ``fine``'s plans priced, as running ratios (§2.1).
+
+    Each ratio is a ratio of exponentially decayed sums (weight ``decay`` per observation) that
+    starts from one pseudo-observation at 1, so it starts neutral and follows the last
+    ``~1 / (1 - decay)`` observations.
+
+    Attributes:
+        decay: weight of the history per observation, in [0, 1).
+        drafts_actual / drafts_expected: accepted drafts over the plans' expected accepted drafts.
+        drafted_ratio / drafted_weight: measured over priced time of drafted steps (sum of ratios, weight).
+        plain_ratio / plain_weight: the same for steps without a draft.
+    """
+
+    decay: float = 0.95
+    drafts_actual: float = 1.0
+    drafts_expected: float = 1.0
+    drafted_ratio: float = 1.0
+    drafted_weight: float = 1.0
+    plain_ratio: float = 1.0
+    plain_weight: float = 1.0
+
+    @property
+    def tokens(self) -> float:
+        """rho_real: accepted drafts per expected accepted draft."""
+        return self.drafts_actual / self.drafts_expected
+
+    @property
+    def drafted_time(self) -> float:
+        """Measured over priced time of a drafted step."""
+        return self.drafted_ratio / self.drafted_weight
+
+    @property
+    def plain_time(self) -> float:
+        """Measured over priced time of a step without a draft."""
+        return self.plain_ratio / self.plain_weight
+
+    def add_drafts(self, expected: float, actual: float) -> None:
+        d = self.decay
+        self.drafts_expected = d * self.drafts_expected + expected
+        self.drafts_actual = d * self.drafts_actual + actual
+
+    def add_time(self, drafted: bool, ratio: float) -> None:
+        d = self.decay
+        if drafted:
+            self.drafted_ratio, self.drafted_weight = d * self.drafted_ratio + ratio, d * self.drafted_weight + 1.0
+        else:
+            self.plain_ratio, self.plain_weight = d * self.plain_ratio + ratio, d * self.plain_weight + 1.0
+
+
+@dataclass
 class FineState:
     """What ``fine`` carries from step to step (module docstring; docs/design.md §2.1).
 
@@ -64,9 +153,12 @@ class FineState:
         rate: running best expected tokens per ms of recent drafted steps (None before the first).
         plain_steps: plain steps since the last drafted step.
         probing: the next drafted step is a probe after a plain stretch.
-        elapsed_ms: time of every step this run (drafted and plain), ms.
-        debt_ms: what drafted steps lost against plain decoding this run (signed), ms.
+        elapsed_ms: time of every step this run (drafted and plain), ms; measured where reported.
+        debt_ms: what drafted steps lost against plain decoding this run (signed), ms; realized
+            (accepted drafts, measured time) once the engine reports them.
         next_probe_loss_ms: estimate of the next probe's loss (the last one's), ms.
+        realization: the running ratios of delivered to priced (None: plans use the estimates as they are).
+        booked: the last planned step, until :meth:`settle` accounts for it.
     """
 
     rate: float | None = None
@@ -75,10 +167,13 @@ class FineState:
     elapsed_ms: float = 0.0
     debt_ms: float = 0.0
     next_probe_loss_ms: float = 0.0
+    realization: Realization | None = None
+    booked: Booked | None = None
 
     def drafted(self, best_per_ms: float, step_ms: float, loss_ms: float, ema_decay: float,
-                plain_rate: float, speculate_margin: float, probe_budget: float) -> bool:
-        """Account for one drafted step; returns whether the next step should draft."""
+                plain_rate: float, speculate_margin: float, probe_budget: float) -> tuple[bool, bool]:
+        """Account for one drafted step; returns whether the next step should draft and whether
+        this step's loss estimates the next probe's."""
         if self.rate is None or self.plain_steps > 0:
             self.rate = best_per_ms  # first drafted step, or first after a plain stretch: start afresh
         else:
@@ -87,10 +182,11 @@ class FineState:
         draft_next = self.rate > (1.0 + speculate_margin) * plain_rate
         self.elapsed_ms += step_ms
         self.debt_ms = max(self.debt_ms + loss_ms, -probe_budget * self.elapsed_ms)
-        if self.probing or not draft_next:  # a probe, or the step that stops drafting
+        sets_probe_loss = self.probing or not draft_next  # a probe, or the step that stops drafting
+        if sets_probe_loss:
             self.next_probe_loss_ms = max(loss_ms, 0.0)
         self.probing = False
-        return draft_next
+        return draft_next, sets_probe_loss
 
     def plain(self, plain_ms: float, probe_interval: int, probe_budget: float) -> bool:
         """Account for one plain step; returns whether the next step should draft (a probe)."""
@@ -99,6 +195,30 @@ class FineState:
         self.probing = (self.plain_steps >= probe_interval
                         and self.debt_ms + self.next_probe_loss_ms <= probe_budget * self.elapsed_ms)
         return self.probing
+
+    def settle(self, probe_budget: float) -> None:
+        """Replace the booked step's estimates by what the engine reported: the accepted drafts
+        (the realized tokens) and the measured time, in the account and in the realization ratios."""
+        b, self.booked = self.booked, None
+        if b is None:
+            return
+        real_ms = b.booked_ms if b.measured_ms is None else b.measured_ms
+        if b.measured_ms is not None and self.realization is not None:
+            self.realization.add_time(b.drafted, b.measured_ms / b.priced_ms)
+        self.elapsed_ms += real_ms - b.booked_ms
+        if not b.drafted:
+            return
+        tokens = b.booked_tokens
+        if b.accepted is not None:
+            accepted = float(b.accepted)
+            tokens = b.batch_size + accepted
+            if self.realization is not None:
+                self.realization.add_drafts(b.expected_drafts, accepted)
+        booked_loss = b.booked_ms - b.booked_tokens / b.plain_rate
+        real_loss = real_ms - tokens / b.plain_rate
+        self.debt_ms = max(self.debt_ms + real_loss - booked_loss, -probe_budget * self.elapsed_ms)
+        if b.sets_probe_loss:
+            self.next_probe_loss_ms = max(real_loss, 0.0)
 
 
 @register
@@ -119,6 +239,11 @@ class Fine(Policy):
             margin; 0 drafts on any estimated gain. Default 0.05: expected tokens run above
             the tokens produced (the measurement and the reasoning: docs/design.md §2.1, "Why a
             margin").
+        feedback: plan with what the engine delivered (module docstring, "Realized outcomes"):
+            scale the expected drafts and the priced step times by the running realization ratios,
+            and keep the probe budget's account in accepted drafts and measured time. False plans
+            on the confidences and the cost curve as they are.
+        feedback_decay: weight of the history per observation in the realization ratios, in [0, 1).
     """
 
     name = "fine"
@@ -134,6 +259,8 @@ class Fine(Policy):
         probe_interval: int = 16,
         probe_budget: float = 0.005,
         speculate_margin: float = 0.05,
+        feedback: bool = True,
+        feedback_decay: float = 0.95,
     ):
         if granularity < 1:
             raise ValueError(f"fine: granularity={granularity} must be >= 1")
@@ -145,6 +272,8 @@ class Fine(Policy):
             raise ValueError(f"fine: probe_interval={probe_interval} must be >= 1")
         if not (0.0 < probe_budget < 1.0):
             raise ValueError(f"fine: probe_budget={probe_budget} must be in (0, 1)")
+        if not (0.0 <= feedback_decay < 1.0):
+            raise ValueError(f"fine: feedback_decay={feedback_decay} must be in [0, 1)")
         self.granularity = int(granularity)
         self.allowed_num_tokens = None if allowed_num_tokens is None else tuple(int(k) for k in allowed_num_tokens)
         if self.allowed_num_tokens is not None and (not self.allowed_num_tokens or min(self.allowed_num_tokens) < 1):
@@ -155,6 +284,8 @@ class Fine(Policy):
         self.probe_interval = int(probe_interval)
         self.probe_budget = float(probe_budget)
         self.speculate_margin = float(speculate_margin)
+        self.feedback = bool(feedback)
+        self.feedback_decay = float(feedback_decay)
         self.reset()
 
     def params(self) -> dict:
@@ -166,10 +297,12 @@ class Fine(Policy):
             "probe_interval": self.probe_interval,
             "probe_budget": self.probe_budget,
             "speculate_margin": self.speculate_margin,
+            "feedback": self.feedback,
+            "feedback_decay": self.feedback_decay,
         }
 
     def reset(self) -> None:
-        self.state = FineState()
+        self.state = FineState(realization=Realization(self.feedback_decay) if self.feedback else None)
 
     def candidates(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
         """Candidate budgets (ascending int64) for this batch shape and step costs."""
@@ -191,21 +324,45 @@ class Fine(Policy):
         bs, block = check_conf_shape(conf, validate)
         costs = self._check_costs(cost, block)
         ks = self._candidates(bs, block, *costs.token_range(bs))
+        st = self.state
+        st.settle(self.probe_budget)
+        rz = st.realization
+        rho, t_drafted, t_plain = (1.0, 1.0, 1.0) if rz is None else (rz.tokens, rz.drafted_time, rz.plain_time)
         verify_ms = costs.budget_ms_at(bs, ks)  # C_verify(K) (+ the drafter's first pass beyond anchors)
-        plain_rate = costs.undrafted_tokens_per_ms(bs)  # the step it would run instead of drafting
+        plain_rate = costs.undrafted_tokens_per_ms(bs) / t_plain  # the step it would run instead of drafting
         scores = self._scores(conf, validate=False)
         ranking = ScoreRanking(scores)
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
+        counted = expected if rho == 1.0 else bs + rho * (expected - bs)  # the anchors are sure
         fixed_ms = costs.drafted_fixed_ms(bs)
-        j, per_ms = choose_budget(expected, verify_ms, fixed_ms, self.objective, self.state.rate)
-        step_ms = fixed_ms + float(verify_ms[j])
-        loss_ms = step_ms - float(expected[j]) / plain_rate
-        draft_next = self.state.drafted(float(per_ms.max()), step_ms, loss_ms, self.ema_decay, plain_rate,
-                                        self.speculate_margin, self.probe_budget)
+        if t_drafted == 1.0:
+            j, per_ms = choose_budget(counted, verify_ms, fixed_ms, self.objective, st.rate)
+        else:
+            j, per_ms = choose_budget(counted, verify_ms * t_drafted, fixed_ms * t_drafted, self.objective, st.rate)
+        priced_ms = fixed_ms + float(verify_ms[j])
+        step_ms = priced_ms * t_drafted
+        loss_ms = step_ms - float(counted[j]) / plain_rate
+        draft_next, sets_probe_loss = st.drafted(float(per_ms.max()), step_ms, loss_ms, self.ema_decay, plain_rate,
+                                                 self.speculate_margin, self.probe_budget)
+        if rz is not None:
+            st.booked = Booked(True, bs, priced_ms, step_ms, float(expected[j]) - bs, float(counted[j]), plain_rate,
+                               sets_probe_loss)
         k = int(ks[j])
         return self._make_plan(
             scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
         )
+
+    def observe(self, lengths: Array, num_accepted: Array) -> None:
+        """Keep the drafts accepted in the booked step (summed; read when the next plan settles it)."""
+        b = self.state.booked
+        if b is not None and b.drafted:
+            b.accepted = num_accepted.sum()
+
+    def observe_time(self, step_ms: float) -> None:
+        """Keep the engine's measured time of the booked step."""
+        b = self.state.booked
+        if b is not None:
+            b.measured_ms = float(step_ms)
 
     def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
         """A step without draft (``StepCosts.undrafted_ms``: ``C_ar(bs)`` where the engine truly skips); asks for a probe when the probe budget allows (module docstring).
@@ -214,7 +371,13 @@ class Fine(Policy):
             ValueError: no cost given (the probe budget is kept in time).
         """
         costs = self._check_costs(cost, block_size)
-        probe = self.state.plain(costs.undrafted_ms(batch_size), self.probe_interval, self.probe_budget)
+        st = self.state
+        st.settle(self.probe_budget)
+        priced_ms = costs.undrafted_ms(batch_size)
+        booked_ms = priced_ms if st.realization is None else priced_ms * st.realization.plain_time
+        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget)
+        if st.realization is not None:
+            st.booked = Booked(False, batch_size, priced_ms, booked_ms)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 

@@ -40,8 +40,8 @@ class FakeController:
         return SimpleNamespace(lengths=np.ones(batch_size, dtype=np.int64), batch_size=batch_size, draft_next=True,
                                ratio=1 / B, expected_tokens=float(batch_size), num_tokens=batch_size)
 
-    def observe(self, accept_len):
-        pass
+    def observe(self, accept_len, step_ms=None):
+        self.step_ms = step_ms
 
 
 def drafted_step(rb, accepted, step_ms=None, ids=("a", "b")):
@@ -55,6 +55,7 @@ def test_predicted_and_actual_drafts_and_step_time_are_summed():
     rb = RequestBatch(ctrl, on_warning=lambda line: None)
     rec = drafted_step(rb, [1, 2], step_ms=20.0)
     assert rec["step_ms"] == 20.0 and rec["predicted_ms"] == 10.0 + 2 * B
+    assert rb.controller.step_ms == 20.0  # the measured time reaches the controller (fine plans with it)
     drafted_step(rb, [0, 1], step_ms=18.0)
     p = rb.plan_without_draft(2)
     rb.observe(rb.schedule(p, ["a", "b"], {}), {}, step_ms=7.0)

@@ -43,9 +43,10 @@ class FakeController:
         return SimpleNamespace(lengths=np.ones(batch_size, dtype=np.int64), batch_size=batch_size,
                                draft_next=self.draft_next, ratio=1 / B, expected_tokens=float(batch_size))
 
-    def observe(self, accept_len):
+    def observe(self, accept_len, step_ms=None):
         assert accept_len.dtype == np.int64
         self.observed.append(accept_len.tolist())
+        self.step_ms = step_ms
 
 
 class Clock:

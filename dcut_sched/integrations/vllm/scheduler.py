@@ -110,13 +110,19 @@ class DCutScheduler(Scheduler):
                 i = index.get(rid)
                 if i is not None and i < len(sampled) and len(sampled[i]):
                     accepted[rid] = len(sampled[i]) - 1
+            if flight.plan is not None and flight.plan.drafted != flight.plan.draft_next:
+                # the window holds the drafter pass for the *next* step (vLLM proposes after the
+                # target's forward): a drafted step that stops drafting, or a step before a probe,
+                # is not the step the curve prices, so it is not timed
+                step_ms = None
             self.dcut.observe(flight, accepted, step_ms=step_ms)
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _dcut_step_ms(self) -> float | None:
         """Wall ms from the previous ``update_from_output`` to this one; ``None`` for the first step, a
         step with prefill tokens (the cost curve prices decode steps), and after an idle gap (the time
-        before this step's ``schedule`` exceeds the step's own forward)."""
+        before this step's ``schedule`` exceeds the step's own forward). The window holds this step's
+        verification and the drafter pass for the next one."""
         now, last, began = time.perf_counter(), self._dcut_last_update, self._dcut_scheduled_at
         self._dcut_last_update = now
         if last is None or began is None or not self._dcut_decode_only or began - last > now - began:

@@ -1,0 +1,109 @@
+"""``fine`` plans with what the engine delivered: accepted drafts and measured step times (design §2.1)."""
+
+import numpy as np
+import pytest
+
+import dcut_sched as d
+from dcut_sched.policies.fine import Realization
+from dcut_sched.step_costs import StepCosts
+
+# every slot .999: scores per request 1, .999, .998001, .997003; E(8) = 2 * 3.994004 = 7.988008
+SURE = np.full((2, 3), 0.999)
+
+
+def _costs(make_curve):
+    # C_draft(2) = 1 + .5 * 2 = 2 ms, C_verify(2, K) = 2 + K ms, plain step C_ar(2) = 4 ms
+    return StepCosts(make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0,
+                                draft_per_request_ms=0.5), 4)
+
+
+def test_accepted_drafts_replace_the_estimate_in_the_account_and_the_plans(make_curve):
+    costs = _costs(make_curve)
+    fine = d.policies.get("fine", granularity=1, probe_budget=0.01)
+    plan = fine.plan(SURE, costs)
+    # K = 8: 7.988008 tokens in 12 ms = .6657 per ms > 1.05 x .5 -> draft next; the estimate gains
+    # 12 - 7.988008 / .5 = -3.976 ms, credited down to -1 % of the 12 ms elapsed
+    assert plan.num_tokens == 8 and plan.draft_next is True
+    assert fine.state.debt_ms == pytest.approx(-0.12)
+    fine.observe(plan.lengths, np.array([0, 0]))  # nothing accepted: 2 tokens in 12 ms
+    plan = fine.plan(SURE, costs)
+    # settled: the step really lost 12 - 2 / .5 = 8 ms, 11.976 ms more than booked; the second step
+    # (anchors only, below) books 6 - 2 / .5 = 2 ms
+    assert fine.state.debt_ms == pytest.approx(-0.12 + 8 + 3.976016 + 2)
+    rho = 0.95 / (0.95 + 5.988008)  # one pseudo-draft at 1, decayed, over the 5.988 expected drafts
+    assert fine.state.realization.tokens == pytest.approx(rho)
+    # counted tokens 2 + rho (E(K) - 2): the anchors alone are best (2 / 6 ms > 2.82 / 12 ms)
+    assert plan.num_tokens == 2
+
+
+def test_without_feedback_the_same_outcomes_keep_it_drafting(make_curve):
+    costs = _costs(make_curve)
+    blind = d.policies.get("fine", granularity=1, probe_budget=0.01, feedback=False)
+    seeing = d.policies.get("fine", granularity=1, probe_budget=0.01)
+    drafted = {"blind": 0, "seeing": 0}
+    for name, fine in (("blind", blind), ("seeing", seeing)):
+        draft = True
+        for _ in range(200):
+            if draft:
+                plan = fine.plan(SURE, costs)
+                fine.observe(plan.lengths, np.zeros(2, dtype=np.int64))
+                drafted[name] += 1
+            else:
+                plan = fine.plan_without_draft(2, 4, costs)
+            draft = plan.draft_next
+    assert drafted["blind"] == 200  # the confidences promise .66 tokens/ms for ever
+    # realized: a few steps until the running rate falls, then the probe budget holds it back
+    assert drafted["seeing"] <= 6
+    assert seeing.state.debt_ms > 0.01 * seeing.state.elapsed_ms  # probes held back by the real loss
+    assert blind.state.debt_ms < 0
+
+
+def test_measured_time_scales_the_priced_steps(make_curve):
+    # drafting pays on the curve (the cheap draft of test_policies), not at 3x the priced time
+    costs = StepCosts(make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=0.2, draft_base_ms=0.1,
+                                 draft_per_request_ms=0.0), 4)
+    fine = d.policies.get("fine", granularity=1)
+    plan = fine.plan(SURE, costs)
+    assert plan.draft_next is True
+    priced = costs.drafted_ms(2, plan.num_tokens)
+    steps = 0
+    while plan.draft_next and steps < 50:
+        fine.observe(plan.lengths, plan.lengths - 1)  # every verified draft accepted
+        fine.observe_time(3.0 * costs.drafted_ms(2, plan.num_tokens))
+        plan = fine.plan(SURE, costs)
+        steps += 1
+    assert not plan.draft_next and steps == 12  # the ratio passes 2.5 at step 3; the running rate (ema .8) lags
+    rz = fine.state.realization
+    assert rz.tokens == pytest.approx(1.0, abs=2e-3)
+    assert rz.drafted_time > 2.0 and rz.plain_time == 1.0
+    # one hand-computed update: one pseudo-observation at 1, then 3
+    r = Realization(0.95)
+    r.add_time(True, 3.0)
+    assert r.drafted_time == pytest.approx((0.95 + 3.0) / 1.95)
+    assert priced == pytest.approx(0.1 + 2.0 + 0.2 * 8)
+
+
+def test_controller_passes_the_measured_step_time_to_the_policy(make_curve):
+    curve = make_curve(batch_sizes=(2,), base_ms=2.0, per_token_ms=1.0, draft_base_ms=1.0, draft_per_request_ms=0.5)
+    ctrl = d.RatioController(curve, 4, policy="fine", calibrate=False, granularity=1)
+    ctrl.plan(SURE)
+    ctrl.observe(np.array([3, 3]), step_ms=24.0)
+    assert ctrl.policy.state.booked.measured_ms == 24.0
+    ctrl.plan(SURE)  # settles: measured 24 over priced 12 ms
+    assert ctrl.policy.state.realization.drafted_time == pytest.approx((0.95 + 2.0) / 1.95)
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):  # a clock glitch is not a measurement
+        ctrl.observe(np.array([3, 3]), step_ms=bad)
+        assert ctrl.policy.state.booked.measured_ms is None
+        ctrl.plan(SURE)
+    ctrl.observe(np.array([0, 0]))
+    plain = ctrl.plan_without_draft(2)
+    assert not plain.drafted
+    ctrl.observe(np.zeros(2, dtype=np.int64), step_ms=8.0)  # an undrafted step at 2x its 4 ms
+    ctrl.plan_without_draft(2)
+    assert ctrl.policy.state.realization.plain_time == pytest.approx((0.95 + 2.0) / 1.95)
+
+
+def test_feedback_decay_is_checked():
+    with pytest.raises(ValueError, match="feedback_decay"):
+        d.policies.get("fine", feedback_decay=1.0)
+    assert d.policies.get("fine").params()["feedback"] is True
