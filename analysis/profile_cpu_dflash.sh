@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m dcut_sched.cli.profile --cpu --model smollm2-135m --batch-sizes 1,2,4,8,16 --block-size 16 \
-    --grid-step 8 --draft dflash:drafters/smollm2-135m-dflash --context-len 80 --warmups 1 --repeats 3 --rounds 3 \
+    --grid-step 8 --draft dflash:drafters/smollm2-135m-dflash --context-len 80 --warmups 2 --repeats 5 --rounds 5 \
     --threads 2 --no-progress --out dcut_sched/profiler/profiles/cpu-smollm2-135m-dflash-b16.json "$@"
