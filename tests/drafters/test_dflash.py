@@ -307,7 +307,9 @@ def test_saved_weights_are_readable_by_others_and_bad_d2t_is_named(tmp_path, tar
 
 #: ``fine`` made to alternate: every drafted step stops drafting (the margin is out of reach), every
 #: plain step asks for a probe (interval 1, a budget that always admits one)
-SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9}
+# fine alternating drafted and undrafted steps (a probe after every plain step); decided without
+# feedback, so two runs make the same decisions whatever their measured step times
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9, "feedback": False}
 
 
 def test_engine_switching_drafted_and_undrafted_steps_is_lossless(target, trained, make_curve):

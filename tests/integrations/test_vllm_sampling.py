@@ -63,7 +63,9 @@ def _chisquare(observed_tokens: list[int], reference: dict) -> tuple[float, int,
 
 DFLASH_DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
 #: ``fine`` made to alternate: every drafted step stops drafting, every plain step asks for a probe
-SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9}
+# fine alternating drafted and undrafted steps (a probe after every plain step); decided without
+# feedback, so two runs make the same decisions whatever their measured step times
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9, "feedback": False}
 
 
 @pytest.mark.parametrize("drafter", ["draft_model", "dflash"])
