@@ -341,8 +341,10 @@ def test_extend_flat_equals_piecewise_extend(target, trained):
     a.extend([0], [s[1].features[:3]], [0])
     b.extend_flat([2, 0], [5, 3], [0, 0], torch.cat([s[0].features[:5], s[1].features[:3]]))
     assert a.context_len.tolist() == b.context_len.tolist() == [3, 0, 5]
+    # the same values up to rounding: one projection over 8 rows and two over 5 and 3 may take
+    # different GEMM kernels (bit-equal on some CPUs' BLAS, not on every one)
     for ka, kb, va, vb in zip(a.k_cache, b.k_cache, a.v_cache, b.v_cache):
-        assert torch.equal(ka, kb) and torch.equal(va, vb)
+        assert torch.allclose(ka, kb, rtol=1e-5, atol=1e-6) and torch.allclose(va, vb, rtol=1e-5, atol=1e-6)
     with pytest.raises(DraftContextError, match="row 2 holds 5 context tokens"):
         b.extend_flat([2], [1], [4], s[0].features[4:5])
 
@@ -381,4 +383,6 @@ def test_deferred_context_equals_immediate_writes(target, trained):
     assert later._pending_tokens == 0
     assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
     for kn, kl in zip(now.k_cache, later.k_cache):
-        assert torch.equal(kn[0, :, :6], kl[0, :, :6]) and torch.equal(kn[1, :, :3], kl[1, :, :3])
+        # up to rounding: the deferred projection runs over other row counts (other GEMM kernels)
+        assert torch.allclose(kn[0, :, :6], kl[0, :, :6], rtol=1e-5, atol=1e-6)
+        assert torch.allclose(kn[1, :, :3], kl[1, :, :3], rtol=1e-5, atol=1e-6)
