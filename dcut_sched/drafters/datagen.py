@@ -123,7 +123,7 @@ class DataSettings:
         return {"format": DATA_FORMAT, "settings": d, "sources": {n: sources.source_version(n) for n in used},
                 "unlike_prompts": _sha256(prompts_path("unlike")),
                 "model": {"name": Path(model_file).name, "sha256": _sha256(model_file)},
-                "torch": torch.__version__}
+                "torch": str(torch.__version__)}  # a plain str: data.pt loads with weights_only
 
 
 def _sha256(path: str | Path) -> str:
