@@ -1,5 +1,5 @@
-"""Which CLI error lines no test reaches (coverage.py), for the command-line modules, the profiler's
-CLI and the vLLM plugin's config.
+"""Which CLI error lines no test reaches (coverage.py), for the command-line modules (``dcut_sched/cli/``,
+the profiler's CLI among them) and the vLLM plugin's config.
 
     python analysis/cli_error_coverage.py              # run the CLI-facing tests under coverage, then report
     python analysis/cli_error_coverage.py --report-only  # report from the saved .coverage data
@@ -29,7 +29,6 @@ DATA = ROOT / ".coverage-cli"
 
 #: The files whose error lines must all be reached.
 MODULES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dcut_sched" / "cli").glob("*.py")) + [
-    "dcut_sched/cli/profile.py",
     "dcut_sched/integrations/vllm/config.py",
 ]
 #: The tests that drive them (fast; no real-model or vLLM-environment test).

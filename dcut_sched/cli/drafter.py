@@ -119,6 +119,7 @@ CALIBRATION_TOKENS = 96
 
 
 def _train(args) -> int:
+    from ..drafters.sources import check_sources, sources_used
     from ..drafters.train import TrainSettings
     from ..drafters.workdir import check_drafter_folder, lock_work_dir
     from ..traces.prompts import PromptError, load_prompt_records
@@ -143,6 +144,7 @@ def _train(args) -> int:
         load_prompt_records(args.eval_prompts)
     except PromptError as exc:
         raise UsageError(f"--eval-prompts: {exc}") from None
+    check_sources(sources_used(settings.num_gsm8k, settings.num_mtbench))  # before the target model loads
     _check_train_outputs(args, out, work)
     check_drafter_folder(out, settings.to_json(), fresh=args.fresh, owned_files=OUT_FILES)
     made = missing_folders(work)  # the folders this run makes for its work dir
@@ -492,6 +494,7 @@ def _calibrate(args) -> int:
     from ..calibration import PRIOR_NAME, calibration_report, fit_prior
     from ..drafters.data import continue_prompts, sequence_features
     from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
+    from ..drafters.sources import check_sources, sources_used
     from ..drafters.train import TrainSettings
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
@@ -524,6 +527,9 @@ def _calibrate(args) -> int:
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"--draft {report_path}: its settings are not a drafter's training settings ({exc}); "
                          "re-save the drafter with dcut-drafter train") from None
+    # the prompt sources the training list reads, before the target model loads (no flag turns one off here)
+    check_sources(["humaneval"] if "num_gsm8k" not in trained else
+                  sources_used(trained["num_gsm8k"], trained.get("num_mtbench", 0)), off_flags={})
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()

@@ -383,7 +383,7 @@ def _run_seeds(args, console) -> None:
         console.print(f"trace {trace}\ncost {cost}\n{sampled}; sd = sample standard deviation over seeds",
                       highlight=False, soft_wrap=True)
     if args.out:
-        write_frame(df, args.out)
+        write_frame(with_settings(df, args), args.out)
 
 
 def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] | None, costs: Sequence[str]):
@@ -582,15 +582,48 @@ def _report(args, console, df, traces: list[str], costs: list[str], benchmarks: 
         render_runs(df, console, args, traces, costs, PROG)
 
 
+#: The run settings that change results and that the simulator's rows do not hold themselves
+#: (``--param`` values are in the policy label, e.g. ``uniform(rho=0.25)``); :func:`with_settings`
+#: adds them to the rows written to ``--out``.
+SETTING_COLUMNS = ("calibrate", "overhead_ms", "shuffle", "graph_tokens")
+OPEN_SETTING_COLUMNS = ("requests", "slo_tpot_ms")
+
+
+def with_settings(df, args):
+    """The rows as ``--out`` holds them: ``df`` plus a column for each setting of
+    :data:`SETTING_COLUMNS` (and, open loop, :data:`OPEN_SETTING_COLUMNS`), so a row says how it
+    was produced: ``calibrate`` (``--calibrate``), ``overhead_ms``, ``shuffle`` (false with
+    ``--no-shuffle``), ``graph_tokens`` (``--graph-tokens`` as ``64,128``; ``all``: every budget),
+    ``requests`` and ``slo_tpot_ms`` (NaN: none). The same values go into the frame's ``attrs``.
+    The table on screen is drawn from ``df`` and does not change."""
+    import math
+
+    out = df.copy()
+    settings: dict[str, Any] = {
+        "calibrate": bool(args.calibrate), "overhead_ms": float(args.overhead_ms), "shuffle": not args.no_shuffle,
+        "graph_tokens": ",".join(str(n) for n in args.graph_tokens) if args.graph_tokens else "all"}
+    if args.mode == "open":
+        settings.update(requests=int(args.requests),
+                        slo_tpot_ms=math.nan if args.slo_tpot_ms is None else float(args.slo_tpot_ms))
+    for column, value in settings.items():
+        if column not in out.columns:
+            out[column] = value
+    out.attrs = {**df.attrs, **settings}
+    if args.mode == "open" and args.slo_tpot_ms is None:
+        out.attrs["slo_tpot_ms"] = None
+    return out
+
+
 def _write(args, df, traces: list[str], costs: list[str], benchmarks: bool) -> None:
-    """Write: ``--out`` and ``--plot``, together or not at all; then say what was written."""
+    """Write: ``--out`` (the rows with their settings, :func:`with_settings`) and ``--plot``,
+    together or not at all; then say what was written."""
     from ..simulator import benchmark_table, plot_speedup, write_frame
     from ..simulator.plot import describe_inputs
     from ..util.atomic import all_or_none
 
     with all_or_none():  # --out and --plot appear together or not at all
         if args.out:
-            write_frame(df, args.out)
+            write_frame(with_settings(df, args), args.out)
         if args.plot and benchmarks:
             mean = benchmark_table(df).drop(columns="geomean").stack().rename("speedup_vs_ar").reset_index()
             mean.attrs = dict(df.attrs)

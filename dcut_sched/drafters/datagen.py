@@ -119,11 +119,11 @@ class DataSettings:
         d["feature_layer_ids"] = list(self.feature_layer_ids)
         eval_file = Path(self.eval_prompts) if self.eval_prompts else prompts_path()
         d["eval_prompts"] = {"name": eval_file.name, "sha256": _sha256(eval_file)}
-        used = ["humaneval"] + [n for n, c in (("gsm8k", self.num_gsm8k), ("mtbench", self.num_mtbench)) if c]
+        used = sources.sources_used(self.num_gsm8k, self.num_mtbench)
         return {"format": DATA_FORMAT, "settings": d, "sources": {n: sources.source_version(n) for n in used},
                 "unlike_prompts": _sha256(prompts_path("unlike")),
                 "model": {"name": Path(model_file).name, "sha256": _sha256(model_file)},
-                "torch": torch.__version__}
+                "torch": str(torch.__version__)}  # a plain str: data.pt loads with weights_only
 
 
 def _sha256(path: str | Path) -> str:

@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from .textsim import normalize
 
-__all__ = ["SourceError", "TrainPrompt", "gsm8k_problems", "mtbench_questions", "source_file", "unlike_kind", "SEED_TOPICS",
-           "SEED_KINDS", "FOLLOWUPS", "MTBENCH_TRAIN_CATEGORIES", "instruction_request", "clean_instruction"]
+__all__ = ["SourceError", "TrainPrompt", "check_sources", "gsm8k_problems", "mtbench_questions", "source_file",
+           "sources_used", "unlike_kind", "SEED_TOPICS", "SEED_KINDS", "FOLLOWUPS", "MTBENCH_TRAIN_CATEGORIES",
+           "instruction_request", "clean_instruction"]
 
 #: Package data files the sources read: name -> (distribution, version pinned in scripts/install.sh, path).
 SOURCE_FILES: dict[str, tuple[str, str, str]] = {
@@ -70,6 +71,36 @@ def source_file(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{dist_name} {dist.version} has no {rel}: {hint}")
     return path
+
+
+def sources_used(num_gsm8k: int, num_mtbench: int) -> list[str]:
+    """The sources a training run reads: HumanEval always, GSM8K and MT-Bench when it draws from them."""
+    return ["humaneval"] + [n for n, count in (("gsm8k", num_gsm8k), ("mtbench", num_mtbench)) if count]
+
+
+#: The flag that turns each optional source off (the fix besides installing it).
+SOURCE_FLAGS = {"gsm8k": "--num-gsm8k 0", "mtbench": "--num-mtbench 0"}
+
+
+def check_sources(names: list[str], off_flags: dict[str, str] = SOURCE_FLAGS) -> None:
+    """Every source of ``names`` is installed and its data file reads (:func:`source_file`, and the
+    rows of GSM8K and MT-Bench): the check a command runs before it loads a model.
+
+    Raises:
+        FileNotFoundError: a package is not installed (the message names it and the pip command,
+            and the flag of ``off_flags`` that does without the source, when it has one).
+        SourceError: an installed data file cannot be read (:func:`_rows`).
+    """
+    for name in names:
+        try:
+            source_file(name)
+        except FileNotFoundError as exc:
+            off = f", or train without it: {off_flags[name]}" if name in off_flags else ""
+            raise FileNotFoundError(f"{exc}{off}") from None
+    readers = {"gsm8k": gsm8k_problems, "mtbench": mtbench_questions}
+    for name in names:
+        if name in readers:
+            readers[name]()
 
 
 def source_version(name: str) -> dict[str, str]:

@@ -22,8 +22,10 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -33,7 +35,7 @@ import torch
 from ..util.atomic import _signals_held, _umask, missing_folders, remove_empty_folders
 
 __all__ = ["TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
-           "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder"]
+           "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder", "safe_types"]
 
 FRESH = "pass --fresh to start over (it replaces the file)"
 
@@ -80,13 +82,41 @@ def _shown(mapping: Mapping[str, Any], field: str) -> str:
     return repr(mapping)
 
 
+def safe_types() -> list[type]:
+    """The classes a work-dir file holds besides tensors and plain containers, allowed to
+    ``torch.load(weights_only=True)``: the data's :class:`~dcut_sched.drafters.data.DraftSequence`,
+    the checkpoint's :class:`~dcut_sched.drafters.train.TrainState`, and ``TorchVersion`` (a ``str``
+    subclass: the ``torch`` field of keys written before it was stored as a plain string)."""
+    from torch.torch_version import TorchVersion
+
+    from .data import DraftSequence
+    from .train import TrainState
+
+    return [DraftSequence, TrainState, TorchVersion]
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
 def _load(path: Path, what: str) -> Any:
-    """``torch.load`` of a work-dir file; anything unreadable is one :class:`WorkDirError`."""
+    """``torch.load`` of a work-dir file with ``weights_only=True``: tensors, plain containers and
+    :func:`safe_types` only, so a crafted pickle runs no code; anything unreadable, or holding any
+    other object, is one :class:`WorkDirError`."""
     try:
-        return torch.load(path, weights_only=False, map_location="cpu")
+        with warnings.catch_warnings():  # torch warns of a pickle protocol it may not read: the error says it
+            warnings.simplefilter("ignore")
+            if hasattr(torch.serialization, "safe_globals"):  # torch >= 2.5: allowed for this load only
+                with torch.serialization.safe_globals(safe_types()):
+                    return torch.load(path, weights_only=True, map_location="cpu")
+            torch.serialization.add_safe_globals(safe_types())
+            return torch.load(path, weights_only=True, map_location="cpu")
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - pickle/zip/torch raise many types for a damaged file
+        found = _GLOBAL.search(str(exc))
+        if found:
+            raise WorkDirError(f"{path}: refers to {found.group(1)}, which no {what} holds; refused without "
+                               f"loading it (the file may have been crafted to run code); {FRESH}") from None
         raise WorkDirError(f"{path}: not a readable {what} ({type(exc).__name__}); {FRESH}") from None
 
 
