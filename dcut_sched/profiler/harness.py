@@ -146,25 +146,19 @@ def partial_path_for(out: str | Path) -> Path:
 #: The fix a refused partial names: ``--fresh`` ignores it and replaces it with a new measurement.
 PARTIAL_FIX = "fix the file or rerun with --fresh to ignore and replace it"
 
-_PARTIAL_MODEL = None
+#: A partial file's sample: what a curve row may hold.
+_Sample = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]
 
 
-def _partial_model():
-    """Strict pydantic model of the partial file :func:`_write_partial` writes (built on first use)."""
-    global _PARTIAL_MODEL
-    if _PARTIAL_MODEL is None:
-        Sample = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]  # what a curve row may hold
+class PartialProfile(BaseModel):
+    """Strict pydantic model of the partial file :func:`_write_partial` writes (contract: :func:`load_partial`)."""
 
-        class PartialProfile(BaseModel):
-            model_config = ConfigDict(strict=True, extra="forbid")
-            schema_: Literal[PARTIAL_SCHEMA] = Field(alias="schema")
-            settings: dict[str, Any]
-            samples_ms: dict[str, list[Sample]]
-            skipped: dict[str, str]
-            measure_seconds: float = Field(ge=0, allow_inf_nan=False)
-
-        _PARTIAL_MODEL = PartialProfile
-    return _PARTIAL_MODEL
+    model_config = ConfigDict(strict=True, extra="forbid")
+    schema_: Literal[PARTIAL_SCHEMA] = Field(alias="schema")
+    settings: dict[str, Any]
+    samples_ms: dict[str, list[_Sample]]
+    skipped: dict[str, str]
+    measure_seconds: float = Field(ge=0, allow_inf_nan=False)
 
 
 def load_partial(path: str | Path) -> dict[str, Any]:
@@ -188,7 +182,7 @@ def load_partial(path: str | Path) -> dict[str, Any]:
         where = str(exc) if str(exc).startswith("partial file") else f"partial file {exc}"
         raise PartialMismatch(f"{where}; {PARTIAL_FIX}") from None
     try:
-        doc = _partial_model().model_validate(raw)
+        doc = PartialProfile.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         err = errors[0]
