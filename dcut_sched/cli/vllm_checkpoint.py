@@ -8,6 +8,7 @@ import time
 from typing import Sequence
 
 from ..integrations.vllm_tools.checkpoint import DEFAULT_SKIP_LAYERS, default_root, write_pair
+from .args import comma_list
 
 __all__ = ["main"]
 
@@ -20,16 +21,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--root", help=f"output folder [$DCUT_VLLM_MODELS or {default_root()}]")
     ap.add_argument("--skip-layers", default=",".join(map(str, DEFAULT_SKIP_LAYERS)),
-                    help="decoder layers the draft drops [14,15: the recorded drafter]")
+                    type=comma_list(what="layer indices", item="layer", allow_empty=True), help="decoder layers the draft drops [14,15: the recorded drafter]")
     ap.add_argument("--force", action="store_true", help="rewrite even when current")
     args = ap.parse_args(argv)
-    try:
-        skip = [int(x) for x in args.skip_layers.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--skip-layers: expected comma-separated integers, got {args.skip_layers!r}")
     t0 = time.perf_counter()
     try:
-        target, draft = write_pair(args.root, skip, force=args.force)
+        target, draft = write_pair(args.root, args.skip_layers, force=args.force)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}")
         return 2

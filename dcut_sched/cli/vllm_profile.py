@@ -11,6 +11,7 @@ from typing import Sequence
 
 from ..integrations.vllm_tools.profile import HELDOUT_OFFSET, ModelRunnerNotFound, profile_engine
 from ..paths import prompts_path
+from .args import comma_list
 
 __all__ = ["main"]
 
@@ -25,7 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="target model folder")
     ap.add_argument("--draft", help="draft model folder (vLLM method draft_model): also time the draft step")
     ap.add_argument("--block-size", type=int, default=8)
-    ap.add_argument("--batch-sizes", default="1,2,4,8,16")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16",
+                    type=comma_list(item="batch size", minimum=1, need="positive integers"))
     ap.add_argument("--context-len", type=int, default=128)
     ap.add_argument("--warmups", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
@@ -40,11 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="engine steps: first held-out prompt row (default %(default)s: not the benchmark's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     given = list(sys.argv[1:] if argv is None else argv)
     try:
         curve = profile_engine(args.model, args.out, draft=args.draft, block_size=args.block_size,
-                               batch_sizes=batch_sizes, context_len=args.context_len, warmups=args.warmups,
+                               batch_sizes=args.batch_sizes, context_len=args.context_len, warmups=args.warmups,
                                repeats=args.repeats, dtype=args.dtype, engine_steps=args.engine_steps,
                                prompts_file=args.prompts, prompt_offset=args.prompt_offset,
                                command=f"{PROG} {shlex.join(given)}")

@@ -140,7 +140,11 @@ def test_vllm_tool_commands_parse_without_vllm(capsys):
     with pytest.raises(SystemExit) as exc:
         vllm_checkpoint.main(["--skip-layers", "14,x"])
     assert exc.value.code == 2
-    assert "--skip-layers: expected comma-separated integers, got '14,x'" in capsys.readouterr().err
+    assert "argument --skip-layers: '14,x' is not a comma-separated list of layer indices" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        vllm_profile.main(["--model", "m", "--out", "o.json", "--batch-sizes", "4,0"])
+    assert exc.value.code == 2
+    assert "argument --batch-sizes: '4,0': need positive integers" in capsys.readouterr().err
 
 
 def test_checkpoint_drops_and_renumbers_layers(tmp_path):
