@@ -92,7 +92,7 @@ def vllm_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int) -> list[
             jf, rf = Path(tmp) / "job.json", Path(tmp) / "out.json"
             jf.write_text(json.dumps(job))
             load0 = _loadavg()
-            proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf),
+            proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(jf),
                                    "--out", str(rf)], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
                                   timeout=1800)
             if proc.returncode != 0:

@@ -120,11 +120,11 @@ def _rel(path) -> str:
 
 def _run_job(out: Path, job: dict, job_name: str, result_name: str, timeout_s: float = 3600) -> dict:
     """Write ``job`` to ``out/records/job_name``, run it in the vLLM environment
-    (:mod:`dcut_sched.integrations.vllm_tools.run`) and return its result (kept in ``result_name``)."""
+    (:mod:`dcut_sched.cli.vllm_run`) and return its result (kept in ``result_name``)."""
     (out / "records").mkdir(parents=True, exist_ok=True)
     jf, rf = out / "records" / job_name, out / "records" / result_name
     jf.write_text(json.dumps(job))
-    subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(jf), "--out", str(rf)],
+    subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(jf), "--out", str(rf)],
                    check=True, cwd=REPO, env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=timeout_s)
     return json.loads(rf.read_text())

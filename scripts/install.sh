@@ -66,6 +66,6 @@ if [ "$with_vllm" = "1" ]; then
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   "$venv/bin/python" -m pip install -q -e .
   installed=$(date +%s)
-  python3 -m dcut_sched.integrations.vllm_tools.checkpoint
+  python3 -m dcut_sched.cli.vllm_checkpoint
   echo "install.sh: vLLM environment $venv in $((installed - start)) s, model folders in $(( $(date +%s) - installed )) s"
 fi

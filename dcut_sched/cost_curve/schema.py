@@ -21,7 +21,7 @@ import datetime as _dt
 import json
 import math
 import numbers
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -64,42 +64,78 @@ class AssumedArWarning(UserWarning):
     """A curve has no plain-decode (``ar``) rows: ``C_ar(bs)`` is assumed to be ``C_verify(bs, bs)``."""
 
 
-#: The timing fields every row kind ends with, after its key fields (positional order: keys, then these).
-_TIMING_FIELDS = (
-    ("median_ms", float),
-    ("p20_ms", Optional[float], field(default=None)),
-    ("p80_ms", Optional[float], field(default=None)),
-    ("repeats", Optional[int], field(default=None)),
-    ("provenance", str, field(default="measured")),
-)
+# Row types: key fields (``batch_size``, ``num_tokens``, ...), then the timing fields every kind
+# shares, in this positional order: ``median_ms``; ``p20_ms``/``p80_ms`` quantiles; ``repeats``
+# samples; ``provenance`` (one of :data:`PROVENANCES`). Times in ms.
 
 
-def _row_class(name: str, doc: str, keys: list[tuple[str, type]], optional_keys: tuple = ()) -> type:
-    """A frozen row dataclass: ``keys`` (e.g. ``batch_size``, ``num_tokens``) then :data:`_TIMING_FIELDS`
-    (ms; ``p20_ms``/``p80_ms`` quantiles, ``repeats`` samples, ``provenance`` measured/fitted/...), then
-    ``optional_keys`` (keys a row may leave out, default None)."""
-    cls = make_dataclass(name, [*keys, *_TIMING_FIELDS, *optional_keys], frozen=True)
-    cls.__module__, cls.__doc__ = __name__, doc  # importable and picklable as dcut_sched.cost_curve.schema.<name>
-    return cls
+@dataclass(frozen=True)
+class VerifyRow:
+    """One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms."""
+
+    batch_size: int
+    num_tokens: int
+    median_ms: float
+    p20_ms: Optional[float] = None
+    p80_ms: Optional[float] = None
+    repeats: Optional[int] = None
+    provenance: str = "measured"
 
 
-VerifyRow = _row_class("VerifyRow", "One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms.",
-                       [("batch_size", int), ("num_tokens", int)])
-ArRow = _row_class("ArRow", "One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms.",
-                   [("batch_size", int)])
-DraftRow = _row_class("DraftRow", "One draft-step cell: ``batch_size`` requests drafting a block, times in ms.",
-                      [("batch_size", int)])
-DraftFirstRow = _row_class(
-    "DraftFirstRow", "One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's "
-    "``num_tokens`` verified tokens (attention over the context), times in ms.",
-    [("batch_size", int), ("num_tokens", int)])
-StepOverheadRow = _row_class(
-    "StepOverheadRow", "What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's "
-    "forward passes, at ``batch_size`` requests (and, for ``drafted`` rows that give it, at ``num_tokens`` verified "
-    "tokens: the K bucket); ms. A signed residual: ``median_ms`` (and ``p20_ms`` / ``p80_ms``) may be negative "
-    "when the real step is faster than the curve's forward cells (docs/design.md §4); the whole step a curve "
-    "prices must still be > 0.",
-    [("kind", str), ("batch_size", int)], optional_keys=(("num_tokens", Optional[int], field(default=None)),))
+@dataclass(frozen=True)
+class ArRow:
+    """One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms."""
+
+    batch_size: int
+    median_ms: float
+    p20_ms: Optional[float] = None
+    p80_ms: Optional[float] = None
+    repeats: Optional[int] = None
+    provenance: str = "measured"
+
+
+@dataclass(frozen=True)
+class DraftRow:
+    """One draft-step cell: ``batch_size`` requests drafting a block, times in ms."""
+
+    batch_size: int
+    median_ms: float
+    p20_ms: Optional[float] = None
+    p80_ms: Optional[float] = None
+    repeats: Optional[int] = None
+    provenance: str = "measured"
+
+
+@dataclass(frozen=True)
+class DraftFirstRow:
+    """One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's
+    ``num_tokens`` verified tokens (attention over the context), times in ms."""
+
+    batch_size: int
+    num_tokens: int
+    median_ms: float
+    p20_ms: Optional[float] = None
+    p80_ms: Optional[float] = None
+    repeats: Optional[int] = None
+    provenance: str = "measured"
+
+
+@dataclass(frozen=True)
+class StepOverheadRow:
+    """What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's
+    forward passes, at ``batch_size`` requests (and, for ``drafted`` rows that give it, at
+    ``num_tokens`` verified tokens: the K bucket); ms. A signed residual: ``median_ms`` (and
+    ``p20_ms`` / ``p80_ms``) may be negative when the real step is faster than the curve's forward
+    cells (docs/design.md §4); the whole step a curve prices must still be > 0."""
+
+    kind: str
+    batch_size: int
+    median_ms: float
+    p20_ms: Optional[float] = None
+    p80_ms: Optional[float] = None
+    repeats: Optional[int] = None
+    provenance: str = "measured"
+    num_tokens: Optional[int] = None
 
 
 _ROW_REQUIRED = {VerifyRow: ("batch_size", "num_tokens", "median_ms"), ArRow: ("batch_size", "median_ms"),

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from ..model.config import LlamaConfig
@@ -440,59 +441,50 @@ def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metad
     return folder
 
 
-_HF_MODEL = None
+_STRICT = ConfigDict(strict=True, extra="ignore")
 
 
-def _hf_model():
-    """Strict pydantic model of the config.json fields the loader reads (built on first use)."""
-    global _HF_MODEL
-    if _HF_MODEL is None:
-        from pydantic import BaseModel, ConfigDict, Field
+class _DFlashSection(BaseModel):
+    model_config = _STRICT
+    mask_token_id: int = Field(ge=0)
+    target_layer_ids: list[int] = Field(min_length=1, max_length=256)
+    block_size: int = Field(16, ge=2, le=1024)
 
-        strict = ConfigDict(strict=True, extra="ignore")
 
-        class DFlashSection(BaseModel):
-            model_config = strict
-            mask_token_id: int = Field(ge=0)
-            target_layer_ids: list[int] = Field(min_length=1, max_length=256)
-            block_size: int = Field(16, ge=2, le=1024)
+class _DcutSection(BaseModel):
+    model_config = _STRICT
+    target_name: str = ""
 
-        class DcutSection(BaseModel):
-            model_config = strict
-            target_name: str = ""
 
-        class HFDraftConfig(BaseModel):
-            model_config = strict
-            architectures: list[str]
-            hidden_size: int = Field(gt=0, le=1 << 16)
-            num_hidden_layers: int = Field(gt=0, le=256)
-            num_attention_heads: int = Field(gt=0, le=1024)
-            num_key_value_heads: int = Field(gt=0, le=1024)
-            head_dim: int = Field(gt=0, le=4096)
-            intermediate_size: int = Field(gt=0, le=1 << 20)
-            vocab_size: int = Field(gt=0, le=1 << 22)
-            num_target_layers: int = Field(gt=0, le=1024)
-            max_position_embeddings: int = Field(gt=0, le=1 << 24)
-            rope_theta: float = Field(gt=0, allow_inf_nan=False)
-            rms_norm_eps: float = Field(gt=0, allow_inf_nan=False)
-            tie_word_embeddings: bool = False
-            draft_vocab_size: int | None = Field(None, gt=0)
-            dflash_config: DFlashSection
-            dcut_sched: DcutSection | None = None
+class HFDraftConfig(BaseModel):
+    """Strict pydantic model of the config.json fields the loader reads (:func:`_config_from_hf`)."""
 
-        _HF_MODEL = HFDraftConfig
-    return _HF_MODEL
+    model_config = _STRICT
+    architectures: list[str]
+    hidden_size: int = Field(gt=0, le=1 << 16)
+    num_hidden_layers: int = Field(gt=0, le=256)
+    num_attention_heads: int = Field(gt=0, le=1024)
+    num_key_value_heads: int = Field(gt=0, le=1024)
+    head_dim: int = Field(gt=0, le=4096)
+    intermediate_size: int = Field(gt=0, le=1 << 20)
+    vocab_size: int = Field(gt=0, le=1 << 22)
+    num_target_layers: int = Field(gt=0, le=1024)
+    max_position_embeddings: int = Field(gt=0, le=1 << 24)
+    rope_theta: float = Field(gt=0, allow_inf_nan=False)
+    rms_norm_eps: float = Field(gt=0, allow_inf_nan=False)
+    tie_word_embeddings: bool = False
+    draft_vocab_size: int | None = Field(None, gt=0)
+    dflash_config: _DFlashSection
+    dcut_sched: _DcutSection | None = None
 
 
 def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
     """The :class:`DFlashConfig` of a checkpoint's config.json, every field strictly typed (an
     integer is not a float or a boolean, sizes are bounded, norms' epsilon and RoPE base are positive
     finite numbers), each fault one :class:`DraftCheckpointError` naming the file and the field."""
-    from pydantic import ValidationError
-
     fix = "re-save the drafter with dcut-drafter train (or DFlash's save_pretrained)"
     try:
-        h = _hf_model().model_validate(raw)
+        h = HFDraftConfig.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])

@@ -146,25 +146,19 @@ def partial_path_for(out: str | Path) -> Path:
 #: The fix a refused partial names: ``--fresh`` ignores it and replaces it with a new measurement.
 PARTIAL_FIX = "fix the file or rerun with --fresh to ignore and replace it"
 
-_PARTIAL_MODEL = None
+#: A partial file's sample: what a curve row may hold.
+_Sample = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]
 
 
-def _partial_model():
-    """Strict pydantic model of the partial file :func:`_write_partial` writes (built on first use)."""
-    global _PARTIAL_MODEL
-    if _PARTIAL_MODEL is None:
-        Sample = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]  # what a curve row may hold
+class PartialProfile(BaseModel):
+    """Strict pydantic model of the partial file :func:`_write_partial` writes (contract: :func:`load_partial`)."""
 
-        class PartialProfile(BaseModel):
-            model_config = ConfigDict(strict=True, extra="forbid")
-            schema_: Literal[PARTIAL_SCHEMA] = Field(alias="schema")
-            settings: dict[str, Any]
-            samples_ms: dict[str, list[Sample]]
-            skipped: dict[str, str]
-            measure_seconds: float = Field(ge=0, allow_inf_nan=False)
-
-        _PARTIAL_MODEL = PartialProfile
-    return _PARTIAL_MODEL
+    model_config = ConfigDict(strict=True, extra="forbid")
+    schema_: Literal[PARTIAL_SCHEMA] = Field(alias="schema")
+    settings: dict[str, Any]
+    samples_ms: dict[str, list[_Sample]]
+    skipped: dict[str, str]
+    measure_seconds: float = Field(ge=0, allow_inf_nan=False)
 
 
 def load_partial(path: str | Path) -> dict[str, Any]:
@@ -188,7 +182,7 @@ def load_partial(path: str | Path) -> dict[str, Any]:
         where = str(exc) if str(exc).startswith("partial file") else f"partial file {exc}"
         raise PartialMismatch(f"{where}; {PARTIAL_FIX}") from None
     try:
-        doc = _partial_model().model_validate(raw)
+        doc = PartialProfile.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         err = errors[0]
@@ -267,36 +261,15 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     seconds = 0.0
     run = ProfileRun()
     if resume and path is not None and path.exists():
-        doc = _load_partial(path, settings)
-        for key, vals in doc["samples_ms"].items():
-            if key not in samples:
-                raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: not a cell of this profile; "
-                                      f"{PARTIAL_FIX}")
-            if len(vals) > repeats:
-                raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: {len(vals):,} samples, more "
-                                      f"than --repeats {repeats}; {PARTIAL_FIX}")
-            samples[key] = list(vals)
-        seconds = doc["measure_seconds"]
+        seconds = _resume_samples(path, settings, samples, repeats)
         run.resumed_cells = sum(1 for v in samples.values() if len(v) >= repeats)
     per_visit = -(-repeats // rounds)
     rng = np.random.default_rng(seed)
     orders = [[cells[i] for i in rng.permutation(len(cells))] for _ in range(rounds)]
     todo = [c for c in orders[0] if len(samples[c.key]) < repeats]
 
-    # rich is optional where the device check runs (pip's vendored copy stands in): imported here
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn())
     total = len(cells) * repeats
-    with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+    with _progress_bar(console, progress) as bar:
         t_prep = time.perf_counter()
         prep_task = bar.add_task("prepare (largest first)", total=len(todo))
         failed = timer.prepare(todo, lambda cell: bar.advance(prep_task))
@@ -313,12 +286,9 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
                     continue
                 bar.update(task, description=f"measure {cell.key:<16}")
                 t0 = time.perf_counter()
-                try:
-                    got = timer.time(cell, warmups if not have else 0, need)
-                except Exception as exc:  # noqa: BLE001 - OOM is reported and skipped, anything else re-raised
-                    if not is_oom(exc):
-                        raise
-                    skipped[cell.key] = f"out of memory: {str(exc).splitlines()[0][:120]}"
+                reason = _visit(timer, cell, have, warmups if not have else 0, need)
+                if reason is not None:
+                    skipped[cell.key] = reason
                     if console is not None:
                         console.print(f"[yellow]skipped {cell.key}: out of memory[/]")
                     release = getattr(timer, "release_memory", None)
@@ -326,7 +296,6 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
                         release()
                     bar.advance(task, repeats - len(have))
                 else:
-                    have.extend(float(x) for x in got)
                     bar.advance(task, need)
                     if on_visit is not None:
                         on_visit(cell, list(have))
@@ -335,9 +304,61 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
                     _write_partial(path, settings, samples, skipped, seconds)
     run.measure_seconds = seconds
     run.skipped = skipped
+    _add_rows(run, cells, samples)
+    return run
+
+
+def _resume_samples(path: Path, settings: dict[str, Any], samples: dict[str, list[float]], repeats: int) -> float:
+    """Fill ``samples`` from the partial file ``path`` (written with ``settings``) and return its
+    measure seconds; :class:`PartialMismatch` names a cell this profile lacks or one with more than
+    ``repeats`` samples."""
+    doc = _load_partial(path, settings)
+    for key, vals in doc["samples_ms"].items():
+        if key not in samples:
+            raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: not a cell of this profile; "
+                                  f"{PARTIAL_FIX}")
+        if len(vals) > repeats:
+            raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: {len(vals):,} samples, more "
+                                  f"than --repeats {repeats}; {PARTIAL_FIX}")
+        samples[key] = list(vals)
+    return doc["measure_seconds"]
+
+
+def _progress_bar(console: Any, progress: bool):
+    """The rich progress display of a profile (description, bar, count, elapsed, remaining)."""
+    # rich is optional where the device check runs (pip's vendored copy stands in): imported here
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    return Progress(*columns, console=console, disable=not progress, transient=False)
+
+
+def _visit(timer: Any, cell: Cell, have: list[float], warmups: int, need: int) -> str | None:
+    """Time ``need`` more calls of ``cell`` into ``have``; an out-of-memory error is returned as the
+    skip reason (anything else is raised)."""
+    try:
+        got = timer.time(cell, warmups, need)
+    except Exception as exc:  # noqa: BLE001 - OOM is reported and skipped, anything else re-raised
+        if not is_oom(exc):
+            raise
+        return f"out of memory: {str(exc).splitlines()[0][:120]}"
+    have.extend(float(x) for x in got)
+    return None
+
+
+def _add_rows(run: ProfileRun, cells: Sequence[Cell], samples: dict[str, list[float]]) -> None:
+    """The summary row of every measured cell not skipped, into ``run``'s verify, ar and draft rows (sorted)."""
     for cell in cells:
         vals = samples[cell.key]
-        if cell.key in skipped or not vals:
+        if cell.key in run.skipped or not vals:
             continue
         stats = summarise(vals)
         if cell.kind == "verify":
@@ -349,4 +370,3 @@ def run_profile(timer: Any, cells: Sequence[Cell], *, warmups: int, repeats: int
     run.verify.sort(key=lambda r: (r["batch_size"], r["num_tokens"]))
     run.ar.sort(key=lambda r: r["batch_size"])
     run.draft.sort(key=lambda r: r["batch_size"])
-    return run

@@ -20,23 +20,18 @@ The MoE row (Qwen3.5-35B-A3B, TP2, bs 64; the figures: docs/design.md §4) is ke
 two-way tensor parallelism on an architecture whose exact shape is not verified here, cannot pin
 down four efficiency factors, so every fitted row would be a guess.
 
-Rebuild with ``python -m dcut_sched.profiler.published [--out PATH]``.
+Rebuild with ``python -m dcut_sched.cli.published_curve [--out PATH]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 from dcut_sched import CostCurve
 from dcut_sched.paths import profile_path
-from dcut_sched.util.console import make_console
 
 from .analytic import parse_draft_spec
 from .devices import get_device
 from .efficiency_fit import EfficiencyFit, fill_curve, fit_efficiency
 from .grid import DEFAULT_RATIOS, bucket_tokens
-from .report import fit_table
 from .shapes import resolve_model
 
 __all__ = ["PUBLISHED_AR_H20_QWEN3_8B_TOK_S", "PUBLISHED_H20_QWEN3_8B", "published_ar_ms", "PUBLISHED_MOE_H20", "PUBLISHED_SOURCE", "build_h20_qwen3_8b",
@@ -101,22 +96,3 @@ def build_h20_qwen3_8b(batch_sizes=DEFAULT_BATCH_SIZES, context_len: int = 1024,
     curve = fill_curve(base, shape, fit, batch_sizes=batch_sizes, ratios=DEFAULT_RATIOS, grid_step=0,
                        draft=parse_draft_spec(draft))
     return curve, fit
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dcut_sched.profiler.published",
-                                 description="Rebuild the shipped H20 / Qwen3-8B curve from the public D-Cut figures.")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="output JSON (default: %(default)s)")
-    args = ap.parse_args(argv)
-    curve, fit = build_h20_qwen3_8b()
-    curve.save(args.out)
-
-    console = make_console()
-    console.print(fit_table(fit, title="fit to the published H20 rows"))
-    console.print(f"wrote {args.out}: {len(curve.verify)} verify rows, {len(curve.ar)} ar rows, "
-                  f"{len(curve.draft)} draft rows")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """``dcut-profile --vllm MODEL``: a cost curve measured in vLLM's own forward (dummy batches).
 
 vLLM lives in its own environment (``DCUT_WITH_VLLM=1 bash scripts/install.sh`` builds
-``.venv-vllm``), so this runs :mod:`dcut_sched.integrations.vllm_tools.profile` with that environment's
+``.venv-vllm``), so this runs :mod:`dcut_sched.cli.vllm_profile` with that environment's
 python and the CPU settings of :func:`dcut_sched.integrations.vllm_tools.venv.cpu_env`, and checks the
 file it wrote. What is timed, and how the draft step is approximated, is documented there and in
 docs/vllm.md.
@@ -42,13 +42,13 @@ def profile_vllm(model: str, out: str, *, draft: str | None, block_size: int, ba
         raise VllmProfileError(reason)
     if not Path(model, "config.json").is_file():
         raise VllmProfileError(f"--vllm {model}: not a Hugging Face model folder (no config.json); "
-                               "write the SmolLM2 pair with `python -m dcut_sched.integrations.vllm_tools.checkpoint`")
+                               "write the SmolLM2 pair with `python -m dcut_sched.cli.vllm_checkpoint`")
     out = Path(out)
     # The profile process writes into a private folder beside --out; the curve (and its engine-step
     # records) reach their places together, only after the curve loads: a failed run leaves nothing.
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".vllm-profile", dir=existing_folder(out.parent)) as tmp:
         staged = Path(tmp) / out.name
-        cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.profile", "--model", str(model),
+        cmd = [str(venv_python()), "-m", "dcut_sched.cli.vllm_profile", "--model", str(model),
                "--block-size", str(block_size), "--batch-sizes", ",".join(map(str, batch_sizes)),
                "--context-len", str(context_len), "--warmups", str(warmups), "--repeats", str(repeats),
                "--dtype", dtype, "--engine-steps", str(int(engine_steps)), "--out", str(staged)]

@@ -391,99 +391,153 @@ def check_trace_columns(
     0..n-1 contiguous per request with no duplicates, and for position-indexed traces that
     ``pos + 1 + accept_len`` does not run past the request's output.
     """
-    faults: list[TraceFault] = []
+    faults = _Faults(path, max_faults)
+    block = _metadata_faults(faults, metadata)
+    if block is None or _column_faults(faults, df, block):
+        return faults.items
+    if _value_faults(faults, df, block):
+        return faults.items
+    layout = _RequestLayout.of(df)
+    if _position_faults(faults, layout):
+        return faults.items
+    if not faults.items:
+        faults.items.extend(check_target_prob_columns(df, metadata, path, block, max_faults))
+        if len(faults.items) >= max_faults:
+            return faults.items
+    if metadata.get("indexing") == "position" and not faults.items:
+        _run_past_faults(faults, layout)
+    return faults.items
 
-    def add(field_name: str, problem: str, row=None, request_id=None, pos=None) -> bool:
-        faults.append(TraceFault(path, field_name, problem, row, request_id, pos))
-        return len(faults) >= max_faults
 
+@dataclass
+class _Faults:
+    """The faults found so far in one file, at most ``max_faults``."""
+
+    path: str
+    max_faults: int
+    items: list[TraceFault] = field(default_factory=list)
+
+    def add(self, field_name: str, problem: str, row=None, request_id=None, pos=None) -> bool:
+        """Record one fault; True when the list is full (the caller stops)."""
+        self.items.append(TraceFault(self.path, field_name, problem, row, request_id, pos))
+        return len(self.items) >= self.max_faults
+
+
+def _metadata_faults(faults: _Faults, metadata: Mapping[str, str]) -> int | None:
+    """Faults of the file metadata; the block size, or None when the columns cannot be checked."""
     for key in REQUIRED_METADATA:
         if key not in metadata:
-            if add(key, "missing file metadata key (write the trace with dcut_sched.traces.Trace.save)"):
-                return faults
+            if faults.add(key, "missing file metadata key (write the trace with dcut_sched.traces.Trace.save)"):
+                return None
     version = metadata.get(VERSION_KEY)
     if version is not None and version != TRACE_VERSION:
-        add(VERSION_KEY, f"unsupported trace version {version!r}; this reader reads version {TRACE_VERSION!r}")
+        faults.add(VERSION_KEY, f"unsupported trace version {version!r}; this reader reads version {TRACE_VERSION!r}")
     if metadata.get("indexing", "position") not in INDEXINGS:
-        add("indexing", f"{metadata['indexing']!r} is not one of {INDEXINGS}")
+        faults.add("indexing", f"{metadata['indexing']!r} is not one of {INDEXINGS}")
     if metadata.get("source", "recorded") not in SOURCES:
-        add("source", f"{metadata['source']!r} is not one of {SOURCES}")
+        faults.add("source", f"{metadata['source']!r} is not one of {SOURCES}")
     try:
         block = int(metadata.get("block_size", ""))
         if block < 2:
             raise ValueError
     except ValueError:
-        add("block_size", f"{metadata.get('block_size')!r} is not an integer block size >= 2")
-        return faults
-    if faults:
-        return faults
+        faults.add("block_size", f"{metadata.get('block_size')!r} is not an integer block size >= 2")
+        return None
+    if faults.items:
+        return None
     if block > 32768:  # before the column list is built: a block size of 10^22 would never finish
-        add("block_size", f"{str(block)[:30]} is too large for a trace (at most 32768)")
-        return faults
+        faults.add("block_size", f"{str(block)[:30]} is too large for a trace (at most 32768)")
+        return None
+    return block
 
+
+def _column_faults(faults: _Faults, df: pd.DataFrame, block: int) -> bool:
+    """Faults of the column set and types (exact dtypes or lossless casts, module docstring, so the
+    value checks truncate, wrap or merge nothing); True when the value checks cannot follow."""
     needed = ["request_id", "pos", "accept_len", *conf_columns(block)]
     missing = [c for c in needed if c not in df.columns]
     if missing:
-        add(missing[0], f"column missing (block_size={block} needs {needed[0]}, ..., c{block - 1}); "
-            f"missing: {', '.join(missing[:5])}{'...' if len(missing) > 5 else ''}")
-        return faults
+        faults.add(missing[0], f"column missing (block_size={block} needs {needed[0]}, ..., c{block - 1}); "
+                   f"missing: {', '.join(missing[:5])}{'...' if len(missing) > 5 else ''}")
+        return True
     extra = sorted(c for c in df.columns if c.startswith("c") and c[1:].isdigit() and int(c[1:]) >= block)
     if extra:
-        add(extra[0], f"confidence column beyond block_size={block} (B inconsistent with metadata)")
-        return faults
+        faults.add(extra[0], f"confidence column beyond block_size={block} (B inconsistent with metadata)")
+        return True
     if len(df) == 0:
-        add("request_id", "the trace has no rows")
-        return faults
-    # Types first: exact dtypes or lossless casts (module docstring), so nothing below truncates,
-    # wraps or merges values.
+        faults.add("request_id", "the trace has no rows")
+        return True
     for name, dtype in (("request_id", np.int32), ("pos", np.int32), ("accept_len", accept_len_dtype(block))):
         for r, problem in _integer_faults(df[name], np.dtype(dtype)):
-            if add(name, problem, r, _cell(df, "request_id", r), _cell(df, "pos", r)):
-                return faults
+            if faults.add(name, problem, r, _cell(df, "request_id", r), _cell(df, "pos", r)):
+                return True
     for name in conf_columns(block):
         problem = _float_column_fault(df[name])
-        if problem is not None and add(name, problem):
-            return faults
-    if faults:
-        return faults
+        if problem is not None and faults.add(name, problem):
+            return True
+    return bool(faults.items)
 
+
+def _value_faults(faults: _Faults, df: pd.DataFrame, block: int) -> bool:
+    """Confidences outside [0, 1] and accept_len outside [0, B-1]; True when the list is full."""
     conf = df[conf_columns(block)].to_numpy(np.float64)
     bad = ~(np.isfinite(conf) & (conf >= 0) & (conf <= 1))
-    for r, t in np.argwhere(bad)[:max_faults]:
-        if add(f"c{t + 1}", f"confidence {float(conf[r, t])!r} is not a finite value in [0, 1]", int(r),
-               int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
-            return faults
+    for r, t in np.argwhere(bad)[:faults.max_faults]:
+        if faults.add(f"c{t + 1}", f"confidence {float(conf[r, t])!r} is not a finite value in [0, 1]", int(r),
+                      int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
+            return True
     accept = df["accept_len"].to_numpy()
-    for r in np.flatnonzero((accept < 0) | (accept > block - 1))[:max_faults]:
-        if add("accept_len", f"{accept[r]} is outside [0, {block - 1}]", int(r),
-               int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
-            return faults
+    for r in np.flatnonzero((accept < 0) | (accept > block - 1))[:faults.max_faults]:
+        if faults.add("accept_len", f"{accept[r]} is outside [0, {block - 1}]", int(r),
+                      int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
+            return True
+    return False
 
-    order = np.lexsort((df["pos"].to_numpy(), df["request_id"].to_numpy()))
-    req = df["request_id"].to_numpy()[order]
-    pos = df["pos"].to_numpy()[order]
-    acc = accept[order]
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(req)) + 1])
-    ends = np.concatenate([starts[1:], [len(req)]])
+
+@dataclass(frozen=True)
+class _RequestLayout:
+    """The rows sorted by (request_id, pos): ``order`` (file rows), their ``req``, ``pos`` and ``acc``,
+    and each request's ``starts``/``ends`` in that order."""
+
+    order: np.ndarray
+    req: np.ndarray
+    pos: np.ndarray
+    acc: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, df: pd.DataFrame) -> _RequestLayout:
+        order = np.lexsort((df["pos"].to_numpy(), df["request_id"].to_numpy()))
+        req = df["request_id"].to_numpy()[order]
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(req)) + 1])
+        ends = np.concatenate([starts[1:], [len(req)]])
+        return cls(order, req, df["pos"].to_numpy()[order], df["accept_len"].to_numpy()[order], starts, ends)
+
+
+def _position_faults(faults: _Faults, layout: _RequestLayout) -> bool:
+    """Positions not 0..n-1 contiguous per request (duplicates named); True when the list is full."""
+    order, req, pos, starts, ends = layout.order, layout.req, layout.pos, layout.starts, layout.ends
     expected_pos = np.arange(len(req)) - np.repeat(starts, ends - starts)
-    for r in np.flatnonzero(pos != expected_pos)[:max_faults]:
+    for r in np.flatnonzero(pos != expected_pos)[:faults.max_faults]:
         problem = (
             f"positions of request {req[r]} are not contiguous from 0: expected {expected_pos[r]}, found {pos[r]}"
             + (" (duplicate)" if r > 0 and req[r - 1] == req[r] and pos[r - 1] == pos[r] else "")
         )
-        if add("pos", problem, int(order[r]), int(req[r]), int(pos[r])):
-            return faults
-    if not faults:
-        faults.extend(check_target_prob_columns(df, metadata, path, block, max_faults))
-        if len(faults) >= max_faults:
-            return faults
-    if metadata.get("indexing") == "position" and not faults:
-        remaining = np.repeat(ends, ends - starts) - np.arange(len(req)) - 1
-        for r in np.flatnonzero(acc > remaining)[:max_faults]:
-            if add("accept_len", f"{acc[r]} accepted drafts run past the request's last position "
-                   f"({remaining[r]} positions remain)", int(order[r]), int(req[r]), int(pos[r])):
-                return faults
-    return faults
+        if faults.add("pos", problem, int(order[r]), int(req[r]), int(pos[r])):
+            return True
+    return False
+
+
+def _run_past_faults(faults: _Faults, layout: _RequestLayout) -> None:
+    """Position-indexed traces: ``pos + 1 + accept_len`` past the request's last position."""
+    order, req, pos, acc, starts, ends = (layout.order, layout.req, layout.pos, layout.acc, layout.starts,
+                                          layout.ends)
+    remaining = np.repeat(ends, ends - starts) - np.arange(len(req)) - 1
+    for r in np.flatnonzero(acc > remaining)[:faults.max_faults]:
+        if faults.add("accept_len", f"{acc[r]} accepted drafts run past the request's last position "
+                      f"({remaining[r]} positions remain)", int(order[r]), int(req[r]), int(pos[r])):
+            return
 
 
 def check_target_prob_columns(df: pd.DataFrame, metadata: Mapping[str, str], path: str, block: int,

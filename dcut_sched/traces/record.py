@@ -33,7 +33,7 @@ import inspect
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -162,6 +162,44 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     Raises:
         RecordError: bad settings, or a partial file recorded with other settings (with ``resume``).
     """
+    sampling, keys = _checked_sampling(backend, block_size, max_new_tokens, sampling, len(prompts))
+    settings, metadata = _run_metadata(backend, prompts, block_size, max_new_tokens, dataset, sampling,
+                                       extra_metadata)
+    part = partial_path(out_path)
+    state = _Recording(_Rows([], [], [], [], None if sampling.is_greedy else []))
+    if resume and part.is_file():
+        _resume_from(part, metadata, settings, state)
+    _record_requests(backend, prompts, out_path, part, state, metadata, block_size=block_size,
+                     max_new_tokens=max_new_tokens, sampling=sampling, keys=keys, max_positions=max_positions,
+                     progress=progress)
+    trace = _sorted_trace(state.trace(metadata, block_size))
+    trace.save(out_path)
+    trace.path = str(out_path)
+    part.unlink(missing_ok=True)
+    return trace
+
+
+@dataclass
+class _Recording:
+    """What a recording holds so far: its rows, its finished requests ``[id, prompt id, category,
+    prompt tokens]``, the seconds of the runs it resumed and the start of this run's clock."""
+
+    rows: _Rows
+    done: list[list[Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    total_positions: int = 0
+    t_start: float = 0.0
+
+    def trace(self, metadata: dict[str, Any], block_size: int) -> Trace:
+        """The rows so far as a trace, with the finished requests and the record time in its metadata."""
+        elapsed = self.seconds + time.perf_counter() - self.t_start
+        return self.rows.trace({**metadata, "requests": self.done, "record_seconds": f"{elapsed:.1f}"}, block_size)
+
+
+def _checked_sampling(backend: RecordBackend, block_size: int, max_new_tokens: int, sampling: SamplingParams | None,
+                      num_prompts: int) -> tuple[SamplingParams, Any]:
+    """The run's sampling (default greedy) and the sampling keys of its requests
+    (:func:`dcut_sched.sampling.request_keys`), after the settings checks (:class:`RecordError`)."""
     from ..sampling import SamplingParams, request_keys
 
     if block_size < 2:
@@ -169,12 +207,16 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     if max_new_tokens < 1:
         raise RecordError(f"max_new_tokens={max_new_tokens} must be >= 1")
     sampling = sampling if sampling is not None else SamplingParams()
-    sampled = not sampling.is_greedy
-    if sampled and not hasattr(backend, "target_probs"):
+    if not sampling.is_greedy and not hasattr(backend, "target_probs"):
         raise RecordError(f"{type(backend).__name__} cannot record a sampled trace (temperature "
                           f"{sampling.temperature:g}); use the native backend")
-    keys = request_keys(sampling.seed, len(prompts))
-    k = block_size - 1
+    return sampling, request_keys(sampling.seed, num_prompts)
+
+
+def _run_metadata(backend: RecordBackend, prompts: Sequence[Prompt], block_size: int, max_new_tokens: int,
+                  dataset: str, sampling: SamplingParams,
+                  extra_metadata: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recorder settings a partial file must share to be resumed, and the trace's file metadata."""
     settings = {
         "max_new_tokens": max_new_tokens,
         "prompts_sha256_16": prompts_digest(list(prompts)),
@@ -185,93 +227,79 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
         "target_model": backend.target_name, "draft_model": backend.draft_name, "dataset": dataset,
         "temperature": f"{float(sampling.temperature):g}", "recorder": settings, **(extra_metadata or {}),
     }
-    if sampled:
+    if not sampling.is_greedy:
         metadata.update(top_p=f"{sampling.top_p:g}", top_k=str(sampling.top_k), seed=str(sampling.seed))
-    part = partial_path(out_path)
-    rows = _Rows([], [], [], [], [] if sampled else None)
-    done: list[list[Any]] = []
-    seconds = 0.0
-    if resume and part.is_file():
-        try:
-            old = Trace.load(part)
-        except TraceError as exc:
-            raise RecordError(f"{part}: cannot resume from the partial file ({exc}); run with --fresh") from None
-        old_settings = json.loads(old.metadata.get("recorder", "{}"))
-        for key in ("block_size", "target_model", "draft_model", "temperature", "top_p", "top_k", "seed"):
-            if old.metadata.get(key) != (None if metadata.get(key) is None else str(metadata[key])):
-                raise RecordError(f"{part}: partial file has {key}={old.metadata.get(key)!r}, this run "
-                                  f"{metadata.get(key)!r}; run with --fresh to start over")
-        for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers", "drafter_sha256"):
-            if old_settings.get(key) != settings.get(key) and key == "drafter_sha256":
-                was = "no hash" if old_settings.get(key) is None else f"SHA-256 {old_settings[key][:12]}..."
-                raise RecordError(f"{part}: partial file was recorded with other drafter weights ({settings.get('drafter')}: "
-                                  f"{was}, now {str(settings.get(key))[:12]}...); run with --fresh to start over")
-            if old_settings.get(key) != settings.get(key):
-                raise RecordError(f"{part}: partial file has {key}={old_settings.get(key)!r}, this run "
-                                  f"{settings.get(key)!r}; run with --fresh to start over")
-        for s, n in zip(old.starts, old.num_positions):
-            sl = slice(int(s), int(s + n))
-            rows.request_id.append(old.request_id[sl]); rows.pos.append(old.pos[sl])
-            rows.accept_len.append(old.accept_len[sl]); rows.conf.append(old.conf[sl])
-            if sampled:
-                rows.target_prob.append(old.target_prob[sl])
-        done = json.loads(old.metadata.get("requests", "[]"))
-        seconds = float(old.metadata.get("record_seconds", "0"))
-    done_ids = {int(r[0]) for r in done}
-    total_positions = sum(len(r) for r in rows.request_id)
-    todo = [(i, p) for i, p in enumerate(prompts) if i not in done_ids]
+    return settings, metadata
 
+
+def _resume_from(part: Path, metadata: dict[str, Any], settings: dict[str, Any], state: _Recording) -> None:
+    """Load the partial file ``part`` into ``state`` when it was recorded with the same metadata and
+    settings (else :class:`RecordError`, naming the key and ``--fresh``)."""
+    try:
+        old = Trace.load(part)
+    except TraceError as exc:
+        raise RecordError(f"{part}: cannot resume from the partial file ({exc}); run with --fresh") from None
+    old_settings = json.loads(old.metadata.get("recorder", "{}"))
+    for key in ("block_size", "target_model", "draft_model", "temperature", "top_p", "top_k", "seed"):
+        if old.metadata.get(key) != (None if metadata.get(key) is None else str(metadata[key])):
+            raise RecordError(f"{part}: partial file has {key}={old.metadata.get(key)!r}, this run "
+                              f"{metadata.get(key)!r}; run with --fresh to start over")
+    for key in ("max_new_tokens", "prompts_sha256_16", "skip_layers", "drafter_sha256"):
+        if old_settings.get(key) != settings.get(key) and key == "drafter_sha256":
+            was = "no hash" if old_settings.get(key) is None else f"SHA-256 {old_settings[key][:12]}..."
+            raise RecordError(f"{part}: partial file was recorded with other drafter weights ({settings.get('drafter')}: "
+                              f"{was}, now {str(settings.get(key))[:12]}...); run with --fresh to start over")
+        if old_settings.get(key) != settings.get(key):
+            raise RecordError(f"{part}: partial file has {key}={old_settings.get(key)!r}, this run "
+                              f"{settings.get(key)!r}; run with --fresh to start over")
+    rows = state.rows
+    for s, n in zip(old.starts, old.num_positions):
+        sl = slice(int(s), int(s + n))
+        rows.request_id.append(old.request_id[sl]); rows.pos.append(old.pos[sl])
+        rows.accept_len.append(old.accept_len[sl]); rows.conf.append(old.conf[sl])
+        if rows.target_prob is not None:
+            rows.target_prob.append(old.target_prob[sl])
+    state.done = json.loads(old.metadata.get("requests", "[]"))
+    state.seconds = float(old.metadata.get("record_seconds", "0"))
+
+
+def _record_requests(backend: RecordBackend, prompts: Sequence[Prompt], out_path: str | os.PathLike, part: Path,
+                     state: _Recording, metadata: dict[str, Any], *, block_size: int, max_new_tokens: int,
+                     sampling: SamplingParams, keys: Sequence[Any], max_positions: int | None,
+                     progress: bool) -> None:
+    """Record every prompt not in ``state`` yet (until ``max_positions``), a batch of target decodes
+    at a time, then each request's drafts; save ``part`` after each request."""
+    done_ids = {int(r[0]) for r in state.done}
+    state.total_positions = sum(len(r) for r in state.rows.request_id)
+    todo = [(i, p) for i, p in enumerate(prompts) if i not in done_ids]
     batch = max(1, int(getattr(backend, "generate_batch", 1)))
     num_batches = -(-len(todo) // batch)
-    takes_on_step = "on_step" in inspect.signature(backend.generate).parameters
     bar = RunProgress(f"dcut-trace record {Path(out_path).name}", len(prompts), "requests", enabled=progress)
-    bar.update(completed=len(done_ids), detail=f"{total_positions} positions")
-    t_start = time.perf_counter()
+    bar.update(completed=len(done_ids), detail=f"{state.total_positions} positions")
+    state.t_start = time.perf_counter()
     with bar:
         bar.note(f"dcut-trace record: {len(todo)} prompts to go ({len(done_ids)} done) in {num_batches} "
                  f"batch(es) of {batch}: the target decodes up to {max_new_tokens} tokens each, then the draft "
-                 f"proposes {k} tokens at every output position; an estimate of the run time follows the "
+                 f"proposes {block_size - 1} tokens at every output position; an estimate of the run time follows the "
                  f"first request")
         estimated = False
         for b in range(0, len(todo), batch):
-            if max_positions is not None and total_positions >= max_positions:
+            if max_positions is not None and state.total_positions >= max_positions:
                 break
             group = todo[b:b + batch]
             label = f"batch {b // batch + 1}/{num_batches}"
-            ids = [backend.encode_prompt(p.text) for _, p in group]
-            t_decode = time.perf_counter()
-
-            def on_step(done: int, total: int, label: str = label, t_decode: float = t_decode) -> None:
-                dt = time.perf_counter() - t_decode
-                eta = format_duration((total - done) * dt / done) if done else "?"
-                bar.update(detail=f"{label}: target decode {done}/{total} ({done / dt:.1f}/s, ETA ~{eta}); "
-                                  f"{total_positions} positions")
-
-            bar.update(detail=f"{label}: target decode of {len(group)} prompts; {total_positions} positions")
-            gen_kwargs = {"on_step": on_step} if takes_on_step else {}
-            if sampled:
-                gen_kwargs.update(sampling=sampling, keys=[keys[rid] for rid, _ in group])
-            outputs = backend.generate(ids, max_new_tokens, **gen_kwargs)
-            decode_s = time.perf_counter() - t_decode
+            ids, outputs, decode_s = _decode_batch(backend, group, label, bar, state, max_new_tokens, sampling, keys)
             for j, ((rid, prompt), prompt_ids, out) in enumerate(zip(group, ids, outputs)):
-                if max_positions is not None and total_positions >= max_positions:
+                if max_positions is not None and state.total_positions >= max_positions:
                     break
                 if not out:
                     continue
                 bar.update(detail=f"{label}: drafting request {j + 1}/{len(group)} ({len(out)} positions); "
-                                  f"{total_positions} positions")
+                                  f"{state.total_positions} positions")
                 t_draft = time.perf_counter()
-                toks, conf = backend.draft_positions(prompt_ids, out, k)
-                n = len(out)
-                rows.request_id.append(np.full(n, rid, np.int32)); rows.pos.append(np.arange(n, dtype=np.int32))
-                rows.accept_len.append(accept_lengths(toks, out)); rows.conf.append(np.clip(conf, 0.0, 1.0))
-                if sampled:
-                    rows.target_prob.append(backend.target_probs(prompt_ids, out, toks, sampling))
-                done.append([rid, prompt.id, prompt.category, len(prompt_ids)])
-                total_positions += n
-                elapsed = seconds + time.perf_counter() - t_start
-                rows.trace({**metadata, "requests": done, "record_seconds": f"{elapsed:.1f}"}, block_size).save(part)
-                bar.update(advance=1, detail=f"{total_positions} positions")
+                _draft_request(backend, state, rid, prompt, prompt_ids, out, block_size - 1, sampling)
+                state.trace(metadata, block_size).save(part)
+                bar.update(advance=1, detail=f"{state.total_positions} positions")
                 if not estimated:
                     estimated = True
                     draft_s = time.perf_counter() - t_draft
@@ -279,15 +307,48 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
                     bar.note(f"dcut-trace record: estimate ~{format_duration(guess)} to go (target decode "
                              f"{format_duration(decode_s)} per batch, drafting {format_duration(draft_s)} per "
                              f"request, from the first ones)")
-    elapsed = seconds + time.perf_counter() - t_start
-    trace = rows.trace({**metadata, "requests": done, "record_seconds": f"{elapsed:.1f}"}, block_size)
+
+
+def _decode_batch(backend: RecordBackend, group: list[tuple[int, Prompt]], label: str, bar: RunProgress,
+                  state: _Recording, max_new_tokens: int, sampling: SamplingParams,
+                  keys: Sequence[Any]) -> tuple[list[list[int]], list[list[int]], float]:
+    """The target's outputs for one batch of requests: (prompt ids, outputs, decode seconds)."""
+    ids = [backend.encode_prompt(p.text) for _, p in group]
+    t_decode = time.perf_counter()
+
+    def on_step(done: int, total: int) -> None:
+        dt = time.perf_counter() - t_decode
+        eta = format_duration((total - done) * dt / done) if done else "?"
+        bar.update(detail=f"{label}: target decode {done}/{total} ({done / dt:.1f}/s, ETA ~{eta}); "
+                          f"{state.total_positions} positions")
+
+    bar.update(detail=f"{label}: target decode of {len(group)} prompts; {state.total_positions} positions")
+    gen_kwargs = {"on_step": on_step} if "on_step" in inspect.signature(backend.generate).parameters else {}
+    if not sampling.is_greedy:
+        gen_kwargs.update(sampling=sampling, keys=[keys[rid] for rid, _ in group])
+    outputs = backend.generate(ids, max_new_tokens, **gen_kwargs)
+    return ids, outputs, time.perf_counter() - t_decode
+
+
+def _draft_request(backend: RecordBackend, state: _Recording, rid: int, prompt: Prompt, prompt_ids: list[int],
+                   out: list[int], k: int, sampling: SamplingParams) -> None:
+    """Draft ``k`` tokens at every position of one request's output ``out`` and add its rows to ``state``."""
+    toks, conf = backend.draft_positions(prompt_ids, out, k)
+    n = len(out)
+    rows = state.rows
+    rows.request_id.append(np.full(n, rid, np.int32)); rows.pos.append(np.arange(n, dtype=np.int32))
+    rows.accept_len.append(accept_lengths(toks, out)); rows.conf.append(np.clip(conf, 0.0, 1.0))
+    if not sampling.is_greedy:
+        rows.target_prob.append(backend.target_probs(prompt_ids, out, toks, sampling))
+    state.done.append([rid, prompt.id, prompt.category, len(prompt_ids)])
+    state.total_positions += n
+
+
+def _sorted_trace(trace: Trace) -> Trace:
+    """``trace`` sorted by request id, so the file does not depend on the order requests finished in
+    (:class:`RecordError` when it holds no position)."""
     if trace.num_rows == 0:
         raise RecordError("no positions recorded (every output was empty)")
-    # Sort by request id so the file does not depend on the order requests finished in.
     order = np.argsort(trace.request_id, kind="stable")
-    trace = Trace(trace.request_id[order], trace.pos[order], trace.accept_len[order], trace.conf[order],
-                  trace.metadata, target_prob=None if trace.target_prob is None else trace.target_prob[order])
-    trace.save(out_path)
-    trace.path = str(out_path)
-    part.unlink(missing_ok=True)
-    return trace
+    return Trace(trace.request_id[order], trace.pos[order], trace.accept_len[order], trace.conf[order],
+                 trace.metadata, target_prob=None if trace.target_prob is None else trace.target_prob[order])

@@ -128,6 +128,25 @@ def test_plugin_package_imports_without_vllm():
             import dcut_sched.integrations.vllm.scheduler  # noqa: F401
 
 
+def test_vllm_tool_commands_parse_without_vllm(capsys):
+    """The commands around the plugin (dcut_sched/cli/vllm_*.py) import and parse without vLLM."""
+    from dcut_sched.cli import vllm_checkpoint, vllm_profile, vllm_run
+
+    for command in (vllm_checkpoint, vllm_profile, vllm_run):
+        with pytest.raises(SystemExit) as exc:
+            command.main(["--help"])
+        assert exc.value.code == 0
+        assert f"usage: python -m {command.__name__}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        vllm_checkpoint.main(["--skip-layers", "14,x"])
+    assert exc.value.code == 2
+    assert "argument --skip-layers: '14,x' is not a comma-separated list of layer indices" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        vllm_profile.main(["--model", "m", "--out", "o.json", "--batch-sizes", "4,0"])
+    assert exc.value.code == 2
+    assert "argument --batch-sizes: '4,0': need positive integers" in capsys.readouterr().err
+
+
 def test_checkpoint_drops_and_renumbers_layers(tmp_path):
     cfg = LlamaConfig.preset("tiny")
     sd = {"embed_tokens.weight": torch.zeros(cfg.vocab_size, cfg.hidden_size), "norm.weight": torch.ones(cfg.hidden_size)}

@@ -63,7 +63,7 @@ def dflash_runs(tmp_path_factory):
            "max_tokens": MAX_TOKENS, "max_num_seqs": NUM_PROMPTS, "max_model_len": 512, "runs": runs}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
-    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(tmp / "job.json"),
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(tmp / "job.json"),
                            "--out", str(tmp / "out.json")], env=cpu_env(), capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:

@@ -76,7 +76,7 @@ def vllm_runs(tmp_path_factory):
            "step_timing": True, "import_first": ["numba"]}
     (tmp / "job.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
-    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job", str(tmp / "job.json"),
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(tmp / "job.json"),
                            "--out", str(tmp / "out.json")], env=cpu_env(), capture_output=True, text=True,
                           timeout=900)
     elapsed = time.perf_counter() - t0
@@ -216,7 +216,7 @@ def test_dcut_profile_times_real_engine_steps(tmp_path):
 
     target, draft = write_pair()
     out = tmp_path / "curve.json"
-    cmd = [str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.profile", "--model", str(target), "--draft",
+    cmd = [str(venv_python()), "-m", "dcut_sched.cli.vllm_profile", "--model", str(target), "--draft",
            str(draft), "--batch-sizes", "1,2", "--warmups", "0", "--repeats", "1", "--context-len", "32",
            "--engine-steps", "12", "--out", str(out)]
     proc = subprocess.run(cmd, env=cpu_env(), capture_output=True, text=True, timeout=600)

@@ -74,7 +74,7 @@ def test_multiprocessing_front_end_raises_the_dcut_error(tmp_path):
     (tmp_path / "job.json").write_text(json.dumps(job))
     env = cpu_env()
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.integrations.vllm_tools.run", "--job",
+    proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job",
                            str(tmp_path / "job.json"), "--out", str(tmp_path / "out.json")],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

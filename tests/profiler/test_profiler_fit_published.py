@@ -73,6 +73,19 @@ def test_device_matches():
     assert not device_matches(get_device("a100"), None)
 
 
+def test_rebuild_command_writes_the_shipped_curve(tmp_path, capsys):
+    from dcut_sched.cli.published_curve import main
+
+    out = tmp_path / "c.json"
+    assert main(["--out", str(out)]) == 0
+    rebuilt, shipped = CostCurve.load(out, check_hardware=False), CostCurve.load(SHIPPED, check_hardware=False)
+    assert [(r.batch_size, r.num_tokens, r.provenance) for r in rebuilt.verify] == \
+        [(r.batch_size, r.num_tokens, r.provenance) for r in shipped.verify]
+    assert [r.median_ms for r in rebuilt.verify] == pytest.approx([r.median_ms for r in shipped.verify], rel=1e-6)
+    printed = " ".join(capsys.readouterr().out.split())  # as one line, however the console wraps it
+    assert f"wrote {out}: 35 verify rows, 7 ar rows, 7 draft rows" in printed
+
+
 def test_shipped_published_curve():
     curve = CostCurve.load(SHIPPED, check_hardware=False)
     published = {(r.batch_size, r.num_tokens): r.median_ms for r in curve.verify if r.provenance == "published"}

@@ -121,7 +121,7 @@ class DCutVllmConfig:
         except InputFileError as exc:
             raise DCutConfigError(str(exc)) from None
         try:
-            typed = _typed_model().model_validate(dict(doc))
+            typed = DCutConfigModel.model_validate(dict(doc))
         except ValidationError as exc:
             err = exc.errors()[0]
             key = ".".join(str(x) for x in err["loc"]) or "?"
@@ -227,23 +227,15 @@ def check_engine_config(vllm_config: Any, environ: Mapping[str, str] | None = No
     return cfg
 
 
-_MODEL = None
+class DCutConfigModel(BaseModel):
+    """The strict pydantic model of the keys (the table above)."""
 
-
-def _typed_model():
-    """The strict pydantic model of the keys (built on first use: pydantic is imported lazily)."""
-    global _MODEL
-    if _MODEL is None:
-        class DCutConfigModel(BaseModel):
-            model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-            policy: str = DEFAULT_POLICY
-            policy_params: dict[str, Any] = Field(default_factory=dict)
-            cost_curve: str | None = None
-            profile_cache_dir: str | None = None
-            calibrate: bool = True
-            record_path: str | None = None
-            log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
-            skip_undrafted_block: bool = True
-
-        _MODEL = DCutConfigModel
-    return _MODEL
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    policy: str = DEFAULT_POLICY
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    cost_curve: str | None = None
+    profile_cache_dir: str | None = None
+    calibrate: bool = True
+    record_path: str | None = None
+    log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    skip_undrafted_block: bool = True

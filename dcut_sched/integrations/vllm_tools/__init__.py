@@ -5,6 +5,7 @@
 - :mod:`.run`: the test and benchmark harness (runs vLLM with and without D-Cut on a job file);
 - :mod:`.profile` and :mod:`.engine_steps`: ``dcut-profile --vllm`` (dummy batches, real engine steps).
 
+Their commands are ``dcut_sched/cli/vllm_checkpoint.py``, ``vllm_run.py`` and ``vllm_profile.py``.
 They import the plugin, never the other way round (no import circle inside ``integrations``:
 ``tests/integrations/test_import_graph.py``). Importable without vLLM; :mod:`.run`,
 :mod:`.profile` and :class:`.engine_steps.StepTimer` need it when they run.

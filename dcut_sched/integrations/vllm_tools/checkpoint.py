@@ -20,17 +20,15 @@ Folders are written whole or not at all (a temporary sibling renamed into place)
 
 Default root: ``$DCUT_VLLM_MODELS`` or ``<repo>/.cache/vllm-models`` (ignored by git).
 
-CLI: ``python -m dcut_sched.integrations.vllm_tools.checkpoint [--root DIR] [--skip-layers 14,15]``.
+The command: ``python -m dcut_sched.cli.vllm_checkpoint [--root DIR] [--skip-layers 14,15]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -171,32 +169,3 @@ def write_pair(root: str | os.PathLike | None = None, skip_layers: Sequence[int]
     if force or not _is_current(draft, draft_stamp):
         write_checkpoint(draft, cfg, sd, tok, keep, draft_stamp)
     return target, draft
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m dcut_sched.integrations.vllm_tools.checkpoint",
-        description="Write SmolLM2-135M and its layer-skip draft as safetensors folders for vLLM.",
-        epilog="example: python -m dcut_sched.integrations.vllm_tools.checkpoint --skip-layers 14,15",
-    )
-    ap.add_argument("--root", help=f"output folder [$DCUT_VLLM_MODELS or {default_root()}]")
-    ap.add_argument("--skip-layers", default=",".join(map(str, DEFAULT_SKIP_LAYERS)),
-                    help="decoder layers the draft drops [14,15: the recorded drafter]")
-    ap.add_argument("--force", action="store_true", help="rewrite even when current")
-    args = ap.parse_args(argv)
-    try:
-        skip = [int(x) for x in args.skip_layers.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--skip-layers: expected comma-separated integers, got {args.skip_layers!r}")
-    t0 = time.perf_counter()
-    try:
-        target, draft = write_pair(args.root, skip, force=args.force)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 2
-    print(f"target: {target}\ndraft:  {draft}\n({time.perf_counter() - t0:.1f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

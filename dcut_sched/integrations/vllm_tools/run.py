@@ -1,8 +1,9 @@
 """Run vLLM generations for several configurations in one process and write their outputs (JSON).
 
-Used by the vLLM tests and ``analysis/bench_vllm.py``; runs inside the vLLM environment::
+Used by the vLLM tests and ``analysis/bench_vllm.py``; runs inside the vLLM environment
+(:mod:`dcut_sched.cli.vllm_run` reads the job file and writes the result)::
 
-    .venv-vllm/bin/python -m dcut_sched.integrations.vllm_tools.run --job job.json --out result.json
+    .venv-vllm/bin/python -m dcut_sched.cli.vllm_run --job job.json --out result.json
 
 The job (JSON object):
 
@@ -32,7 +33,6 @@ start or run. Written atomically.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import importlib
 import json
@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from ...defaults import DEFAULT_POLICY
-from ...util.atomic import atomic_write_text
 from ..vllm import llm_kwargs
 from .engine_steps import StepTimer
 
-__all__ = ["main", "load_prompt_token_ids"]
+__all__ = ["load_prompt_token_ids", "run_job", "run_one"]
 
 
 def load_prompt_token_ids(spec: Any, target: str) -> list[list[int]]:
@@ -145,14 +144,15 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dcut_sched.integrations.vllm_tools.run",
-                                 description="Run vLLM (with and without D-Cut) on a job file; write outputs as JSON.")
-    ap.add_argument("--job", required=True, help="job JSON (module docstring)")
-    ap.add_argument("--out", required=True, help="result JSON (written atomically)")
-    args = ap.parse_args(argv)
+def run_job(job: dict) -> dict:
+    """Run every ``runs`` entry of ``job`` (module docstring) in this process, one engine at a time.
 
-    job = json.loads(Path(args.job).read_text())
+    A run that fails to start or run is recorded with its ``error`` (type, message, traceback); the
+    others still run. Prints one summary line per run (its result without the token ids).
+
+    Returns:
+        ``{"prompts": token ids per prompt, "runs": one result per run}``.
+    """
     for name in job.get("import_first", ()):
         importlib.import_module(name)
     prompts = load_prompt_token_ids(job["prompts"], job["target"])
@@ -164,9 +164,4 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"name": run["name"], "error": {"type": type(exc).__name__, "message": str(exc),
                                                            "traceback": traceback.format_exc()}})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "token_ids"})[:2000], flush=True)
-    atomic_write_text(args.out, json.dumps({"prompts": prompts, "runs": results}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"prompts": prompts, "runs": results}
