@@ -30,7 +30,7 @@ def test_accepted_drafts_replace_the_estimate_in_the_account_and_the_plans(make_
     # settled: the step really lost 12 - 2 / .5 = 8 ms, 11.976 ms more than booked; the second step
     # (anchors only, below) books 6 - 2 / .5 = 2 ms
     assert fine.state.debt_ms == pytest.approx(-0.12 + 8 + 3.976016 + 2)
-    rho = 0.95 / (0.95 + 5.988008)  # one pseudo-draft at 1, decayed, over the 5.988 expected drafts
+    rho = 1 / (1 + 5.988008)  # one pseudo-draft at 1 beside the 5.988 expected drafts, none accepted
     assert fine.state.realization.tokens == pytest.approx(rho)
     # counted tokens 2 + rho (E(K) - 2): the anchors alone are best (2 / 6 ms > 2.82 / 12 ms)
     assert plan.num_tokens == 2
@@ -72,14 +72,16 @@ def test_measured_time_scales_the_priced_steps(make_curve):
         fine.observe_time(3.0 * costs.drafted_ms(2, plan.num_tokens))
         plan = fine.plan(SURE, costs)
         steps += 1
-    assert not plan.draft_next and steps == 12  # the ratio passes 2.5 at step 3; the running rate (ema .8) lags
+    assert not plan.draft_next and steps == 13  # the ratio passes 2.5 at step 4; the running rate (ema .8) lags
     rz = fine.state.realization
     assert rz.tokens == pytest.approx(1.0, abs=2e-3)
     assert rz.drafted_time > 2.0 and rz.plain_time == 1.0
-    # one hand-computed update: one pseudo-observation at 1, then 3
+    # hand-computed: one pseudo-observation at 1 beside the observed 3; a plain step ages the 3 by .95
     r = Realization(0.95)
     r.add_time(True, 3.0)
-    assert r.drafted_time == pytest.approx((0.95 + 3.0) / 1.95)
+    assert r.drafted_time == pytest.approx((3.0 + 1) / (1 + 1))
+    r.age()
+    assert r.drafted_time == pytest.approx((0.95 * 3.0 + 1) / (0.95 + 1))
     assert priced == pytest.approx(0.1 + 2.0 + 0.2 * 8)
 
 
@@ -90,7 +92,7 @@ def test_controller_passes_the_measured_step_time_to_the_policy(make_curve):
     ctrl.observe(np.array([3, 3]), step_ms=24.0)
     assert ctrl.policy.state.booked.measured_ms == 24.0
     ctrl.plan(SURE)  # settles: measured 24 over priced 12 ms
-    assert ctrl.policy.state.realization.drafted_time == pytest.approx((0.95 + 2.0) / 1.95)
+    assert ctrl.policy.state.realization.drafted_time == pytest.approx((2.0 + 1) / (1 + 1))
     for bad in (float("nan"), float("inf"), 0.0, -1.0):  # a clock glitch is not a measurement
         ctrl.observe(np.array([3, 3]), step_ms=bad)
         assert ctrl.policy.state.booked.measured_ms is None
@@ -100,7 +102,7 @@ def test_controller_passes_the_measured_step_time_to_the_policy(make_curve):
     assert not plain.drafted
     ctrl.observe(np.zeros(2, dtype=np.int64), step_ms=8.0)  # an undrafted step at 2x its 4 ms
     ctrl.plan_without_draft(2)
-    assert ctrl.policy.state.realization.plain_time == pytest.approx((0.95 + 2.0) / 1.95)
+    assert ctrl.policy.state.realization.plain_time == pytest.approx((2.0 + 1) / (1 + 1))
 
 
 def test_feedback_decay_is_checked():

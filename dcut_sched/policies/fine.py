@@ -98,39 +98,41 @@ class Booked:
 class Realization:
     """What the engine delivered against what ``fine``'s plans priced, as running ratios (§2.1).
 
-    Each ratio is a ratio of exponentially decayed sums (weight ``decay`` per observation) that
-    starts from one pseudo-observation at 1, so it starts neutral and follows the last
-    ``~1 / (1 - decay)`` observations.
+    Each ratio is ``(observed + 1) / (priced + 1)`` over exponentially decayed sums (weight ``decay``
+    per observation) plus one pseudo-observation at 1, so it starts neutral and follows the last
+    ``~1 / (1 - decay)`` observations. A step without a draft ages what drafted steps taught by the
+    same weight, so after a plain stretch the ratios of drafted steps return towards 1 and a probe is
+    judged afresh (the probe budget, kept in realized losses, still bounds what probes lose).
 
     Attributes:
         decay: weight of the history per observation, in [0, 1).
-        drafts_actual / drafts_expected: accepted drafts over the plans' expected accepted drafts.
+        drafts_actual / drafts_expected: accepted drafts and the plans' expected accepted drafts.
         drafted_ratio / drafted_weight: measured over priced time of drafted steps (sum of ratios, weight).
         plain_ratio / plain_weight: the same for steps without a draft.
     """
 
     decay: float = 0.95
-    drafts_actual: float = 1.0
-    drafts_expected: float = 1.0
-    drafted_ratio: float = 1.0
-    drafted_weight: float = 1.0
-    plain_ratio: float = 1.0
-    plain_weight: float = 1.0
+    drafts_actual: float = 0.0
+    drafts_expected: float = 0.0
+    drafted_ratio: float = 0.0
+    drafted_weight: float = 0.0
+    plain_ratio: float = 0.0
+    plain_weight: float = 0.0
 
     @property
     def tokens(self) -> float:
         """rho_real: accepted drafts per expected accepted draft."""
-        return self.drafts_actual / self.drafts_expected
+        return (self.drafts_actual + 1.0) / (self.drafts_expected + 1.0)
 
     @property
     def drafted_time(self) -> float:
         """Measured over priced time of a drafted step."""
-        return self.drafted_ratio / self.drafted_weight
+        return (self.drafted_ratio + 1.0) / (self.drafted_weight + 1.0)
 
     @property
     def plain_time(self) -> float:
         """Measured over priced time of a step without a draft."""
-        return self.plain_ratio / self.plain_weight
+        return (self.plain_ratio + 1.0) / (self.plain_weight + 1.0)
 
     def add_drafts(self, expected: float, actual: float) -> None:
         d = self.decay
@@ -143,6 +145,14 @@ class Realization:
             self.drafted_ratio, self.drafted_weight = d * self.drafted_ratio + ratio, d * self.drafted_weight + 1.0
         else:
             self.plain_ratio, self.plain_weight = d * self.plain_ratio + ratio, d * self.plain_weight + 1.0
+
+    def age(self) -> None:
+        """One step without a draft: what drafted steps taught weighs ``decay`` less."""
+        d = self.decay
+        self.drafts_actual *= d
+        self.drafts_expected *= d
+        self.drafted_ratio *= d
+        self.drafted_weight *= d
 
 
 @dataclass
@@ -375,6 +385,8 @@ class Fine(Policy):
         st.settle(self.probe_budget)
         priced_ms = costs.undrafted_ms(batch_size)
         booked_ms = priced_ms if st.realization is None else priced_ms * st.realization.plain_time
+        if st.realization is not None:
+            st.realization.age()
         probe = st.plain(booked_ms, self.probe_interval, self.probe_budget)
         if st.realization is not None:
             st.booked = Booked(False, batch_size, priced_ms, booked_ms)

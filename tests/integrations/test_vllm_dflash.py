@@ -36,7 +36,9 @@ DRAFTER = REPO_ROOT / "drafters" / "smollm2-135m-dflash"
 CURVE_B8 = REPO_ROOT / "dcut_sched" / "profiler" / "profiles" / "cpu-smollm2-135m-b8.json"
 POLICIES = ("ar", "full", "dcut", "fine", "topk", "threshold")
 #: ``fine`` made to alternate drafted and undrafted steps (see the module docstring)
-SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9}
+# fine alternating drafted and undrafted steps; decided without feedback, so the two runs make the
+# same decisions whatever their measured step times
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9, "feedback": False}
 SWITCH_RUNS = {"switch": True, "switch-block": False}  # run name -> skip_undrafted_block
 
 
