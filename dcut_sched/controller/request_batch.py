@@ -366,12 +366,11 @@ class RequestBatch:
         plan = flight.plan
         record: dict[str, Any] = {"step": self.step, "batch_size": flight.batch_size, **flight.fields}
         if plan is not None:
-            timing = {} if step_ms is None else {"step_ms": float(step_ms)}
             if plan.drafted:
                 self.controller.observe(np.array([accepted.get(r, 0) for r in plan.req_ids], dtype=np.int64),
-                                        **timing)
+                                        step_ms=step_ms)
             else:  # a plain step: nothing drafted, so nothing accepted (observe once per plan)
-                self.controller.observe(np.zeros(plan.plan_batch_size, dtype=np.int64), **timing)
+                self.controller.observe(np.zeros(plan.plan_batch_size, dtype=np.int64), step_ms=step_ms)
             record.update({
                 "planned": dict(zip(plan.req_ids, plan.lengths)), "verified": flight.verified,
                 "dropped": flight.dropped, "drafted": plan.drafted, "draft_next": plan.draft_next,

@@ -130,8 +130,8 @@ class Policy(ABC):
 
     def observe_time(self, step_ms: float) -> None:
         """Learn the engine's measured wall time of the last planned step, drafted or not, in ms
-        (default: nothing to learn). Called by ``RatioController.observe`` when the engine times its
-        steps (never by the simulator, whose steps take what the cost curve prices)."""
+        (default: nothing to learn). Called through ``RatioController.observe`` (``StepDriver.observe``)
+        when the engine times its steps (never by the simulator, whose steps take what the cost curve prices)."""
 
     @abstractmethod
     def plan(

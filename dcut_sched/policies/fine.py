@@ -95,64 +95,71 @@ class Booked:
 
 
 @dataclass
+class DecayedRatio:
+    """``(num + 1) / (den + 1)``: sums decayed by ``decay`` per observation, beside one
+    pseudo-observation at 1, so the ratio starts neutral and follows the last ``~1 / (1 - decay)``
+    observations."""
+
+    decay: float
+    num: float = 0.0
+    den: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return (self.num + 1.0) / (self.den + 1.0)
+
+    def add(self, num: float, den: float) -> None:
+        self.num = self.decay * self.num + num
+        self.den = self.decay * self.den + den
+
+    def age(self) -> None:
+        self.num *= self.decay
+        self.den *= self.decay
+
+
 class Realization:
     """What the engine delivered against what ``fine``'s plans priced, as running ratios (§2.1).
 
-    Each ratio is ``(observed + 1) / (priced + 1)`` over exponentially decayed sums (weight ``decay``
-    per observation) plus one pseudo-observation at 1, so it starts neutral and follows the last
-    ``~1 / (1 - decay)`` observations. A step without a draft ages what drafted steps taught by the
-    same weight, so after a plain stretch the ratios of drafted steps return towards 1 and a probe is
-    judged afresh (the probe budget, kept in realized losses, still bounds what probes lose).
+    Three :class:`DecayedRatio`: accepted over expected drafts (``tokens``), and the mean measured
+    over priced time of drafted and of undrafted steps. A step without a draft ages what drafted
+    steps taught by the same weight, so after a plain stretch the ratios of drafted steps return
+    towards 1 and a probe is judged afresh (the probe budget, kept in realized losses, still bounds
+    what probes lose).
 
-    Attributes:
+    Args:
         decay: weight of the history per observation, in [0, 1).
-        drafts_actual / drafts_expected: accepted drafts and the plans' expected accepted drafts.
-        drafted_ratio / drafted_weight: measured over priced time of drafted steps (sum of ratios, weight).
-        plain_ratio / plain_weight: the same for steps without a draft.
     """
 
-    decay: float = 0.95
-    drafts_actual: float = 0.0
-    drafts_expected: float = 0.0
-    drafted_ratio: float = 0.0
-    drafted_weight: float = 0.0
-    plain_ratio: float = 0.0
-    plain_weight: float = 0.0
+    def __init__(self, decay: float = 0.95):
+        self.drafts = DecayedRatio(decay)  # accepted drafts / the plans' expected accepted drafts
+        self.drafted = DecayedRatio(decay)  # sum of measured/priced of drafted steps / their count
+        self.plain = DecayedRatio(decay)  # the same for steps without a draft
 
     @property
     def tokens(self) -> float:
         """rho_real: accepted drafts per expected accepted draft."""
-        return (self.drafts_actual + 1.0) / (self.drafts_expected + 1.0)
+        return self.drafts.value
 
     @property
     def drafted_time(self) -> float:
         """Measured over priced time of a drafted step."""
-        return (self.drafted_ratio + 1.0) / (self.drafted_weight + 1.0)
+        return self.drafted.value
 
     @property
     def plain_time(self) -> float:
         """Measured over priced time of a step without a draft."""
-        return (self.plain_ratio + 1.0) / (self.plain_weight + 1.0)
+        return self.plain.value
 
     def add_drafts(self, expected: float, actual: float) -> None:
-        d = self.decay
-        self.drafts_expected = d * self.drafts_expected + expected
-        self.drafts_actual = d * self.drafts_actual + actual
+        self.drafts.add(actual, expected)
 
     def add_time(self, drafted: bool, ratio: float) -> None:
-        d = self.decay
-        if drafted:
-            self.drafted_ratio, self.drafted_weight = d * self.drafted_ratio + ratio, d * self.drafted_weight + 1.0
-        else:
-            self.plain_ratio, self.plain_weight = d * self.plain_ratio + ratio, d * self.plain_weight + 1.0
+        (self.drafted if drafted else self.plain).add(ratio, 1.0)
 
     def age(self) -> None:
         """One step without a draft: what drafted steps taught weighs ``decay`` less."""
-        d = self.decay
-        self.drafts_actual *= d
-        self.drafts_expected *= d
-        self.drafted_ratio *= d
-        self.drafted_weight *= d
+        self.drafts.age()
+        self.drafted.age()
 
 
 @dataclass
@@ -345,10 +352,7 @@ class Fine(Policy):
         expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
         counted = expected if rho == 1.0 else bs + rho * (expected - bs)  # the anchors are sure
         fixed_ms = costs.drafted_fixed_ms(bs)
-        if t_drafted == 1.0:
-            j, per_ms = choose_budget(counted, verify_ms, fixed_ms, self.objective, st.rate)
-        else:
-            j, per_ms = choose_budget(counted, verify_ms * t_drafted, fixed_ms * t_drafted, self.objective, st.rate)
+        j, per_ms = choose_budget(counted, verify_ms * t_drafted, fixed_ms * t_drafted, self.objective, st.rate)
         priced_ms = fixed_ms + float(verify_ms[j])
         step_ms = priced_ms * t_drafted
         loss_ms = step_ms - float(counted[j]) / plain_rate
@@ -383,13 +387,13 @@ class Fine(Policy):
         costs = self._check_costs(cost, block_size)
         st = self.state
         st.settle(self.probe_budget)
-        priced_ms = costs.undrafted_ms(batch_size)
-        booked_ms = priced_ms if st.realization is None else priced_ms * st.realization.plain_time
-        if st.realization is not None:
-            st.realization.age()
-        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget)
-        if st.realization is not None:
+        rz = st.realization
+        priced_ms = booked_ms = costs.undrafted_ms(batch_size)
+        if rz is not None:
+            booked_ms = priced_ms * rz.plain_time
+            rz.age()
             st.booked = Booked(False, batch_size, priced_ms, booked_ms)
+        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 
