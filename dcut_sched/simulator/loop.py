@@ -1,39 +1,20 @@
 """The simulated serving loop: simpy processes with one event per engine step.
 
-Contract of a step (the step times: docs/design.md §1; the full account, with what the
-simulator checks against the online controller: docs/simulator.md, "What it simulates"). A step is
-the online controller's own step code, :class:`~dcut_sched.controller.step_driver.StepDriver`, run
-on numpy arrays:
+A step is the online controller's own step code,
+:class:`~dcut_sched.controller.step_driver.StepDriver`, run on numpy arrays: a drafted step gathers
+the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from the trace and plans, a step without a
+draft verifies anchors only; every request then advances by ``verified_prefix_tokens(accept_len, L)``
+(:class:`~.replay.ReplayBatch`) and the driver observes the drafts accepted. Step times come from the
+run's one :class:`~dcut_sched.step_costs.StepCosts`, the object the policy plans with (``drafted_ms``
+at the replayed cell, ``undrafted_ms``, or ``plain_ms`` for ``ar``; docs/design.md §1). What it
+simulates and checks against the controller: docs/simulator.md, "What it simulates".
 
-1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
-   previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from
-   the trace and let the driver plan (sanitise the confidences, pass them through the optional
-   calibrator, ``policy.plan``); the step takes ``StepCosts.drafted_ms`` at the cell
-   (``C_draft(bs) + C_verify(cell) + overhead_ms`` on a curve without the optional rows), where the
-   cell is ``(bs, num_tokens)`` or, with ``graph_token_counts``, the captured cell the budget is
-   padded up to (``StepDriver.graph_cell``);
-2. otherwise ``StepDriver.plan_without_draft``: every request verifies its anchor only and the step
-   takes ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)``, the plain autoregressive decode step, where the
-   engine truly skips its drafter), or ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;
-3. every request advances by ``verified_prefix_tokens(accept_len, L)`` tokens
-   (:class:`~.replay.ReplayBatch`), and the driver observes the drafts accepted (one fewer), which
-   feeds the calibrator and the policy as online.
-
-Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, built in the run's
-set-up, and the policy is given that same object, so what a policy optimises and what the simulator
-charges are the same numbers (the prefill too: ``StepCosts.prefill_ms``).
-The loop holds no policy or controller logic of its own.
-
-Two workloads:
-
-- :func:`run_closed_loop`: a fixed number ``bs`` of concurrent requests; a finished request is
-  replaced at once by the next one of the :class:`~.replay.RequestFeed` (the published benchmark).
-- :func:`run_open_loop`: Poisson arrivals at ``rate_rps`` requests/s into a FIFO queue; continuous
-  batching admits waiting requests at each step boundary up to ``max_batch_size``; an optional
-  prefill (batched, blocking the decode of that step boundary) costs ``C_verify(k, k * prompt_len)``
-  for k admitted requests, or ``prefill_ms`` per admitted request, or nothing (the default).
-
-Both take a :class:`~.config.SimConfig` (or its fields as keywords, for direct calls).
+Two workloads, each taking a :class:`~.config.SimConfig` (or its fields as keywords):
+:func:`run_closed_loop`, ``bs`` concurrent requests, a finished one replaced at once from the
+:class:`~.replay.RequestFeed` (the published benchmark); :func:`run_open_loop`, Poisson arrivals
+at ``rate_rps`` into a FIFO queue, continuous batching up to ``max_batch_size`` at each step
+boundary, and an optional batched prefill (``C_verify(k, k * prompt_len)`` or ``prefill_ms`` per
+request) that blocks that boundary.
 """
 
 from __future__ import annotations
