@@ -1,30 +1,8 @@
-"""Sampled verification of greedy drafts (temperature > 0), lossless for every verification policy.
-
-Pure functions of arrays (torch logits in, numpy/torch tokens out); the only randomness is a
-counter-based generator keyed by ``(request key, sequence index)``, so nothing here holds state.
-Why the rule is lossless for any length a policy computes from greedy-draft confidences, and why
-sampled drafts are refused (with the worked counterexample): docs/sampling.md.
-
-Contract (greedy drafts, sampled target). The drafter proposes argmax tokens ``d_1..d_{L-1}``.
-Let ``p_t(.)`` be the target's distribution at temperature T (after top-k, then top-p;
-:func:`sampling_probs`) for the token after the accepted prefix and ``d_1..d_{t-1}``. A request that
-verifies its first L slots:
-
-- accepts draft t (t = 1..L-1, in order) with probability ``p_t(d_t)``;
-- on the first rejection, samples the token from ``p_t`` with ``d_t`` removed and renormalised,
-  ``p_t(y) / (1 - p_t(d_t))`` for ``y != d_t``, and the step ends;
-- if all L-1 drafts are accepted, samples the bonus token from ``p_L``;
-
-and commits ``1 + min(a, L-1)`` tokens (:func:`dcut_sched.scores.verified_prefix_tokens`), ``a``
-being the drafts the whole block would accept with the same random draws. One draw per position:
-:func:`sample_at` draws ``x ~ p_t`` by inverse CDF from one uniform ``u = U(key, n)``, n the index
-the token takes in the request's sequence (prompt included); ``d_t`` is accepted iff ``x == d_t``,
-else ``x`` is committed. So the request's output is the sequence plain sampled decoding
-(:func:`dcut_sched.model.generate.sample_generate`) produces with the same key, token for token,
-whatever lengths were verified and whatever else is in the batch (up to floating-point: differently
-shaped forwards change logits in the last ulps, which moves a token only when u falls within ~1e-7
-of a CDF boundary). T = 0 is the argmax (greedy) rule. Sampled drafts raise
-:class:`SampledDraftsError`; every drafter in the project is greedy.
+"""Sampled verification of greedy drafts (temperature > 0), lossless for every verification policy
+(the rule and why it holds: docs/sampling.md). Pure functions, torch logits in, tokens out; the only
+randomness is one Philox uniform per (request key, sequence index), so a request's output is the
+sequence plain sampled decoding makes with the same key. T = 0 is argmax; sampled drafts raise
+:class:`SampledDraftsError`.
 """
 
 from __future__ import annotations
@@ -63,18 +41,10 @@ class SampledDraftsError(ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target samples.
-
-    Attributes:
-        temperature: T >= 0; 0 = greedy (argmax), the engine's original path.
-        top_p: nucleus mass in (0, 1]; 1 = off. Applied after top-k (vLLM and Hugging Face order).
-        top_k: keep the k most likely tokens (ties at the k-th logit are all kept); 0 = off.
-        seed: run seed; request i draws with key ``request_keys(seed, ..)[i]`` unless keys are given.
-        draft: ``greedy`` (supported) or ``sampled`` (refused, :class:`SampledDraftsError`).
-
-    Raises:
-        ValueError: a value out of range (names the field).
-        SampledDraftsError: ``draft='sampled'`` with T > 0.
+    """How the target samples: ``temperature`` T >= 0 (0: greedy), ``top_p`` in (0, 1] (1: off; applied
+    after ``top_k``), ``top_k`` (ties at the k-th logit kept; 0: off), ``seed`` (the run's, for
+    :func:`request_keys`), ``draft`` (``greedy``; ``sampled`` raises :class:`SampledDraftsError` at
+    T > 0). A value out of range raises ``ValueError`` naming the field.
     """
 
     temperature: float = 0.0
@@ -116,22 +86,13 @@ class SamplingParams:
 
 
 def request_keys(seed: int, num_requests: int) -> list[int]:
-    """Philox keys of requests ``0..num_requests-1`` of a run: ``seed * 2**64 + i`` (distinct per pair).
-
-    A request's draws depend on its key only, so its output is reproduced by its key alone.
-    """
+    """Philox keys of requests ``0..num_requests-1`` of a run: ``seed * 2**64 + i`` (distinct per pair)."""
     return [(int(seed) << 64) | i for i in range(int(num_requests))]
 
 
 def position_uniforms(key: int, indices: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``U(key, n)`` in [0, 1) for each sequence index n: Philox (numpy) with that key and counter n.
-
-    Args:
-        key: the request's key (0 <= key < 2**128).
-        indices: ``[m]`` non-negative ints (index in the sequence, prompt included).
-
-    Returns:
-        ``[m]`` float64. Counter-based: the value at n does not depend on which other indices were drawn.
+    """``[m]`` float64 ``U(key, n)`` in [0, 1) for each sequence index n (prompt included): Philox with
+    that key and counter n, independent of which other indices are drawn.
     """
     out = np.empty(len(indices), dtype=np.float64)
     for j, n in enumerate(indices):
@@ -140,16 +101,8 @@ def position_uniforms(key: int, indices: Sequence[int] | np.ndarray) -> np.ndarr
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The target's sampling distribution: softmax(logits / T) after top-k, then top-p.
-
-    Args:
-        logits: ``[..., V]`` float logits.
-        params: temperature (> 0 here; T = 0 gives the one-hot argmax), top_k, top_p.
-
-    Returns:
-        ``[..., V]`` float64 probabilities summing to 1 on the last axis. Top-p keeps the smallest
-        prefix of the tokens sorted by probability whose mass reaches ``top_p`` (the most likely
-        token always stays); sources: vLLM / Hugging Face ``TopKLogitsWarper``, ``TopPLogitsWarper``.
+    """``[..., V]`` float64 target distribution: softmax(logits / T) after top-k, then top-p (the
+    smallest prefix by probability reaching ``top_p``; vLLM / Hugging Face order). T = 0: one-hot argmax.
     """
     z = logits.double()
     if params.is_greedy:
@@ -171,22 +124,8 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 
 def sample_at(logits: torch.Tensor, params: SamplingParams, key: int, indices: Sequence[int]) -> list[int]:
-    """One request's tokens at consecutive slots: ``x_j = icdf(p_j, U(key, indices[j]))``.
-
-    With greedy drafts, slot j's draft is accepted iff it equals ``x_j``; this is the rejection rule of
-    the module docstring (accept with ``p(d)``, else sample ``p`` without ``d``, bonus from ``p``).
-
-    Args:
-        logits: ``[m, V]`` target logits at the request's m verified slots (or one decode step).
-        params: sampling parameters; T = 0 returns the argmax of each row.
-        key: the request's key (:func:`request_keys`).
-        indices: ``[m]`` index in the request's sequence of the token each slot produces.
-
-    Returns:
-        ``m`` token ids.
-
-    Raises:
-        ValueError: ``logits`` and ``indices`` disagree in length.
+    """One request's ``m`` tokens at consecutive slots, ``x_j = icdf(p_j, U(key, indices[j]))`` (argmax at
+    T = 0); a greedy draft is accepted iff it equals ``x_j``. ``ValueError`` if the lengths disagree.
     """
     if logits.shape[0] != len(indices):
         raise ValueError(f"sample_at: {logits.shape[0]} logit rows but {len(indices)} indices")

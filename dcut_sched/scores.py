@@ -1,18 +1,8 @@
-"""Slot scores and global top-K selection: the pure core of D-Cut.
+"""Slot scores and global top-K selection, the pure core of D-Cut (terms: docs/design.md §1, §1.1).
 
-Every function here works on numpy arrays and on torch tensors (CPU or CUDA) alike and returns the
-same kind it was given. Nothing here does I/O or touches a cost curve.
-
-Contract (terms: ``docs/design.md`` §1; why the sums and the prefix property hold: §1.1):
-
-- ``conf[i, t]``, t = 0..B-2: the draft's confidence in the draft token it put in slot t+2 (slot 1 is
-  the anchor). A float in [0, 1].
-- ``s[i, 0] = 1`` and ``s[i, k] = prod_{t<k} conf[i, t]``: the estimated probability that slot k+1
-  (1-based) is useful, i.e. that drafts 1..k are all accepted. Non-increasing in k; a global top-K
-  over the batch breaks ties by the earlier slot and then the lower request index, and keeps a
-  prefix of every request.
-- The expected number of tokens a selection produces is the sum of its selected scores (exact when
-  the confidences are calibrated acceptance probabilities).
+Works on numpy arrays and torch tensors (any device) alike, returns the kind it was given, no I/O.
+Indexing from 0: ``conf[i, t]`` is the confidence of the draft in slot t+2, ``s[i, 0] = 1`` and
+``s[i, k] = prod_{t<k} conf[i, t]``; a global top-K breaks ties by earlier slot, then lower request.
 """
 
 from __future__ import annotations
@@ -55,21 +45,13 @@ _is_torch = is_tensor
 
 
 def tensor_module() -> Any:
-    """The ``torch`` module, for code that holds a tensor: already imported (a tensor exists only once
-    it is), so the numpy paths never import it."""
+    """The imported ``torch`` module, for code that holds a tensor (so numpy paths never import it)."""
     return sys.modules["torch"]
 
 
 def check_confidences(conf: Array, *, name: str = "conf") -> None:
-    """Raise ``ValueError`` unless ``conf`` is a non-empty ``[bs, B-1]`` float array in [0, 1].
-
-    Checks, in order: two dimensions, bs >= 1, B-1 >= 1, a floating dtype, every value finite, every
-    value in [0, 1]. On a CUDA tensor this synchronises with the host (one reduction); the online
-    controller sanitises on the device instead and skips this check.
-
-    Raises:
-        ValueError: naming the failed condition, the shape, and for bad values the first offending
-            (request, draft slot) and its value.
+    """Raise ``ValueError`` unless ``conf`` is a non-empty ``[bs, B-1]`` float array with every value in
+    [0, 1]; the message names the condition, or the first bad (request, draft slot). Syncs on CUDA.
     """
     if not (isinstance(conf, np.ndarray) or _is_torch(conf)):
         raise ValueError(f"{name} must be a numpy array or torch tensor of shape [batch_size, block_size - 1]; "
@@ -115,10 +97,8 @@ def _bad_value_message(name: str, i: int, t: int, value: float) -> str:
 
 
 def check_scores(scores: Array, *, name: str = "scores") -> None:
-    """Raise ``ValueError`` unless ``scores`` is a ``[bs >= 1, B >= 1]`` float array, free of NaN, and
-    non-increasing along every row (what makes a global top-K a prefix of every request).
-
-    On a CUDA tensor this synchronises with the host (one reduction).
+    """Raise ``ValueError`` unless ``scores`` is a ``[bs >= 1, B >= 1]`` float array free of NaN and
+    non-increasing along every row (what makes a top-K a prefix). Syncs on CUDA.
     """
     if not (isinstance(scores, np.ndarray) or _is_torch(scores)):
         raise ValueError(f"{name} must be a numpy array or torch tensor of shape [batch_size, B]; got "
@@ -157,18 +137,8 @@ def _rising_message(name: str, i: int, k: int, a: float, b: float) -> str:
 
 
 def slot_scores(conf: Array, *, validate: bool = True) -> Array:
-    """Prefix-product slot scores.
-
-    Args:
-        conf: ``[bs, B-1]`` float confidences in [0, 1] (numpy array or torch tensor, any device).
-        validate: check ``conf`` first (see :func:`check_confidences`).
-
-    Returns:
-        ``[bs, B]`` scores of the same kind, dtype and device: column 0 is 1 (the anchor), column k is
-        ``prod_{t<k} conf[:, t]``. Source: D-Cut (prefix product of draft confidences).
-
-    Raises:
-        ValueError: bad shape, empty batch, NaN/inf or out-of-range confidences (when ``validate``).
+    """``[bs, B]`` prefix-product scores of ``[bs, B-1]`` confidences, of their kind, dtype and device:
+    column 0 is 1 (the anchor), column k is ``prod_{t<k} conf[:, t]``. ``validate``: :func:`check_confidences`.
     """
     if validate:
         check_confidences(conf)
@@ -184,18 +154,8 @@ def slot_scores(conf: Array, *, validate: bool = True) -> Array:
 
 
 class Budgets:
-    """Ascending distinct verification budgets, prepared once for many :meth:`ScoreRanking.expected_tokens_at` calls.
-
-    A policy that asks for the same few budgets every step (``dcut``'s buckets) keeps one per batch
-    shape, so the per-step query skips converting, sorting and offsetting them.
-
-    Attributes:
-        array: ``[n]`` int64, read-only, ascending, distinct.
-        values: the same budgets as a tuple of ints.
-        kth: ``array - 1`` (int64, read-only): the ranks ``np.partition`` puts in place.
-
-    Raises:
-        ValueError: empty, not ascending and distinct, or not integers.
+    """Ascending distinct budgets (``array``: read-only int64; ``values``: ints; ``kth = array - 1``),
+    prepared once for many :meth:`ScoreRanking.expected_tokens_at` calls; ``ValueError`` otherwise.
     """
 
     __slots__ = ("array", "values", "kth")
@@ -217,18 +177,9 @@ class Budgets:
 
 
 class ScoreRanking:
-    """All global top-K selections of one batch, from a single sort.
-
-    Sorting the ``bs*B`` scores once answers, for every budget K, both the expected tokens of the
-    top-K selection (a prefix sum of the sorted scores) and the per-request lengths (a count of the
-    first K sorted entries per request). The D-Cut bucket choice and the fine-grained policy ask for
-    many K per step, so they share this object.
-
-    Ties are broken by earlier slot, then by lower request index: the scores are flattened slot-major
-    (index ``k * bs + i``) and sorted stably on the negated score.
-
-    Args:
-        scores: ``[bs, B]`` slot scores (numpy or torch), non-increasing along each row.
+    """Every global top-K selection of one ``[bs, B]`` batch of scores from one sort: E(K) is a prefix
+    sum of the sorted scores, the lengths a per-request count. Ties: the scores are flattened slot-major
+    (``k * bs + i``) and sorted stably on the negated score.
     """
 
     # Up to this many budgets per query, a numpy ranking answers with one ``np.partition`` (O(bs*B))
@@ -263,21 +214,17 @@ class ScoreRanking:
             self._cumsum = np.cumsum(flat[self._order], dtype=np.float64)
 
     def _partition(self, ks: Sequence[int], kth: np.ndarray | None = None) -> np.ndarray:
-        """Negated flat scores with the entry of each rank ``K - 1`` (K in ``ks``) in sorted place.
-
-        ``np.partition`` puts each requested rank where a sort would, with only smaller (negated)
-        values before it, so the first K entries are the top-K scores (their sum is E(K)) and entry
-        K - 1 is the K-th largest score, the selection threshold. Kept for :meth:`lengths`.
-        ``kth``: ``ks - 1`` as an int64 array, when the caller has it.
+        """Negated flat scores with each rank ``K - 1`` (K in ``ks``; ``kth = ks - 1`` if the caller has it)
+        in sorted place and only larger scores before it; kept for :meth:`lengths`.
         """
         part = np.partition(-self._scores.reshape(-1), np.array(ks) - 1 if kth is None else kth)
         self._part, self._part_ks = part, frozenset(ks)
         return part
 
     def _partitioned_expected(self, budgets: Sequence[int], kth: np.ndarray) -> np.ndarray:
-        """E(K) for ascending distinct ``budgets`` (``kth = budgets - 1``): the running float64 sum of
-        the partitioned scores read at each K - 1 (the entries before K - 1 are exactly the K - 1
-        larger scores, in some order)."""
+        """E(K) for ascending distinct ``budgets``: the running float64 sum of the partitioned scores, read at
+        each ``K - 1``.
+        """
         part = self._partition(budgets, kth)
         return -np.add.accumulate(part[: budgets[-1]], dtype=np.float64)[kth]
 
@@ -298,14 +245,8 @@ class ScoreRanking:
         return k_int
 
     def expected_tokens_at(self, ks: Any) -> np.ndarray:
-        """Expected tokens of the top-K selection for each K in ``ks``.
-
-        Args:
-            ks: budgets (any int array-like, any order, repeats allowed), or a :class:`Budgets`
-                (ascending distinct, prepared once: the fast path of a per-step query).
-
-        Returns a float64 numpy array on the host (one device-to-host copy for a torch ranking).
-        Every K must satisfy ``bs <= K <= bs*B`` (``ValueError`` otherwise).
+        """E(K) of the top-K selection for each K in ``ks`` (int array-like in any order, or a
+        :class:`Budgets`), a float64 numpy array on the host; ``ValueError`` unless ``bs <= K <= bs*B``.
         """
         if type(ks) is Budgets and not self._torch and self._order is None and len(ks) <= self.PARTITION_MAX_BUDGETS:
             values = ks.values
@@ -336,9 +277,8 @@ class ScoreRanking:
         return self._cumsum[ks_arr - 1]
 
     def lengths(self, k: int) -> Array:
-        """Per-request lengths ``[bs]`` (int64, same kind/device as the scores) of the top-``k``.
-
-        Each length is >= 1 and they sum to ``k``; slots kept are a prefix of each request.
+        """Per-request lengths ``[bs]`` of the top-``k`` (int64, the scores' kind): each >= 1, a prefix of
+        its request, summing to ``k``.
         """
         k = self.check_budget(k)
         if self._torch:
@@ -353,11 +293,8 @@ class ScoreRanking:
         return self._threshold_lengths(k)
 
     def _threshold_lengths(self, k: int) -> np.ndarray:
-        """Top-``k`` lengths from the k-th largest score ``v``, without a sort.
-
-        Every score above ``v`` is selected; rows are non-increasing, so a row's count of them is its
-        prefix length. The ``need`` remaining slots come from the scores equal to ``v`` in the
-        ranking's tie order (earlier slot first, then lower request index: slot-major order).
+        """Top-``k`` lengths without a sort: every score above the k-th largest ``v`` (a prefix per row),
+        then the slots still needed from the scores equal to ``v`` in tie order.
         """
         part = self._part if k in self._part_ks else self._partition([k])
         v = -part[k - 1]
@@ -372,21 +309,8 @@ class ScoreRanking:
 
 
 def global_topk(scores: Array, k: int, *, validate: bool = True) -> Array:
-    """Per-request verification lengths of the global top-``k`` slots of the batch.
-
-    Args:
-        scores: ``[bs, B]`` slot scores from :func:`slot_scores` (numpy or torch).
-        k: the verification budget in slots (tokens), ``bs <= k <= bs*B``.
-        validate: check ``scores`` first (:func:`check_scores`: NaN or scores that rise along a row
-            raise; one host sync on CUDA).
-
-    Returns:
-        ``[bs]`` int64 lengths, each >= 1, summing to ``k``, each a prefix of its request; ties go to
-        the earlier slot, then the lower request index. Source: D-Cut global top-K.
-
-    Raises:
-        ValueError: ``k`` outside ``[bs, bs*B]`` (the message names the bounds) or bad ``scores``
-            (shape, NaN, rising along a row).
+    """``[bs]`` int64 lengths of the global top-``k`` slots (``bs <= k <= bs*B``; see :meth:`ScoreRanking.lengths`).
+    ``validate``: :func:`check_scores` first. Raises ``ValueError`` on a bad ``k`` or bad scores.
     """
     if validate:
         check_scores(scores)
@@ -394,23 +318,9 @@ def global_topk(scores: Array, k: int, *, validate: bool = True) -> Array:
 
 
 def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False, validate: bool = True) -> Any:
-    """Expected tokens produced when request i verifies its first ``lengths[i]`` slots.
-
-    ``E = sum_i sum_{k < lengths[i]} scores[i, k]`` (derivation: docs/design.md §1.1).
-
-    Args:
-        scores: ``[bs, B]`` slot scores (numpy or torch).
-        lengths: ``[bs]`` ints in [0, B] (same kind as ``scores``, or anything array-like).
-        per_request: return the ``[bs]`` per-request values instead of the total.
-        validate: check the shapes and that every length is in ``[0, B]`` (one host sync on CUDA;
-            the policies pass False for lengths they built).
-
-    Returns:
-        The total as a Python float, or a ``[bs]`` array/tensor of the scores' kind when
-        ``per_request``.
-
-    Raises:
-        ValueError: ``scores`` not ``[bs, B]``, ``lengths`` not ``[bs]``, or a length outside ``[0, B]``.
+    """Expected tokens when request i verifies its first ``lengths[i]`` slots, ``sum_i sum_{k < L[i]} s[i, k]``:
+    a float, or the ``[bs]`` values (the scores' kind) with ``per_request``. ``validate`` checks the
+    shapes and ``0 <= lengths <= B`` (``ValueError``; syncs on CUDA).
     """
     if validate:
         _check_lengths(scores, lengths)
@@ -428,18 +338,8 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
 
 
 def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:
-    """Tokens a request produces when it verifies its first ``lengths`` slots: ``1 + min(a, L - 1)``.
-
-    The one implementation of the rule (docs/design.md §1, §3; why it holds, for greedy verification
-    and, with ``a`` drawn per seed, for sampled verification of greedy drafts: §1.1 and
-    :mod:`dcut_sched.sampling`).
-
-    Args:
-        accept_len: ``[bs]`` ints in ``[0, B-1]`` (numpy or torch).
-        lengths: ``[bs]`` ints in ``[1, B]`` (same kind, or array-like).
-
-    Returns:
-        ``[bs]`` int64 array/tensor of the inputs' kind.
+    """Tokens a request makes verifying its first ``lengths`` slots, ``1 + min(accept_len, lengths - 1)``
+    (int64, the inputs' kind): the one implementation of the rule (docs/design.md §1.1).
     """
     if _is_torch(accept_len):
         torch = tensor_module()

@@ -1,37 +1,8 @@
-"""Engine step times from a cost curve: the one owner of "what does this step cost".
-
-Three kinds of step, with ``K`` the step's verified tokens; the sums, what each term is and why an
-undrafted step of vLLM 0.32 is not a plain step are in docs/design.md §1:
-
-- a **drafted** step (:meth:`StepCosts.drafted_ms`): ``draft_scale * (C_draft(bs) + C_draft_first(bs, K)
-  - C_draft_first(bs, bs)) + C_verify(bs, K) + O_drafted(bs[, K]) + overhead_ms`` (``O_drafted`` keyed
-  by K when the curve's drafted rows give ``num_tokens``);
-- a **plain** step (:meth:`StepCosts.plain_ms`, the engine without speculation, ``ar``):
-  ``C_ar(bs) + O_plain(bs)``, with ``C_ar`` the curve's plain decode step (not ``C_verify(bs, bs)``);
-- an **undrafted** step (:meth:`StepCosts.undrafted_ms`, a speculative engine's anchor-only step):
-  ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) + O_undrafted(bs)`` where the curve has
-  ``undrafted`` rows, else the plain step.
-
-``O_kind`` are the curve's ``step_overhead`` rows (signed residuals; a step priced at <= 0 ms is a
-``CostCurveError``) and ``C_draft_first`` its ``draft_first`` rows (0
-where absent), so a curve without the optional rows prices every step as ``C_draft + C_verify +
-overhead_ms`` and ``C_ar``. ``overhead_ms`` (default 0) is a per-step controller overhead and
-``draft_scale`` (default 1) a what-if multiplier on the draft terms (the sensitivity analysis).
-
-The simulator charges these times, and the policies (``ar``, ``dcut``, ``fine``, ...) read them from
-the same object, so a policy's objective and the time the simulator charges cannot drift apart.
-Each batch size's table (every budget ``bs..bs*B`` the curve covers) is built once, so a step is
-answered by an array index and never calls the interpolator in an inner loop.
-:meth:`StepCosts.check` prices every step a run can take at the batch sizes it reaches, once, where
-the run starts (the simulator's checks, :class:`~dcut_sched.controller.RatioController`), so a curve
-that cannot price one is refused before the first step rather than in the middle of a run.
-
-:class:`StepCosts` is the only cost type a policy sees. It is built once where a cost curve enters:
-:class:`~dcut_sched.controller.RatioController` (and with it the vLLM plugin and ``dcut-engine``),
-and the simulator's run set-up (with the run's ``overhead_ms`` and ``draft_scale``). It also
-prices what is not a decode step but is read from the same curve: an open-loop prefill
-(:meth:`StepCosts.prefill_ms`) and the curve's measured cells read as a profiled table, without
-interpolation (:meth:`StepCosts.measured_verify`, what ``vllm_adaptive`` reads).
+"""Engine step times from a cost curve: the one owner of "what does this step cost" (the drafted,
+plain and undrafted sums: docs/design.md §1). The simulator charges these times and every policy
+reads them from the same object, so an objective and the time charged cannot drift apart; a step is
+an index into a per-batch-size table, and :meth:`StepCosts.check` refuses, before a run's first
+step, a curve that cannot price the steps the run can take.
 """
 
 from __future__ import annotations
@@ -46,26 +17,11 @@ __all__ = ["StepCosts"]
 
 
 class StepCosts:
-    """Step times in ms for one cost curve and block size.
+    """Step times in ms for one cost curve and block size (each lookup cached per instance).
 
-    Args:
-        cost: the cost curve.
-        block_size: B (the curve must have been measured for it).
-        overhead_ms: fixed time added to every drafted step (>= 0).
-        draft_scale: multiplier on ``C_draft`` (> 0; 1 = the curve's draft step).
-
-    Caches (explicit, per instance; a lookup is computed at most once): ``_verify`` (per batch size,
-    the verify table), ``_at`` and ``_drafted_at`` (per batch size and budget tuple), ``_draft``,
-    ``_plain``, ``_undrafted``, ``_drafted_overhead`` (per batch size), ``_measured`` (per measured
-    batch size, :meth:`measured_verify`).
-
-    Raises:
-        CostCurveError: the curve was measured for another block size.
-        ValueError: a negative ``overhead_ms`` or a ``draft_scale`` that is not a finite number > 0.
-
-    Raises (from the lookups):
-        CostCurveRangeError: a batch size or budget outside the curve's measured range, or a drafted
-            step on a curve without draft rows.
+    ``overhead_ms`` (>= 0) is added to every drafted step; ``draft_scale`` (finite, > 0) multiplies the
+    draft terms. Raises :class:`CostCurveError` for a curve of another block size, ``ValueError`` for
+    bad options; lookups raise :class:`CostCurveRangeError` outside the curve's measured cells.
     """
 
     def __init__(self, cost: CostCurve, block_size: int, overhead_ms: float = 0.0, draft_scale: float = 1.0):
@@ -123,10 +79,8 @@ class StepCosts:
         return float(table[j])
 
     def verify_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
-        """``[len(budgets)]`` float64 ``C_verify(bs, k)`` for each budget k (cached per (bs, budgets)).
-
-        Raises:
-            CostCurveRangeError: a budget outside :meth:`token_range`.
+        """``[len(budgets)]`` float64 ``C_verify(bs, k)`` for each budget (cached per (bs, budgets));
+        :class:`CostCurveRangeError` for a budget outside :meth:`token_range`.
         """
         key = (int(batch_size), tuple(np.asarray(budgets, dtype=np.int64).tolist()))
         hit = self._at.get(key)
@@ -152,16 +106,18 @@ class StepCosts:
         return hit
 
     def draft_first_excess_ms(self, batch_size: int, num_tokens: int) -> float:
-        """``draft_scale * (C_draft_first(bs, K) - C_draft_first(bs, bs))``: what the drafter's first
-        forward over K verified tokens costs beyond the anchor-only one (0 without ``draft_first`` rows)."""
+        """``draft_scale * (C_draft_first(bs, K) - C_draft_first(bs, bs))``: the drafter's first forward
+        beyond the anchor-only one (0 without ``draft_first`` rows).
+        """
         if not self.cost.has_draft_first():
             return 0.0
         c = self.cost.draft_first_ms
         return self.draft_scale * (c(batch_size, num_tokens) - c(batch_size, batch_size))
 
     def drafted_ms(self, batch_size: int, num_tokens: int) -> float:
-        """A drafted step (module docstring): ``draft_ms(bs) + draft_first_excess_ms(bs, K) +
-        C_verify(bs, K) + O_drafted(bs) + overhead_ms``."""
+        """A drafted step: ``draft_ms(bs) + draft_first_excess_ms(bs, K) + C_verify(bs, K) + O_drafted +
+        overhead_ms``.
+        """
         out = self.draft_ms(batch_size) + self.verify_ms(batch_size, num_tokens) + self._drafted_overhead_ms(batch_size)
         if self.cost.has_draft_first():
             out += self.draft_first_excess_ms(batch_size, num_tokens)
@@ -172,8 +128,9 @@ class StepCosts:
         return out
 
     def _drafted_overhead_ms(self, batch_size: int) -> float:
-        """``overhead_ms + O_drafted(bs)`` (the K-independent part: ``overhead_ms`` alone when the curve
-        keys the drafted overhead by K), looked up once per batch size (a drafted step asks every time)."""
+        """``overhead_ms + O_drafted(bs)`` (``overhead_ms`` alone when ``O_drafted`` is keyed by K), once per
+        batch size.
+        """
         hit = self._drafted_overhead.get(batch_size)
         if hit is None:
             by_bs = 0.0 if self.cost.overhead_by_tokens() else self.cost.overhead_ms("drafted", batch_size)
@@ -181,9 +138,9 @@ class StepCosts:
         return hit
 
     def _check_negative_rows(self) -> None:
-        """At construction, every step a negative ``step_overhead`` row prices, at that row's cell
-        (where the curve covers it): so an engine refuses a broken curve before its first step,
-        whatever its policy looks up."""
+        """Price the step of every negative ``step_overhead`` row at its cell (where the curve covers it),
+        so that a broken curve is refused before the first step.
+        """
         for row in self.cost.step_overhead:
             if row.median_ms >= 0:
                 continue
@@ -201,23 +158,13 @@ class StepCosts:
     def check(self, batch_sizes: Iterable[int], *, drafted: bool = True, undrafted: bool = True,
               plain: bool = False, every_budget: bool = False,
               budgets: Callable[[int], Sequence[int] | np.ndarray] | None = None) -> None:
-        """Price, once, every step a run can take at each of ``batch_sizes``, so that a curve that
-        cannot answer one of them is refused before the run's first step, not in the middle of it.
-
-        At each batch size ``bs``: the verify cells must cover some budget in ``[bs, bs*B]``; with
-        ``drafted``, the draft step and the whole drafted step at every budget the verify cells cover
-        there (``draft_first`` and K-keyed ``step_overhead`` cells must cover those budgets too, and
-        every one must be priced > 0 ms, between measured cells included); with ``plain`` /
-        ``undrafted``, those steps (their ``step_overhead`` rows must reach ``bs``, priced > 0 ms).
-        ``every_budget``: every budget ``bs..bs*B`` must be covered (a run that charges whatever a
-        policy picks, the simulator). ``budgets``: ``budgets(bs)``, the budgets a policy verifies at
-        ``bs`` (e.g. ``dcut``'s ratio buckets), each of which must be covered. The budget tables are
-        not cached (only the per-batch-size step times are): a controller checks every batch size
-        of its curve without keeping a table for each.
+        """Price, once, every step a run can take at each of ``batch_sizes``: the drafted step at every budget
+        the verify cells cover in ``[bs, bs*B]`` (``drafted``), the ``plain`` and ``undrafted`` steps.
+        ``every_budget``: every budget ``bs..bs*B`` must be covered (the simulator); ``budgets(bs)``: the
+        budgets a policy verifies at ``bs``, each of which must be covered. Budget tables are not cached.
 
         Raises:
-            CostCurveRangeError: a batch size, budget or step outside the curve's cells (the message
-                names the batch size and the missing rows).
+            CostCurveRangeError: a batch size, budget or step outside the curve's cells (named).
             CostCurveError: a step priced at <= 0 ms (a negative ``step_overhead`` residual).
         """
         for bs in batch_sizes:
@@ -245,19 +192,19 @@ class StepCosts:
                 self.undrafted_ms(bs)
 
     def _assumed_plain_covered(self, batch_size: int, first: int) -> bool:
-        """Whether the plain step at ``batch_size`` is the assumed ``C_verify(bs, bs)`` of a curve
-        without ``ar`` and ``plain`` overhead rows, and the verify cells cover it (so pricing it would
-        only add the assumed-step warning, which the first plain step gives)."""
+        """Whether the plain step at ``batch_size`` is the assumed ``C_verify(bs, bs)`` (no ``ar`` or ``plain``
+        rows) and the verify cells cover it, so that pricing it would only warn early.
+        """
         return self.cost.ar_assumed and not self.cost.has_overhead("plain") and first == batch_size
 
     def _budget_ms(self, batch_size: int, ks: np.ndarray) -> np.ndarray:
-        """The budget-dependent part of a drafted step at each budget of ``ks`` (see
-        :meth:`budget_ms_at`), uncached and unchecked."""
+        """:meth:`budget_ms_at` at each budget of ``ks``, uncached and unchecked."""
         return np.asarray(self.cost.verify_ms(batch_size, ks), dtype=np.float64) + self._budget_extra_ms(batch_size, ks)
 
     def _budget_extra_ms(self, batch_size: int, ks: np.ndarray) -> np.ndarray | float:
-        """What a drafted step adds to ``C_verify(bs, K)`` at each budget of ``ks``: the drafter's first
-        forward beyond the anchors (``draft_first``) and the K-keyed drafted overhead (0 without them)."""
+        """What a drafted step adds to ``C_verify(bs, K)`` at each budget of ``ks``: the ``draft_first`` excess
+        and the K-keyed drafted overhead (0 without them).
+        """
         out: np.ndarray | float = 0.0
         if self.cost.has_draft_first():
             c = self.cost.draft_first_ms
@@ -267,8 +214,9 @@ class StepCosts:
         return out
 
     def _require_positive(self, total: Any, kind: str, batch_size: int, num_tokens: Any = None) -> None:
-        """A step priced at <= 0 ms (a negative ``step_overhead`` residual larger than the forwards it
-        corrects) is a broken curve, not a free step."""
+        """Raise :class:`CostCurveError` for a step priced at <= 0 ms (a negative residual that outweighs
+        the forwards it corrects: a broken curve, not a free step).
+        """
         worst = float(np.min(total))
         if not worst > 0.0:
             at = "" if num_tokens is None else f", num_tokens={np.asarray(num_tokens).ravel()[int(np.argmin(total))]}"
@@ -277,23 +225,18 @@ class StepCosts:
                                  f"the engine steps (dcut-profile --vllm ... --vllm-draft ...)")
 
     def drafted_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
-        """``[len(budgets)]`` float64 :meth:`drafted_ms` at each budget (cached per (bs, budgets)); the
-        whole drafted step a budget-choosing policy compares (``fine``, smartspec, dspark, ...).
-
-        Raises:
-            CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
+        """``[len(budgets)]`` float64 :meth:`drafted_ms` at each budget (cached): the whole drafted step a
+        budget-choosing policy compares; :class:`CostCurveRangeError` for a budget out of range.
         """
         return self.drafted_fixed_ms(batch_size) + self.budget_ms_at(batch_size, budgets)
 
     def budget_ms_at(self, batch_size: int, budgets: Sequence[int] | np.ndarray) -> np.ndarray:
-        """``[len(budgets)]`` float64: the part of a drafted step that depends on the budget K,
-        ``C_verify(bs, K) + draft_first_excess_ms(bs, K)`` (``+ O_drafted(bs, K)`` for K-keyed rows;
-        just :meth:`verify_ms_at` on a curve with neither); cached per (bs, budgets), read-only.
+        """``[len(budgets)]`` float64, read-only, cached: the budget-dependent part of a drafted step,
+        ``C_verify(bs, K) + draft_first_excess_ms(bs, K)`` (plus K-keyed ``O_drafted``).
 
         Raises:
             CostCurveRangeError: a budget outside :meth:`token_range` (or the ``draft_first`` range).
-            CostCurveError: a negative drafted ``step_overhead`` residual prices a drafted step
-                (this part plus :meth:`drafted_fixed_ms`) at <= 0 ms.
+            CostCurveError: a drafted step (this part plus :meth:`drafted_fixed_ms`) priced at <= 0 ms.
         """
         verify = self.verify_ms_at(batch_size, budgets)
         if not (self.cost.has_draft_first() or self.cost.overhead_by_tokens() or self._check_drafted):
@@ -310,8 +253,7 @@ class StepCosts:
         return hit
 
     def drafted_fixed_ms(self, batch_size: int) -> float:
-        """The part of a drafted step that does not depend on the budget:
-        ``draft_ms(bs) + O_drafted(bs) + overhead_ms``."""
+        """The budget-independent part of a drafted step: ``draft_ms(bs) + O_drafted(bs) + overhead_ms``."""
         return self.draft_ms(batch_size) + self._drafted_overhead_ms(batch_size)
 
     def plain_ms(self, batch_size: int) -> float:
@@ -335,9 +277,9 @@ class StepCosts:
         return not self.cost.has_overhead("undrafted")
 
     def undrafted_ms(self, batch_size: int) -> float:
-        """A speculative engine's step that verifies anchors only (module docstring):
-        ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) + O_undrafted(bs)`` on a curve with
-        ``undrafted`` rows, else :meth:`plain_ms`."""
+        """A speculative engine's anchor-only step: ``C_ar(bs) + draft_scale * C_draft_first(bs, bs) +
+        O_undrafted(bs)`` on a curve with ``undrafted`` rows, else :meth:`plain_ms`.
+        """
         if self.truly_skips:
             return self.plain_ms(batch_size)
         hit = self._undrafted.get(batch_size)
@@ -349,19 +291,13 @@ class StepCosts:
         return hit
 
     def undrafted_tokens_per_ms(self, batch_size: int) -> float:
-        """Output tokens per ms of a speculative engine that skips drafting: ``bs / undrafted_ms(bs)``
-        (what a policy that stops drafting gets; equals :meth:`plain_tokens_per_ms` on an engine
-        that truly skips)."""
+        """``bs / undrafted_ms(bs)``: output tokens per ms of a speculative engine that skips drafting."""
         return batch_size / self.undrafted_ms(batch_size)
 
     # ------------------------------------------------------------------ beside decode steps
     def prefill_ms(self, num_requests: int, prompt_len: int) -> float:
         """An open-loop prefill of ``num_requests`` prompts of ``prompt_len`` tokens, batched:
-        ``C_verify(k, k * prompt_len)`` (the curve's verify forward at that shape; no draft, no
-        overhead, no draft scale).
-
-        Raises:
-            CostCurveRangeError: the shape is outside the curve's measured range.
+        ``C_verify(k, k * prompt_len)`` (no draft, overhead or draft scale).
         """
         return self.cost.verify_ms(num_requests, num_requests * int(prompt_len))
 
@@ -371,9 +307,9 @@ class StepCosts:
         return self.cost.batch_sizes
 
     def measured_verify(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(token counts ascending, C_verify ms at each)``: the verify cells measured at
-        ``batch_size`` (one of :attr:`measured_batch_sizes`), read without interpolation as a
-        profiled table is (cached per batch size; read-only arrays)."""
+        """``(token counts, C_verify ms)`` of the cells measured at ``batch_size``, read without interpolation
+        as a profiled table (cached; read-only arrays).
+        """
         hit = self._measured.get(batch_size)
         if hit is None:
             qs = np.asarray(self.cost.token_counts(batch_size), dtype=np.int64)

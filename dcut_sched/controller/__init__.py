@@ -1,13 +1,7 @@
-"""The online controller: per-step verification plans, their token layouts, and the CUDA-graph bank.
-
-See ``docs/controller.md``. Public names: :class:`RatioController` (plans over the policy registry),
-:class:`ControllerPlan`, :class:`StepDriver` (the per-step sequence both the controller and the
-simulator run), :class:`GraphCells`, :func:`restrict_to_graph_cells`, :func:`slot_layout` /
-:class:`SlotLayout`, :class:`VerifyGraphBank`, :func:`cells_from_curve`, :class:`RequestBatch` (engine-neutral request
-bookkeeping: plans by request id, dropped/unplanned accounting, metrics window, step records).
-
-Names are imported on first use (PEP 562): the simulator imports :mod:`.step_driver` (numpy only) without
-loading torch through :mod:`.controller`.
+"""The online controller (docs/controller.md): per-step plans (:class:`RatioController` over the
+:class:`StepDriver` the simulator runs too), their token layouts, request bookkeeping
+(:class:`RequestBatch`) and the CUDA-graph bank. Names are imported on first use (PEP 562), so the
+simulator imports :mod:`.step_driver` without loading torch.
 """
 
 from __future__ import annotations

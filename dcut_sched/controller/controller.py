@@ -1,34 +1,8 @@
-"""The online ratio controller: one verification plan per engine step, over the policy registry.
-
->>> from dcut_sched import RatioController, CostCurve
->>> ctrl = RatioController(curve, block_size=16, policy="fine")      # doctest: +SKIP
->>> plan = ctrl.plan(conf)          # conf: [bs, B-1] torch tensor (CPU or CUDA)  # doctest: +SKIP
->>> plan.lengths, plan.num_tokens, plan.ratio, plan.draft_next, plan.cu_num_draft_tokens  # doctest: +SKIP
->>> ctrl.observe(accept_len)        # [bs]: drafts accepted this step            # doctest: +SKIP
-
-What it adds to a :class:`~dcut_sched.policies.Policy` (which it calls, never re-implements). The
-per-step sequence itself (sanitise -> calibrate -> plan -> observe, and the counters) is one
-:class:`~dcut_sched.controller.step_driver.StepDriver`, the same object the simulator runs on numpy arrays;
-this class adds the shape checks, the CPU-tensor fast path and the layouts:
-
-- **Sanitising on the device.** A request whose confidence row holds NaN, +-inf or a value outside
-  [0, 1] never makes ``plan`` raise: its row is replaced by zeros on the device (its drafts score 0,
-  so every score-driven policy ranks them last and verifies only its anchor unless the budget
-  exceeds the batch's positive-score slots; fixed-length policies such as ``full``/``uniform`` keep
-  their lengths, which is harmless because greedy verification is lossless). The number of such rows
-  is accumulated on the device and read only when :attr:`RatioController.metrics` is read. The
-  policy is then called with ``validate=False``.
-- **Calibration** (on by default): the confidences go through a
-  :class:`~dcut_sched.calibration.LogisticCalibrator` (per-depth logistic map, started from the
-  drafter's :class:`~dcut_sched.calibration.CalibrationPrior` when one is given, else the identity)
-  before the policy scores them, and :meth:`RatioController.observe` feeds it the step's outcomes.
-  ``calibrate=False`` scores the raw confidences.
-- **Layouts** for the verification forward and a ragged rejection sampler
-  (:mod:`dcut_sched.controller.layouts`), and the graph cell to replay when a
-  :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank` is attached.
-
-Host syncs: the policy's own (at most one per step: the budget decision); sanitising, calibration
-and layouts add none.
+"""The online ratio controller: one verification plan per engine step, over the policy registry
+(usage and contract: docs/controller.md, "RatioController"). The per-step sequence is a
+:class:`~dcut_sched.controller.step_driver.StepDriver`, the object the simulator runs; this class
+adds the shape checks, the CPU-tensor fast path (numpy views), calibration on by default and the
+token layouts, with no host sync beyond the policy's one.
 """
 
 from __future__ import annotations
@@ -55,26 +29,12 @@ __all__ = ["ControllerPlan", "RatioController"]
 
 @dataclass(frozen=True)
 class ControllerPlan:
-    """One step's verification plan with the layouts engines use.
+    """One step's verification plan with the layouts engines use (docs/controller.md).
 
-    Attributes:
-        lengths: ``[bs]`` int64 slots verified per request (on the confidences' device), in [1, B].
-        num_tokens: ``K = sum(lengths)``, host int.
-        block_size: B.
-        expected_tokens: expected tokens this step produces (sum of the verified slot scores,
-            docs/design.md §1; with ``calibrate=True`` the scores of calibrated confidences).
-        draft_next: whether the next step should run the draft model.
-        drafted: whether this step had a draft.
-        graph_cell: ``(batch_size, num_tokens)`` of the captured cell to replay (the token count
-            padded up to the nearest captured one); ``(bs, K)`` without a graph bank.
-        policy_plan: the policy's own :class:`~dcut_sched.policies.VerifyPlan`.
-
-    Layouts (:mod:`dcut_sched.controller.layouts`), built on first access and then kept, on the
-    lengths' device and of their kind (so an engine pays only for the ones it reads):
-        slot_mask: ``[bs, B]`` bool, ``slot_mask[i, k] = k < lengths[i]``.
-        gather_indices: ``[K]`` int64 flat request-major indices ``i * B + k`` of the kept slots.
-        num_draft_tokens: ``[bs]`` int32, ``lengths - 1``.
-        cu_num_draft_tokens: ``[bs]`` int32, inclusive cumulative sum of ``num_draft_tokens``.
+    ``lengths`` ``[bs]`` int64 in [1, B] on the confidences' device; ``num_tokens`` K as a host int;
+    ``expected_tokens`` the sum of the verified (calibrated) slot scores; ``graph_cell`` the captured
+    cell to replay (``(bs, K)`` without a graph bank); ``policy_plan`` the policy's own plan. The
+    layouts (:class:`~dcut_sched.controller.layouts.SlotLayout`) are built on first access and kept.
     """
 
     lengths: Array
@@ -132,42 +92,22 @@ def _to_torch(plan: ControllerPlan) -> ControllerPlan:
 
 
 class RatioController:
-    """Chooses each step's verification through a registered policy (module docstring).
+    """Chooses each step's verification through a registered policy (parameters: docs/controller.md).
 
-    Args:
-        cost: the cost curve (required by ``dcut``/``fine``; may be ``None`` for policies that do
-            not need one). Must have been measured for ``block_size``.
-        block_size: B, slots per request (confidences are ``[bs, B-1]``).
-        policy: a registered policy name (``dcut_sched.policies.names()``), or a policy already
-            built by :func:`dcut_sched.policies.get` (then no ``policy_params``).
-        calibrate: learn a confidence-to-acceptance map online and score calibrated confidences
-            (default on; ``False``: raw confidences).
-        graph_bank: a :class:`~dcut_sched.controller.graph_bank.VerifyGraphBank`; plans then carry
-            the cell to replay, and ``fine`` (unless given ``allowed_num_tokens``) only considers
-            the bank's captured token counts.
-        calibrator: a ready calibrator (``transform``/``observe``/``observe_plain``, e.g.
-            :class:`~dcut_sched.calibration.OnlineCalibrator`; implies ``calibrate=True``); default: a
-            :class:`~dcut_sched.calibration.LogisticCalibrator` for ``block_size`` from ``calibration_prior``.
-        calibration_prior: the drafter's :class:`~dcut_sched.calibration.CalibrationPrior` (its
-            ``calibration.json``); ``None``: the identity.
-        max_batch_size: the largest batch :meth:`plan` will be given. A batch drains down to 1, so
-            every batch size 1..``max_batch_size`` is checked here (None: the curve's measured
-            range) for what the policy reads (:attr:`~dcut_sched.policies.Policy.cost_terms`,
-            :meth:`StepCosts.check <dcut_sched.step_costs.StepCosts.check>`): a curve that cannot
-            price one of them is refused now, not by a ``plan`` in the middle of serving.
-        **policy_params: passed to ``dcut_sched.policies.get(policy, ...)``.
+    ``cost`` may be ``None`` for policies that need no curve; ``policy`` is a registered name (with
+    ``policy_params``) or a built policy. ``graph_bank`` puts the replayed cell in each plan and limits
+    ``fine`` to the captured token counts. ``calibrator`` (default: a
+    :class:`~dcut_sched.calibration.LogisticCalibrator` from ``calibration_prior``, unless
+    ``calibrate=False``) maps the confidences before the policy scores them. Every batch size up to
+    ``max_batch_size`` (default: the curve's range) is priced here (:meth:`StepCosts.check
+    <dcut_sched.step_costs.StepCosts.check>`), so a curve that cannot serve one is refused now.
 
     Raises:
         KeyError: unknown policy name.
-        CostCurveError: the curve was measured for another block size, or prices a step the policy
-            reads at <= 0 ms.
-        CostCurveRangeError: the curve cannot price a step the policy reads at a batch size up to
-            ``max_batch_size`` (a missing K bucket, ``step_overhead`` or ``draft_first`` rows that
-            stop short).
-        ValueError: a block size < 2; the policy needs a cost curve and none was given; bad policy
-            parameters.
-        TypeError: ``cost`` is not a :class:`~dcut_sched.cost_curve.CostCurve` (a path, say) or
-            ``calibration_prior`` not a :class:`~dcut_sched.calibration.CalibrationPrior`.
+        CostCurveError / CostCurveRangeError: the curve is for another block size, or cannot price
+            (or prices at <= 0 ms) a step the policy reads.
+        ValueError: block size < 2; a policy that needs a curve without one; bad policy parameters.
+        TypeError: ``cost`` or ``calibration_prior`` of the wrong type (a path, say).
     """
 
     def __init__(
@@ -248,13 +188,9 @@ class RatioController:
 
     @property
     def metrics(self) -> dict[str, Any]:
-        """Counters since :meth:`reset` (reading them syncs device counters once).
-
-        Keys: ``steps``, ``drafted_steps``, ``plain_steps``, ``num_tokens`` (slots verified),
-        ``expected_tokens`` (sum of plan expectations), ``bad_conf_requests`` (request-steps whose
-        confidences held NaN/inf/out-of-range values and were zeroed), ``observed_steps``,
-        ``accepted_drafts`` (sum of observed accepted drafts), ``bad_accept_requests`` (request-steps
-        whose observed accept count was negative or above ``lengths - 1`` and was clipped).
+        """Counters since :meth:`reset` (reading them syncs device counters once): ``steps``,
+        ``drafted_steps``, ``plain_steps``, ``num_tokens``, ``expected_tokens``, ``bad_conf_requests``,
+        ``observed_steps``, ``accepted_drafts``, ``bad_accept_requests``.
         """
         return self.driver.metrics
 
@@ -284,19 +220,13 @@ class RatioController:
                               vp.drafted, cell, vp)
 
     def plan(self, conf: Array, *, accept_len: Array | None = None) -> ControllerPlan:
-        """Plan one drafted step.
-
-        Args:
-            conf: ``[bs, B-1]`` draft confidences (torch tensor on any device, or numpy array).
-                Rows with NaN/inf/out-of-range values are zeroed (module docstring), never raised on.
-            accept_len: ``[bs]`` true accepted drafts, only for the ``oracle`` policy.
-
-        Returns:
-            The :class:`ControllerPlan` (tensors on ``conf``'s device).
+        """Plan one drafted step from ``conf [bs, B-1]`` (torch on any device, or numpy; bad rows:
+        :meth:`StepDriver.sanitize <dcut_sched.controller.step_driver.StepDriver.sanitize>`).
+        ``accept_len`` only for ``oracle``. Tensors of the plan are on ``conf``'s device.
 
         Raises:
-            TypeError: ``conf`` is not a floating array (strings, integers, booleans, objects).
-            ValueError: ``conf`` of the wrong shape (not ``[bs, B-1]``).
+            TypeError: ``conf`` is not a floating array.
+            ValueError: ``conf`` is not ``[bs, B-1]``.
             CostCurveRangeError: the batch size is outside the cost curve.
         """
         self._check_shape(conf)
@@ -313,14 +243,8 @@ class RatioController:
         return self._finish(self.driver.plan(conf, accept_len))
 
     def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
-        """Plan a step that ran no draft (every request verifies its anchor): plain decoding.
-
-        Args:
-            batch_size: requests in the step, >= 1.
-            device: put the layouts on this torch device; ``None`` gives numpy arrays.
-
-        Raises:
-            ValueError: ``batch_size`` < 1 or not an integer.
+        """Plan a plain step (every request verifies its anchor) of ``batch_size >= 1`` requests
+        (``ValueError`` otherwise); layouts on ``device``, or numpy with ``None``.
         """
         if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"RatioController.plan_without_draft: batch_size={batch_size!r} must be an integer >= 1")
@@ -333,24 +257,13 @@ class RatioController:
         return self._finish(vp)
 
     def observe(self, accept_len: Array, *, step_ms: float | None = None) -> None:
-        """Feed back the outcome of the last planned step (once per plan).
-
-        Args:
-            accept_len: ``[bs]`` ints, drafts accepted per request this step, same kind/device as the
-                confidences given to :meth:`plan`. Values outside ``[0, lengths - 1]`` (the plan's
-                lengths) are clipped into that range and counted in ``metrics["bad_accept_requests"]``
-                rather than raised on: the serving loop must not fail, and checking values on a CUDA
-                tensor would cost a host sync.
-            step_ms: the step's measured wall time in ms, when the engine times it (``fine`` then
-                plans with measured rather than priced step times); a value that is not finite and
-                positive is ignored.
-
-        After a plan without draft nothing is learnt (there were no drafts).
+        """Feed back the last plan's outcome, once per plan: ``accept_len [bs]`` ints of the confidences'
+        kind (clipped as :meth:`StepDriver.observe <dcut_sched.controller.step_driver.StepDriver.observe>`
+        says) and, when the engine times steps, ``step_ms`` (ignored unless finite and > 0).
 
         Raises:
-            TypeError: ``accept_len`` is not an integer array (floats, booleans, strings).
-            ValueError: no plan awaits an observation (before any plan, or a second ``observe`` for
-                one plan), or ``accept_len`` is not ``[bs]`` for the last plan's batch size.
+            TypeError: ``accept_len`` is not an integer array.
+            ValueError: no plan awaits an observation, or ``accept_len`` is not ``[bs]``.
         """
         bs = self.driver.pending_batch_size
         if bs is None:

@@ -1,24 +1,8 @@
-"""A bank of CUDA graphs of the verification forward, one per (batch size, token count) cell.
-
-A cell is any ``(batch_size, num_tokens)`` the caller lists (e.g. every cell the cost curve
-measured); why cells rather than D-Cut's one graph per ratio, and why one pool captured largest
-first: docs/controller.md, "VerifyGraphBank". The bank:
-
-- captures one ``torch.cuda.CUDAGraph`` per cell with :func:`dcut_sched.graph_capture.capture_graph`
-  (the profiler's capture routine too), largest first, all in one shared memory pool
-  (``torch.cuda.graph_pool_handle()``);
-- keeps static input buffers per cell, shaped by ``make_inputs(batch_size, num_tokens)``;
-- on a call, pads the request up to the nearest captured cell whose buffers hold its inputs
-  (smallest captured batch size >= the request's, then the smallest captured token count >= its,
-  skipping cells whose buffers are too short for the inputs' rows), copies each input into the leading
-  corner of its static buffer (the rest filled with that input's pad value), replays, and returns
-  the cell's static outputs;
-- without CUDA, or with ``enabled=False``, runs ``fn`` eagerly on the same padded buffers: the same
-  interface and the same values, so engines and tests need no second code path.
-
-Outputs are the cell's static buffers (in both modes): valid until the next call of the bank.
-
-The speculative-decoding engine verifies through a bank (:mod:`dcut_sched.engine.verify_runtime`).
+"""A bank of CUDA graphs of the verification forward, one per ``(batch_size, num_tokens)`` cell, all
+captured largest first in one memory pool. A call pads the request up to a captured cell whose
+static buffers hold its inputs and replays it; without CUDA the same buffers run ``fn`` eagerly
+(same interface, same values). Outputs are static buffers, valid until the next call. Why cells and
+the padding rule: docs/controller.md, "VerifyGraphBank".
 """
 
 from __future__ import annotations
@@ -46,24 +30,12 @@ def cells_from_curve(curve: Any, batch_sizes: Iterable[int] | None = None) -> li
 class VerifyGraphBank:
     """One CUDA graph (or eager call) per verification cell (module docstring).
 
-    Args:
-        fn: the verification callable, ``fn(*inputs) -> Tensor | tuple[Tensor, ...]``; inputs and
-            outputs are tensors whose shapes depend only on the cell. It must be capturable (no host
-            syncs, no data-dependent shapes) for the CUDA path.
-        cells: ``(batch_size, num_tokens)`` pairs to capture (duplicates ignored), e.g.
-            :func:`cells_from_curve`.
-        make_inputs: ``make_inputs(batch_size, num_tokens) -> tuple of tensors``: the static input
-            buffers of a cell (their device decides where ``fn`` runs; their contents are used for
-            the warm-up and capture, so make them valid inputs).
-        enabled: capture CUDA graphs; ``None`` = when CUDA is available and the buffers of the
-            largest cell are on a CUDA device.
-        pad_values: the value that fills the padded part of each input: one scalar for all, or one
-            per input (``None`` for an input = leave whatever the buffer held).
-        warmup_iters: eager calls on a side stream before each capture (lazy initialisation, cuBLAS
-            workspaces).
-
-    Raises:
-        ValueError: no cells, a cell with num_tokens < batch_size, ``enabled=True`` without CUDA.
+    ``fn(*inputs)``: the capturable verification (no host syncs, shapes fixed by the cell).
+    ``make_inputs(batch_size, num_tokens)``: a cell's static input buffers (valid inputs: warm-up and
+    capture run on them; their device decides where ``fn`` runs). ``enabled``: capture graphs
+    (``None``: when the largest cell's buffers are on CUDA). ``pad_values``: one scalar or one per input
+    (``None``: leave the buffer as it is). ``warmup_iters``: eager calls before each capture.
+    ``ValueError`` for no cells, a cell with num_tokens < batch_size, or ``enabled=True`` without CUDA.
     """
 
     def __init__(
@@ -111,9 +83,9 @@ class VerifyGraphBank:
         return self.grid.token_counts(batch_size)
 
     def _candidates(self, batch_size: int, num_tokens: int):
-        """Captured cells of batch size >= ``batch_size`` and token count >= ``num_tokens``, in the
-        order of the padding rule (:meth:`GraphCells.cell_for`): batch size ascending, then token
-        count ascending."""
+        """Captured cells of batch size >= ``batch_size`` and token count >= ``num_tokens``, in the order of
+        :meth:`GraphCells.cell_for`.
+        """
         for bs in self.grid.batch_sizes:
             if bs >= int(batch_size):
                 for k in self.grid.token_counts(bs):
@@ -129,17 +101,10 @@ class VerifyGraphBank:
 
     def cell_for(self, batch_size: int, num_tokens: int,
                  input_shapes: Sequence[Sequence[int]] | None = None) -> Cell:
-        """The captured cell a request of ``(batch_size, num_tokens)`` replays.
-
-        Without ``input_shapes``: the padding rule's cell
-        (:meth:`GraphCells.cell_for <dcut_sched.controller.step_driver.GraphCells.cell_for>`: smallest
-        captured batch size >= ``batch_size``, then its smallest token count >= ``num_tokens``; what
-        the controller charges a plan). With them (what :meth:`__call__` passes): the first cell in
-        that order whose static buffers hold inputs of those shapes, so a request whose rows are
-        longer than the first cell's buffers is served by a larger cell rather than refused.
-
-        Raises:
-            ValueError: no captured cell is that large, or none holds ``input_shapes`` ("does not fit").
+        """The captured cell a request of ``(batch_size, num_tokens)`` replays: the padding rule's
+        (:meth:`GraphCells.cell_for <dcut_sched.controller.step_driver.GraphCells.cell_for>`, what a plan
+        is charged), or with ``input_shapes`` the first cell in that order whose buffers hold them.
+        ``ValueError`` when no cell is that large or holds the inputs.
         """
         try:
             first = self.grid.cell_for(batch_size, num_tokens)
@@ -197,14 +162,9 @@ class VerifyGraphBank:
         return static
 
     def __call__(self, batch_size: int, num_tokens: int, *inputs: torch.Tensor) -> Any:
-        """Run the verification for ``(batch_size, num_tokens)`` on ``inputs``.
-
-        Each input may be smaller than the cell's buffer along any dimension (it is padded); the cell
-        is :meth:`cell_for` with the inputs' shapes. Returns the outputs of ``fn`` at the padded cell
-        (static buffers; valid until the next call).
-
-        Raises:
-            ValueError: no cell holds the request or its inputs; a wrong number of inputs.
+        """The outputs of ``fn`` for ``(batch_size, num_tokens)`` at the cell :meth:`cell_for` picks for the
+        inputs' shapes (each input padded into its buffer); ``ValueError`` if no cell holds them or the
+        number of inputs is wrong.
         """
         if len(inputs) != len(self._static(self.cells[-1])):
             raise ValueError(f"VerifyGraphBank: got {len(inputs)} inputs, the cells' buffers take "

@@ -1,20 +1,7 @@
-"""Token layouts of a verification plan, in the forms serving engines consume.
-
-Given per-request lengths ``L [bs]`` (request i verifies its first ``L[i]`` of ``B`` slots; slot 1 is
-the anchor) and ``K = sum(L)``:
-
-- ``slot_mask`` ``[bs, B]`` bool: ``slot_mask[i, k] = k < L[i]`` (0-based k), a prefix of each row.
-- ``gather_indices`` ``[K]`` int64: flat indices ``i * B + k`` of the kept slots into the
-  row-major ``[bs, B]`` block, request-major (request 0's slots in order, then request 1's, ...).
-  ``block.reshape(bs * B, ...)[gather_indices]`` is the ragged, packed verification input.
-- ``num_draft_tokens`` ``[bs]`` int32 ``= L - 1``: drafts each request verifies (the anchor is not a
-  draft), the per-request count vLLM's rejection sampler takes.
-- ``cu_num_draft_tokens`` ``[bs]`` int32: inclusive cumulative sum of ``num_draft_tokens`` (vLLM's
-  ``SpecDecodeMetadata.cu_num_draft_tokens``: request i's drafts are packed at
-  ``[cu[i] - num_draft_tokens[i], cu[i])`` of the flat draft-token array).
-
-Everything is computed on the lengths' device from ``K`` known on the host, with no host sync
-(``torch.repeat_interleave(..., output_size=K)``). numpy lengths give numpy layouts.
+"""Token layouts of a verification plan, in the forms serving engines consume: ``slot_mask``,
+``gather_indices``, ``num_draft_tokens`` and ``cu_num_draft_tokens`` (:class:`SlotLayout`; the
+definitions: docs/controller.md, "RatioController"). Built on the lengths' device from ``K`` known
+on the host, without a host sync; numpy lengths give numpy layouts.
 """
 
 from __future__ import annotations
@@ -31,7 +18,9 @@ __all__ = ["SlotLayout", "slot_layout"]
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """The layouts of one plan (module docstring); same kind and device as the lengths."""
+    """The layouts of lengths ``L [bs]``: ``slot_mask [bs, B]`` (``k < L[i]``), ``gather_indices [K]``
+    (request-major ``i * B + k``), ``num_draft_tokens [bs]`` (``L - 1``) and its inclusive cumsum.
+    """
 
     slot_mask: Array
     gather_indices: Array
@@ -40,16 +29,8 @@ class SlotLayout:
 
 
 def slot_layout(lengths: Array, block_size: int, num_tokens: int) -> SlotLayout:
-    """Build the :class:`SlotLayout` of per-request lengths.
-
-    Args:
-        lengths: ``[bs]`` integer lengths in ``[1, B]`` (numpy array or torch tensor, any device).
-        block_size: B.
-        num_tokens: ``sum(lengths)`` as a host int (the plan already knows it; passing it avoids a
-            device-to-host sync). A wrong value gives wrong ``gather_indices``; it is not re-checked.
-
-    Returns:
-        The :class:`SlotLayout`.
+    """The :class:`SlotLayout` of ``lengths`` (``[bs]`` ints in ``[1, B]``, numpy or torch). ``num_tokens``
+    is ``sum(lengths)`` as a host int, not re-checked (a wrong value gives wrong ``gather_indices``).
     """
     bs = int(lengths.shape[0])
     if isinstance(lengths, torch.Tensor):

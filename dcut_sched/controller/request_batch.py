@@ -1,59 +1,9 @@
-"""Engine-neutral request bookkeeping around a :class:`~dcut_sched.controller.RatioController`.
-
-An engine that verifies drafts by request id (vLLM's scheduler, the project's
-:class:`~dcut_sched.engine.SpecEngine`, an SGLang or TensorRT-LLM scheduler) talks to the controller
-through one :class:`RequestBatch`, three calls per step:
-
-1. :meth:`RequestBatch.plan` (the requests that carry drafts, their drafts and ``[n, B-1]``
-   confidences) or :meth:`RequestBatch.plan_without_draft`: the controller's plan, mapped to the
-   request ids and **clipped to the drafts available** (request ``i`` keeps its first
-   ``L[i] - 1 <= len(drafts[i])`` drafts: :attr:`StepPlan.kept`).
-2. :meth:`RequestBatch.schedule`: what the engine really runs. Planned requests it runs are
-   *verified* (with ``1 +`` the drafts it runs), planned ones it does not run (finished or
-   preempted in between) are *dropped*, requests it runs drafts for without a plan are *unplanned*.
-3. :meth:`RequestBatch.observe` (drafts accepted per request id, and the engine's measured
-   ``step_ms`` when it has one): feeds the controller (once per plan, in plan order; a dropped
-   request counts 0), adds the step to the metrics window, writes the step record (one JSON line,
-   when a record path is set), hands the window to the ``on_window`` callback every
-   ``log_interval_s`` seconds, and checks the two predictions (below).
-
-Predicted against actual (docs/controller.md, "Observability"):
-
-- **calibration**: on drafted steps that dropped no request, the plan's expected accepted drafts
-  (``expected_tokens`` less one token per verified request) against the drafts accepted;
-- **cost curve**: on steps the engine timed, the controller's :class:`~dcut_sched.step_costs.StepCosts`
-  price of the step (``drafted_ms(bs, K)``, or ``undrafted_ms(bs)`` for a plan without draft)
-  against ``step_ms``.
-
-Both are summed in the metrics window (:func:`summarize_metrics`: per-step means and the relative
-error ``predicted / actual - 1``). Over the last ``drift_window`` such steps, a relative error
-beyond ``drift_threshold`` (25 %) calls ``on_warning`` once with a line that names the fix; it warns
-again only after the error has come back within the threshold (one warning per drift episode).
-
-The step record (the JSONL format ``record_path`` writes; docs/vllm.md):
-
-=====================  =====================================================================
-``step``               index from 0 (steps observed by this object)
-``batch_size``         requests the step ran
-(engine fields)        the keyword arguments of :meth:`~RequestBatch.schedule`, e.g. vLLM's
-                       ``num_spec_tokens_to_schedule``
-``planned``            ``{id: L}`` the plan, clipped (``{}`` for a plan without draft)
-``verified``           ``{id: slots}`` planned requests the step ran, ``1 + drafts`` run
-``dropped``            ``[id]`` planned requests the step did not run
-``drafted``            whether the plan had drafts; ``draft_next``: the plan's
-``ratio``              the controller's ``num_tokens / (bs * B)`` (``null`` without draft)
-``num_tokens``         ``sum(planned)`` (0 without draft); ``expected_tokens``: the plan's (``null``)
-``plan_ms``            wall time of planning (from ``started``)
-``conf``               ``{id: [B-1 confidences, 6 decimals]}``, ``drafts`` ``{id: [all drafts]}``,
-                       ``num_output`` ``{id: tokens before the step}``: only when recording
-                       (``{}`` for a plan without draft)
-``unplanned``          ``{id: slots}``; ``accepted``: ``{id: drafts accepted}`` as observed
-``step_ms``            the engine's measured step time and ``predicted_ms`` the cost curve's price
-                       (``null`` without a curve): only when the engine passed ``step_ms``
-=====================  =====================================================================
-
-Plan fields are absent from a step that ran without a plan. No engine import; numpy only (the
-controller object carries torch, this module does not need it).
+"""Engine-neutral request bookkeeping around a :class:`~dcut_sched.controller.RatioController`: an
+engine that verifies drafts by request id talks to the controller through one :class:`RequestBatch`,
+three calls per step (plan, schedule, observe). It clips plans to the drafts available, accounts for
+dropped and unplanned requests, keeps the metrics window, checks predicted against actual
+(docs/controller.md, "Observability") and writes the step record (its fields: docs/controller.md,
+"The step record"). numpy only, no engine import.
 """
 
 from __future__ import annotations
@@ -103,11 +53,10 @@ def _relative_error(predicted: float, actual: float, floor: float = 0.0) -> floa
 
 
 def summarize_metrics(t: Mapping[str, float]) -> dict[str, float]:
-    """Counters -> steps, drafted steps, keep ratio (verified / drafted slots), accepted drafts per
-    verified request-step, tokens per request-step, mean plan ms per step; predicted and actual
-    accepted drafts per calibrated step and their relative error ``calibration_error`` (the actual
-    floored at one draft per step); predicted and measured ms per timed step and ``cost_error``.
-    NaN where the window has no such step."""
+    """Counters -> per-window figures: steps, drafted steps, keep ratio, accepted drafts and tokens per
+    request-step, plan ms per step, predicted against actual accepted drafts (``calibration_error``)
+    and step ms (``cost_error``); NaN where the window has no such step.
+    """
     vr = max(t["verified_requests"], 1)
     cs, ts = t["calibrated_steps"], t["timed_steps"]
     nan = float("nan")
@@ -140,10 +89,8 @@ def metrics_line(policy: str, s: Mapping[str, float]) -> str:
 
 
 class DriftMonitor:
-    """Relative error of a prediction over the last ``window`` observations; reports once per episode.
-
-    :meth:`add` returns the error when it has just drifted beyond ``threshold`` (window full) and
-    ``None`` otherwise; after a report it stays quiet until the error is back within the threshold.
+    """Relative error of a prediction over the last ``window`` observations: :meth:`add` returns it once
+    when it drifts beyond ``threshold`` (window full), then nothing until it is back within.
     """
 
     def __init__(self, window: int = DRIFT_WINDOW, threshold: float = DRIFT_THRESHOLD, floor: float = 0.0) -> None:
@@ -210,16 +157,9 @@ class MetricsWindow:
 
 @dataclass
 class StepPlan:
-    """One plan, by request id (:meth:`RequestBatch.plan`).
-
-    Attributes:
-        req_ids: the planned requests, in the confidence rows' order (empty without draft).
-        lengths: ``L[i]`` slots per planned request, clipped to ``1 + len(drafts[i])``.
-        kept: each planned request's first ``L[i] - 1`` drafts.
-        drafted: whether the plan had drafts.
-        plan: the controller's :class:`~dcut_sched.controller.ControllerPlan` (unclipped).
-        plan_ms: wall time of planning.
-        conf, drafts, num_output: the record's per-request inputs (``None`` unless recording).
+    """One plan by request id (:meth:`RequestBatch.plan`): ``req_ids`` in the confidence rows' order,
+    ``lengths`` clipped to ``1 + len(drafts[i])``, ``kept`` the first ``L[i] - 1`` drafts of each, the
+    controller's unclipped ``plan``, ``plan_ms``; ``conf``/``drafts``/``num_output`` only when recording.
     """
 
     req_ids: list[Hashable]
@@ -263,19 +203,11 @@ class Flight:
 class RequestBatch:
     """Per-step bookkeeping between an engine and a ratio controller (module docstring).
 
-    Args:
-        controller: a :class:`~dcut_sched.controller.RatioController` (or anything with its
-            ``block_size``, ``plan``, ``plan_without_draft`` and ``observe``).
-        record_path: append one JSON line per observed step here (parent folders created).
-        log_interval_s: hand the metrics window to ``on_window`` when it is this old at a step.
-        on_window: ``callable(summary)`` of a window with steps (:func:`summarize_metrics`).
-        on_warning: ``callable(line)`` for a drift warning (module docstring); default: the
-            ``dcut_sched.controller`` logger's ``warning``.
-        drift_window, drift_threshold: steps and relative error of the drift check.
-        clock: the window's clock, ``timer``: the plan's (seconds; tests pass fake ones).
-
-    The step prices come from ``controller.costs`` (a :class:`~dcut_sched.step_costs.StepCosts`, or
-    ``None``: no cost-curve check).
+    ``controller``: a :class:`~dcut_sched.controller.RatioController` or anything with its
+    ``block_size``, ``plan``, ``plan_without_draft``, ``observe`` and ``costs``. ``record_path``: one
+    JSON line per observed step. ``on_window(summary)`` every ``log_interval_s``; ``on_warning(line)``
+    on a drift beyond ``drift_threshold`` over ``drift_window`` steps (default: the logger).
+    ``clock`` / ``timer``: the window's and the plan's clocks (tests pass fake ones).
     """
 
     def __init__(self, controller: Any, *, record_path: str | Path | None = None, log_interval_s: float = float("inf"),
@@ -316,12 +248,9 @@ class RequestBatch:
     def plan(self, req_ids: Sequence[Hashable], drafts: Sequence[Sequence[int]], conf: Any, *,
              accept_len: Any = None, num_output: Sequence[int] | None = None,
              started: float | None = None) -> StepPlan:
-        """Plan the requests ``req_ids`` (at least one) from their ``drafts`` and ``[n, B-1]`` ``conf``
-        (numpy or torch; :func:`confidence_matrix` builds it from ragged rows).
-
-        ``accept_len``: the true accepted drafts (the ``oracle`` policy only). ``num_output``:
-        each request's tokens so far (kept in the record). ``started``: the ``timer`` reading when
-        the engine began the plan (default: now), the start of ``plan_ms``.
+        """Plan ``req_ids`` (at least one) from their ``drafts`` and ``[n, B-1]`` ``conf`` (numpy or torch;
+        :func:`confidence_matrix` builds it from ragged rows). ``accept_len``: ``oracle`` only;
+        ``num_output``: tokens so far (recorded); ``started``: when the engine began the plan (``plan_ms``).
         """
         t0 = self.timer() if started is None else started
         plan = self.controller.plan(conf) if accept_len is None else self.controller.plan(conf, accept_len=accept_len)
@@ -360,9 +289,9 @@ class RequestBatch:
 
     # ------------------------------------------------------------------ observe
     def observe(self, flight: Flight, accepted: Mapping[Hashable, int], *, step_ms: float | None = None) -> dict[str, Any]:
-        """Close the step: feed the controller, count the step, check the predictions (module
-        docstring), write and return its record. ``step_ms``: the engine's measured wall time of the
-        step (``None``: not timed)."""
+        """Close the step: feed the controller (a dropped request counts 0), count the step, check the
+        predictions, write and return its record. ``step_ms``: the engine's measured wall time, if any.
+        """
         plan = flight.plan
         record: dict[str, Any] = {"step": self.step, "batch_size": flight.batch_size, **flight.fields}
         if plan is not None:

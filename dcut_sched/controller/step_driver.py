@@ -1,34 +1,8 @@
-"""One engine step of the ratio controller: sanitise -> calibrate -> plan -> observe.
-
-:class:`StepDriver` is the single implementation of that sequence. The online
-:class:`~dcut_sched.controller.RatioController` runs it on torch tensors (or numpy views of CPU
-tensors) and adds shape checks and token layouts; the simulator (:mod:`dcut_sched.simulator.loop`)
-runs the same object on numpy arrays, so what the simulator evaluates is the controller, not a copy
-of it. A step:
-
-1. :meth:`StepDriver.plan` (a drafted step): ``conf [bs, B-1]`` is **sanitised** (a row holding NaN,
-   +-inf or a value outside [0, 1] becomes zeros and is counted, never raised on), **calibrated**
-   when a calibrator is attached (the policy scores ``calibrator.transform(conf)``), and the policy
-   plans the verified lengths with the driver's :class:`~dcut_sched.step_costs.StepCosts` (built
-   once by whoever loaded the curve: the controller, or the simulator's run set-up);
-   :meth:`StepDriver.plan_without_draft` (a step that ran no draft): every request verifies its
-   anchor; the calibrator's decay clock ticks (``observe_plain``, when it has one);
-2. :meth:`StepDriver.graph_cell`: the ``(batch_size, num_tokens)`` cell the verification replays, the
-   smallest captured one that holds the budget when :class:`GraphCells` (or a
-   :class:`~dcut_sched.controller.VerifyGraphBank`) is attached, else the budget itself;
-3. :meth:`StepDriver.observe`: the drafts each request got accepted (clipped into
-   ``[0, lengths - 1]`` and counted when out of range) go to the calibrator (with the sanitised raw
-   confidences) and to the policy.
-
-A graph bank also restricts the budgets a policy may choose (:func:`restrict_to_graph_cells`: a
-policy with an ``allowed_num_tokens`` parameter, i.e. ``fine``, only considers the captured token
-counts unless it was given its own).
-
-The module imports neither torch nor the simulator (torch is taken from ``sys.modules`` when a tensor arrives,
-which requires it to be imported already), so the simulator runs it without torch.
-
-Counters live here too (steps, budgets, bad inputs; device counters summed lazily so counting costs
-no host sync); :attr:`StepDriver.metrics` reads them.
+"""One engine step of the ratio controller, sanitise -> calibrate -> plan -> observe, in
+:class:`StepDriver`: the single implementation, run by the online controller on tensors and by the
+simulator on numpy arrays (so the simulator evaluates the controller, not a copy). Also the
+captured graph cells and their padding rule (:class:`GraphCells`). Imports neither torch nor the
+simulator; counters on a device are summed lazily (no host sync).
 """
 
 from __future__ import annotations
@@ -52,16 +26,9 @@ _ONE_BITS = {2: (np.uint16, 0x3C00), 4: (np.uint32, 0x3F800000), 8: (np.uint64, 
 
 
 class GraphCells:
-    """The captured ``(batch_size, num_tokens)`` cells of a CUDA-graph bank and the padding rule.
-
-    Torch-free, so the simulator can charge what a bank replays; :class:`VerifyGraphBank` keeps its
-    cells in one of these.
-
-    Args:
-        cells: ``(batch_size, num_tokens)`` pairs (duplicates ignored).
-
-    Raises:
-        ValueError: no cells, or a cell with ``num_tokens < batch_size`` or ``batch_size < 1``.
+    """The captured ``(batch_size, num_tokens)`` cells of a CUDA-graph bank and the padding rule,
+    torch-free so that the simulator charges what a bank replays. ``ValueError`` for no cells, or a
+    cell with ``batch_size < 1`` or ``num_tokens < batch_size``.
     """
 
     def __init__(self, cells: Iterable[Sequence[int]]):
@@ -92,10 +59,7 @@ class GraphCells:
 
     def cell_for(self, batch_size: int, num_tokens: int) -> Cell:
         """The cell a step of ``(batch_size, num_tokens)`` replays: the smallest captured batch size
-        >= ``batch_size``, then its smallest token count >= ``num_tokens``.
-
-        Raises:
-            ValueError: no captured cell is that large (names the largest ones).
+        >= ``batch_size``, then its smallest token count >= ``num_tokens`` (``ValueError`` if none is).
         """
         j = bisect.bisect_left(self.batch_sizes, int(batch_size))
         for bs in self.batch_sizes[j:]:
@@ -113,11 +77,9 @@ class GraphCells:
 
 
 def restrict_to_graph_cells(policy: Policy, token_counts: Sequence[int]) -> Policy:
-    """``policy`` limited to budgets among a graph bank's captured ``token_counts``.
-
-    A policy that takes ``allowed_num_tokens`` (``fine``) and was not given its own gets a fresh
-    instance with ``allowed_num_tokens = token_counts``; any other policy is returned as it is (its
-    budget is padded up to the nearest captured cell when it runs, :meth:`StepDriver.graph_cell`).
+    """``policy`` limited to a graph bank's captured ``token_counts``: a policy that takes
+    ``allowed_num_tokens`` (``fine``) and has none of its own gets a fresh instance with them; any
+    other is returned as it is (its budget is padded up when it runs, :meth:`StepDriver.graph_cell`).
     """
     defaults = _policies.param_defaults(policy.name)
     params = policy.params()
@@ -127,28 +89,15 @@ def restrict_to_graph_cells(policy: Policy, token_counts: Sequence[int]) -> Poli
 
 
 class StepDriver:
-    """The controller's per-step sequence (module docstring) around one policy instance.
+    """The controller's per-step sequence around one policy instance (whose state is this driver's).
+    Per step: :meth:`plan` or :meth:`plan_without_draft`, then :meth:`observe` once.
 
-    Args:
-        policy: the :class:`~dcut_sched.policies.Policy` (kept; its state is this driver's).
-        costs: what the policy plans with: the :class:`~dcut_sched.step_costs.StepCosts` for
-            ``block_size``, or ``None`` for policies that need none.
-        block_size: B (confidences are ``[bs, B-1]``).
-        calibrator: optional; ``transform(conf)`` before the policy, ``observe(conf, num_accepted,
-            lengths)`` after each drafted step, ``observe_plain(batch_size)`` (if it has one) after
-            each step without a draft (e.g. :class:`~dcut_sched.calibration.OnlineCalibrator`).
-        graph_cells: the captured cells (:class:`GraphCells` or a ``VerifyGraphBank``: anything with
-            ``cell_for(bs, num_tokens)``); ``None``: every budget is its own cell.
-        validate_scored: let the policy check the confidences it scores (the sanitised ones, after
-            the calibrator). ``False`` (the controller) trusts the calibrator's output; the simulator
-            sets it for calibrators of its own protocol, whose range nothing else guarantees.
-
-    Call order per step: :meth:`plan` or :meth:`plan_without_draft`, then :meth:`observe` once.
-
-    Raises:
-        TypeError: ``costs`` is neither ``None`` nor a StepCosts (a bare cost curve: build
-            ``StepCosts(curve, block_size)`` once where it is loaded).
-        ValueError: step costs for another block size.
+    ``costs``: the :class:`~dcut_sched.step_costs.StepCosts` the policy plans with (``None`` if it needs
+    none; a bare curve is a ``TypeError``, another block size a ``ValueError``). ``calibrator``:
+    ``transform(conf)`` before the policy, ``observe(conf, num_accepted, lengths)`` after a drafted
+    step, ``observe_plain(bs)`` (if it has one) after a plain step. ``graph_cells``: anything with
+    ``cell_for(bs, num_tokens)``. ``validate_scored``: the policy checks the confidences it scores
+    (the simulator's calibrators; the controller trusts its own).
     """
 
     def __init__(self, policy: Policy, costs: StepCosts | None, block_size: int, *, calibrator: Any = None,
@@ -212,9 +161,11 @@ class StepDriver:
 
     # ------------------------------------------------------------------ one step
     def sanitize(self, conf: Array) -> Array:
-        """``conf`` with every row that holds NaN, +-inf or a value outside [0, 1] replaced by zeros
-        (counted in ``bad_conf_requests``); integer input becomes float32. Same kind and device;
-        numpy input that is already clean is returned as it is (two reductions, no copy)."""
+        """``conf`` with every row that holds NaN, +-inf or a value outside [0, 1] replaced by zeros, never
+        raised on (counted in ``bad_conf_requests``): its drafts score 0, so score-driven policies verify
+        its anchor only, and fixed-length ones keep a length that is harmless (verification is lossless).
+        Integer input becomes float32; same kind and device; clean numpy input is returned as it is.
+        """
         if is_tensor(conf):
             torch = tensor_module()
             if not conf.is_floating_point():
@@ -242,15 +193,9 @@ class StepDriver:
         return np.where(ok[:, None], conf, conf.dtype.type(0))
 
     def plan(self, conf: Array, accept_len: Array | None = None) -> VerifyPlan:
-        """Plan one drafted step from ``conf [bs, B-1]`` (shape already checked by the caller).
-
-        Args:
-            conf: draft confidences (numpy array or torch tensor); bad rows are zeroed, not raised on.
-            accept_len: ``[bs]`` true accepted drafts, passed only to a policy that needs them (the
-                ``oracle``).
-
-        Returns:
-            The policy's :class:`~dcut_sched.policies.VerifyPlan` (lengths of ``conf``'s kind).
+        """Plan one drafted step from ``conf [bs, B-1]`` (shape checked by the caller): sanitise, calibrate,
+        then the policy's :class:`~dcut_sched.policies.VerifyPlan` (lengths of ``conf``'s kind).
+        ``accept_len`` only reaches a policy that needs it (``oracle``).
 
         Raises:
             CostCurveRangeError: the batch size or a budget is outside the cost curve.
@@ -284,31 +229,19 @@ class StepDriver:
         self.expected_tokens += vp.expected_tokens
 
     def graph_cell(self, batch_size: int, num_tokens: int) -> Cell:
-        """The ``(batch_size, num_tokens)`` cell a step replays (module docstring, step 2).
-
-        Raises:
-            ValueError: no captured cell is large enough.
+        """The ``(batch_size, num_tokens)`` cell a step replays: :meth:`GraphCells.cell_for` with cells
+        attached, else the budget itself (``ValueError`` if no captured cell is large enough).
         """
         if self.graph_cells is None:
             return batch_size, num_tokens
         return self.graph_cells.cell_for(batch_size, num_tokens)
 
     def observe(self, num_accepted: Array, *, in_range: bool = False, step_ms: float | None = None) -> None:
-        """Feed back the last plan's outcome: ``num_accepted [bs]`` drafts accepted per request.
-
-        Args:
-            num_accepted: ints of the plan's kind (numpy, or torch on the lengths' device: converted
-                when not). Values outside ``[0, lengths - 1]`` are clipped into that range and
-                counted in ``bad_accept_requests``.
-            in_range: the caller guarantees ``0 <= num_accepted <= lengths - 1`` as int64 of the
-                lengths' kind (the simulator, which computes it with
-                :func:`~dcut_sched.scores.verified_prefix_tokens`): skip the check and the clip.
-
-            step_ms: the engine's measured wall time of the step, ms, for the policy
-                (:meth:`~dcut_sched.policies.Policy.observe_time`); ignored unless finite and > 0.
-
-        After a plan without draft only the step is counted (there were no drafts). The caller checks
-        that a plan awaits (``pending_batch_size``) and the shape.
+        """Feed back the last plan's outcome: ``num_accepted [bs]`` (the plan's kind), clipped into
+        ``[0, lengths - 1]`` and counted in ``bad_accept_requests`` when out of range, unless ``in_range``
+        (the caller guarantees it as int64). ``step_ms``: the step's measured wall time for the policy
+        (ignored unless finite and > 0). After a plain step only the step is counted; the caller checks
+        that a plan awaits and the shape.
         """
         self.pending_batch_size = None
         self.observed_steps += 1

@@ -1,12 +1,6 @@
-"""The verification policies of docs/design.md §2, behind one interface and one registry.
-
->>> import dcut_sched as d
->>> d.policies.names()
-['ar', 'full', 'uniform', 'threshold', 'topk', 'dcut', 'fine', 'oracle', 'tetris', 'smartspec', 'vllm_adaptive', 'dspark', 'dense_fallback']
->>> policy = d.policies.get("dcut")
-
-Every module in this package that defines a ``@register``-ed :class:`Policy` is imported here, so a
-new policy is one new file.
+"""The verification policies of docs/design.md §2, behind one interface and one registry
+(``names()``, ``get(name, **params)``). Every module here that defines a ``@register``-ed
+:class:`Policy` is imported below, so a new policy is one new file.
 """
 
 from __future__ import annotations

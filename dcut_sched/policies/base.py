@@ -1,20 +1,9 @@
-"""The policy interface, the verification plan it returns, and the registry.
-
-A policy decides, for one engine step, how many leading slots of each request's block the target
-verifies. It is a pure function of the batch's draft confidences ``[bs, B-1]``, the cost curve and its
-own parameters (plus, for the ``oracle``, the true acceptance lengths). A policy that learns across
-steps keeps that in one small state object, ``policy.state`` (``fine``'s running utility and probe
-account, ``FineState``; the peers' lagged confidences and rates), replaced by :meth:`Policy.reset`;
-the decision itself is a pure function of arrays (e.g. ``fine.choose_budget``). The same objects
-serve the simulator and the online controller: there is no second implementation of any policy.
-
-Step times come from one owner, :class:`~dcut_sched.step_costs.StepCosts`, the only cost type a
-policy takes: the controller builds it once from its cost curve, the simulator once per run (so a
-policy sees exactly the times the simulator charges: draft scale and controller overhead included).
-A policy never reads the cost curve itself.
-
-Inputs may be numpy arrays or torch tensors (CPU or CUDA); ``lengths`` in the plan is of the same kind
-and on the same device. A policy syncs with the host at most once per step (the budget decision).
+"""The policy interface, the verification plan it returns, and the registry (docs/design.md §2).
+A policy decides how many leading slots of each request's block the target verifies, as a pure
+function of the confidences ``[bs, B-1]`` (numpy or torch, any device), the step costs
+(:class:`~dcut_sched.step_costs.StepCosts`, never the curve) and its parameters; cross-step state
+lives in ``policy.state``. The simulator and the controller share these objects; a plan syncs
+with the host at most once (the budget decision).
 """
 
 from __future__ import annotations
@@ -37,17 +26,10 @@ __all__ = ["Policy", "PolicyParamError", "UnknownPolicyError", "VerifyPlan", "bu
 
 @dataclass(frozen=True)
 class VerifyPlan:
-    """What to verify this step.
-
-    Attributes:
-        lengths: ``[bs]`` int64 slots to verify per request (numpy array or torch tensor on the
-            confidences' device); each in ``[1, B]``; request i verifies slots ``1..lengths[i]``.
-        num_tokens: ``sum(lengths)``, the verification budget K in tokens (the CUDA-graph cell).
-        block_size: B.
-        expected_tokens: expected tokens this step produces (sum of the verified slot scores; DESIGN §1).
-        draft_next: whether the *next* step should run the draft model (False: a plain
-            autoregressive step, which costs ``C_ar(bs)``).
-        drafted: whether this step had a draft (False for a plan made without one).
+    """What to verify this step: ``lengths [bs]`` int64 in ``[1, B]`` (the confidences' kind and device;
+    request i verifies slots ``1..lengths[i]``), ``num_tokens`` K = their sum, ``expected_tokens``
+    (the sum of the verified slot scores), ``draft_next`` (whether the next step drafts) and
+    ``drafted`` (whether this one had a draft).
     """
 
     lengths: Array
@@ -84,25 +66,14 @@ def constant_lengths(batch_size: int, value: int, like: Array | None = None) -> 
 
 
 class Policy(ABC):
-    """Base class of every verification policy.
+    """Base class of every verification policy: set ``name``, implement :meth:`plan`, register with
+    ``@register``, build with :func:`get`. The constructor's annotations are the parameters' kinds
+    (:mod:`dcut_sched.policies.params`); the constructor checks ranges.
 
-    Subclasses set ``name`` and implement :meth:`plan`; registering is ``@register``. Construct them
-    through :func:`get` so parameters are checked in one place. The constructor's annotations are
-    the parameters' kinds (:mod:`dcut_sched.policies.params`); the constructor checks the ranges.
-
-    Class attributes:
-        name: registry key.
-        needs_cost: :meth:`plan` needs :class:`~dcut_sched.step_costs.StepCosts`.
-        cost_terms: what :meth:`plan` / :meth:`plan_without_draft` read from the step costs, which
-            :class:`~dcut_sched.controller.RatioController` checks at construction
-            (:meth:`StepCosts.check <dcut_sched.step_costs.StepCosts.check>`): ``"budgets"``
-            (``C_verify`` at :meth:`budgets`), ``"drafted"`` (whole drafted steps at the budgets the
-            curve covers), ``"undrafted"`` (the step without a draft).
-        needs_accept_len: :meth:`plan` needs the true acceptance lengths (only the oracle).
-        drafts_first_step: whether the first step of a run drafts.
-        speculative: whether the policy runs on a speculative engine (its steps without a draft
-            cost ``StepCosts.undrafted_ms``); False only for ``ar``, the engine without speculation
-            (``StepCosts.plain_ms``).
+    Class attributes: ``needs_cost`` (:meth:`plan` needs step costs), ``cost_terms`` (what it reads
+    from them, which the controller prices up front: ``"budgets"``, ``"drafted"``, ``"undrafted"``),
+    ``needs_accept_len`` (the oracle), ``drafts_first_step``, ``speculative`` (False only for ``ar``,
+    whose steps are plain steps rather than a speculative engine's undrafted ones).
     """
 
     name: ClassVar[str] = ""
@@ -120,18 +91,14 @@ class Policy(ABC):
         """Forget state kept across steps (start of a new run)."""
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:
-        """Learn from the outcome of the last drafted step (default: nothing to learn).
-
-        Called by the simulator and by ``RatioController.observe`` after every drafted step, with
-        the plan's ``lengths [bs]`` int64 and ``num_accepted [bs]`` int64 (drafts the verification
-        accepted, ``<= lengths - 1``). Policies that estimate acceptance from outcomes (``smartspec``)
-        override it and keep what they learn in their state object.
+        """Learn from the last drafted step's ``lengths [bs]`` and ``num_accepted [bs]`` (int64,
+        ``<= lengths - 1``); called after every drafted step. Default: nothing to learn.
         """
 
     def observe_time(self, step_ms: float) -> None:
-        """Learn the engine's measured wall time of the last planned step, drafted or not, in ms
-        (default: nothing to learn). Called through ``RatioController.observe`` (``StepDriver.observe``)
-        when the engine times its steps (never by the simulator, whose steps take what the cost curve prices)."""
+        """Learn the engine's measured wall time (ms) of the last planned step, when the engine times its
+        steps (never in the simulator). Default: nothing to learn.
+        """
 
     @abstractmethod
     def plan(
@@ -142,31 +109,17 @@ class Policy(ABC):
         accept_len: Array | None = None,
         validate: bool = True,
     ) -> VerifyPlan:
-        """Plan one drafted step.
-
-        Args:
-            conf: ``[bs, B-1]`` float draft confidences in [0, 1] (numpy or torch, any device).
-            cost: the step times (:class:`~dcut_sched.step_costs.StepCosts` for this block size;
-                required when ``needs_cost``).
-            accept_len: ``[bs]`` ints in ``[0, B-1]``, the drafts each request would get accepted
-                (required when ``needs_accept_len``; ignored otherwise).
-            validate: check ``conf`` (the controller sanitises on the device and passes False).
-
-        Returns:
-            The :class:`VerifyPlan`.
+        """Plan one drafted step from ``conf [bs, B-1]`` with step costs ``cost`` (when ``needs_cost``) and
+        ``accept_len [bs]`` (when ``needs_accept_len``); ``validate=False`` skips checking ``conf``.
 
         Raises:
-            ValueError: bad confidences (shape, NaN/inf, range), missing step costs or accept_len, step
-                costs for another block size.
-            TypeError: ``cost`` is not a :class:`~dcut_sched.step_costs.StepCosts` (e.g. a bare curve).
-            CostCurveRangeError: the batch size or a budget is outside the cost curve's range.
+            ValueError: bad confidences, missing step costs or accept_len, costs for another block size.
+            TypeError: ``cost`` is not a StepCosts (e.g. a bare curve).
+            CostCurveRangeError: the batch size or a budget is outside the cost curve.
         """
 
     def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
-        """Plan a step that ran no draft: every request verifies its anchor only (plain decoding).
-
-        The default asks for a draft again on the next step.
-        """
+        """Plan a step that ran no draft (every request verifies its anchor); default: draft next step."""
         lengths = np.ones(batch_size, dtype=np.int64)
         return VerifyPlan(lengths, batch_size, block_size, float(batch_size), draft_next=True, drafted=False)
 
@@ -175,12 +128,8 @@ class Policy(ABC):
         return slot_scores(conf, validate=validate)
 
     def _check_costs(self, cost: StepCosts | None, block_size: int) -> StepCosts:
-        """``cost`` itself, checked: present, a :class:`~dcut_sched.step_costs.StepCosts`, and for
-        ``block_size`` (no conversion: the caller built it once where the curve entered).
-
-        Raises:
-            ValueError: no cost given, or step costs for another block size.
-            TypeError: anything but a StepCosts (a bare :class:`~dcut_sched.CostCurve` included).
+        """``cost`` itself, checked: present (``ValueError``), a StepCosts (``TypeError`` otherwise) for
+        ``block_size`` (``ValueError`` otherwise).
         """
         if not isinstance(cost, StepCosts):
             if cost is None:
@@ -232,15 +181,9 @@ def names() -> list[str]:
 
 
 def get(name: str, **params: Any) -> Policy:
-    """A fresh instance of the policy ``name`` with ``params``: the one place a policy is built.
-
-    The parameters are checked first (:func:`check_params`: names, keys, kinds, finite values), then
-    the constructor checks the ranges.
-
-    Raises:
-        UnknownPolicyError (a KeyError): unknown name (the message lists the known ones).
-        PolicyParamError (a ValueError): an unknown parameter (the message lists the policy's valid
-            keys), a value of another kind, a non-finite number, or a value the constructor rejects.
+    """A fresh instance of policy ``name`` with ``params``, the one place a policy is built: the
+    parameters are checked (:func:`check_params`), then the constructor checks ranges. Raises
+    ``UnknownPolicyError`` (a KeyError) or ``PolicyParamError`` (a ValueError), naming the valid keys.
     """
     cls = policy_class(name)
     validate_params(cls, params)
@@ -255,12 +198,7 @@ def get(name: str, **params: Any) -> Policy:
 
 
 def policy_class(name: str) -> type[Policy]:
-    """The registered class of policy ``name`` (its class attributes, e.g. ``needs_cost``, without
-    building one).
-
-    Raises:
-        UnknownPolicyError (a KeyError): unknown name (the message lists the known ones).
-    """
+    """The registered class of policy ``name`` (``UnknownPolicyError`` if none), without building one."""
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
@@ -283,14 +221,8 @@ def param_help() -> str:
 
 def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The one validation path of policy names and parameters (:mod:`dcut_sched.policies.params`),
-    without building the policy: refuse an unknown name, parameters policy ``name`` does not take,
-    values of another kind than the constructor's annotation (a boolean for a number, a string for
-    an integer, ...), and non-finite numbers. Returns ``params`` unchanged.
-
-    Raises:
-        UnknownPolicyError (a KeyError): unknown policy.
-        PolicyParamError (a ValueError): naming the policy, the key and the valid keys or the
-            expected kind.
+    without building the policy; returns ``params`` unchanged. Raises ``UnknownPolicyError`` or
+    ``PolicyParamError`` naming the policy, the key and the valid keys or expected kind.
     """
     return validate_params(policy_class(name), params)
 

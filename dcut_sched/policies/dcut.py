@@ -19,15 +19,9 @@ def _bucket_budgets(ratios: tuple[float, ...], batch_size: int, block_size: int)
 
 @register
 class DCut(Policy):
-    """Global top-K; K chosen per step among the bucket ratios by expected tokens per verify ms.
-
-    For each ratio rho_q: ``K_q = ceil(rho_q * bs * B)``, ``E_q`` = sum of the top-K_q scores,
-    ``U_q = E_q / C_verify(bs, K_q)``; verify the top-``K_{q*}`` with ``q* = argmax U_q`` (ties: the
-    smaller budget). Source: D-Cut (docs/design.md §1, "D-Cut's bucket choice"). Draft time is not in U_q, as
-    published; the ``fine`` policy uses the full step time.
-
-    Args:
-        ratios: the captured verification ratios, each in (0, 1].
+    """Global top-K with ``K_q`` chosen per step among the bucket ``ratios`` (each in (0, 1]) by
+    ``U_q = E_q / C_verify(bs, K_q)`` (ties: the smaller budget), as published: docs/design.md §1,
+    "D-Cut's bucket choice".
     """
 
     name = "dcut"

@@ -1,16 +1,8 @@
-"""``dense_fallback``: D-Cut with the SGLang port's dense-fallback rule.
-
-Source: the SGLang port of D-Cut (adaptive verification for DFlash in SGLang, following the AngelSlim
-D-Cut documentation). Why the port falls back to the dense graph: docs/design.md §2.6; what was
-checked against which source, and which reading of "eligible" this is: docs/policies.md.
-
-Contract, per step: the D-Cut buckets ``rho_q`` (full verification always among them) give budgets
-``K_q = ceil(rho_q * bs * B)``; a bucket with ``K_q < bs * B`` is *eligible* only if
-``1 - C_verify(bs, K_q) / C_verify(bs, bs * B) >= min_saving`` (:func:`eligible_buckets`); among the
-eligible buckets and full verification the one with the best ``U_q = E_q / C_verify(bs, K_q)`` wins
-(ties: the smaller budget), and the lengths are its global top-K. ``min_saving = 0`` gives ``dcut``.
-
-Engine needs: per-token confidences, no lag, one host sync per step (as ``dcut``).
+"""``dense_fallback``: D-Cut with the SGLang port's dense-fallback rule (the SGLang port of D-Cut,
+after the AngelSlim D-Cut documentation; the rule: docs/design.md §2.6, the reading: docs/policies.md).
+A compact bucket is eligible only if it saves ``min_saving`` of the full verify cost
+(:func:`eligible_buckets`); among the eligible ones and full verification the best
+``E_q / C_verify(bs, K_q)`` wins (ties: the smaller). ``min_saving = 0`` gives ``dcut``.
 """
 
 from __future__ import annotations
@@ -26,12 +18,8 @@ from .dcut import DCut
 
 
 def eligible_buckets(num_tokens: np.ndarray, verify_ms: np.ndarray, min_saving: float) -> np.ndarray:
-    """Mask of the budgets the dense-fallback rule allows: full itself, or a saving ``>= min_saving``.
-
-    Args:
-        num_tokens: ``[n]`` bucket budgets ascending; the last is the full block ``bs * B``.
-        verify_ms: ``[n]`` ``C_verify`` of each budget.
-        min_saving: the fraction of the full verify cost a compact bucket must save.
+    """Mask of the ascending bucket budgets ``num_tokens`` (the last is ``bs * B``) the rule allows: full
+    itself, or ``1 - verify_ms / verify_ms[-1] >= min_saving``.
     """
     num_tokens = np.asarray(num_tokens)
     verify_ms = np.asarray(verify_ms, dtype=np.float64)
@@ -41,11 +29,8 @@ def eligible_buckets(num_tokens: np.ndarray, verify_ms: np.ndarray, min_saving: 
 
 @register
 class DenseFallback(DCut):
-    """D-Cut buckets; a compact bucket counts only if it saves ``min_saving`` of the full verify cost.
-
-    Args:
-        ratios: the captured verification ratios (as ``dcut``); full verification is always a candidate.
-        min_saving: in [0, 1); the SGLang port uses 0.12.
+    """D-Cut buckets (``ratios``; full always a candidate) where a compact bucket counts only if it saves
+    ``min_saving`` in [0, 1) of the full verify cost (the SGLang port: 0.12).
     """
 
     name = "dense_fallback"

@@ -1,30 +1,8 @@
-"""``dspark``: DSpark-style adaptive verification: a stale, smoothed batch budget, a fresh allocation.
-
-Source: vLLM pull request 47808, "[Spec Decode] DSpark confidence-scheduled verification", and its
-documentation (the vLLM blog post "Adaptive Verification in vLLM"); the DSpark paper (arXiv
-2607.05147) describes the split this policy follows. Why the budget is sized from earlier steps and
-the cost is a step function: docs/design.md §2.5; the reading of the source: docs/policies.md.
-
-Contract, per drafted step at batch size bs (:meth:`DSpark.table`, :meth:`DSpark.plan`):
-
-1. candidate budgets ``K``: the capture sizes of :func:`vllm_capture_sizes` within ``[bs, bs * B]``
-   and not above ``capture_limit`` (default 512), plus ``bs`` and the largest feasible budget; the
-   step time at ``K`` is ``StepCosts.drafted_ms`` at the padded budget (:func:`padded_num_tokens`,
-   clipped to the curve's token range);
-2. the expected tokens ``E(K)`` (sum of the top-K slot scores) are smoothed across steps by
-   ``ema <- alpha * E_t + (1 - alpha) * ema`` (``alpha = ema_alpha``, default 0.8), kept in
-   :class:`DSparkState`;
-3. ``K* = argmax_K ema(K) / T(K)`` (ties: the smaller budget) with the average *before* this step is
-   folded in; the first step of a run, and the first after the batch size changed, use the current
-   ``E(K)``;
-4. the lengths are the global top-``K*`` of the current scores.
-
-Raises :class:`~dcut_sched.cost_curve.CostCurveRangeError` when ``bs`` exceeds ``capture_limit``.
-
-Engine needs: per-token confidences; the smoothed expected-token curve carried across steps (one
-float vector per batch size); one host sync per step (reading the current ``E(K)``, which the next
-step's budget needs; an engine can overlap it with the verification forward since the current
-budget does not depend on it).
+"""``dspark``: DSpark-style adaptive verification (vLLM pull request 47808, "[Spec Decode] DSpark
+confidence-scheduled verification"; the DSpark paper, arXiv 2607.05147; the rule: docs/design.md
+§2.5). Candidates are vLLM's capture sizes in ``[bs, bs * B]`` up to ``capture_limit``, priced at
+the padded budget; ``K* = argmax ema(K) / T(K)`` with the EMA of the expected tokens before this
+step (the current ones on a first step or a new batch size); the lengths are the current top-K*.
 """
 
 from __future__ import annotations
@@ -45,7 +23,8 @@ MAX_CAPTURE_LIMIT = 1 << 20
 
 def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
     """vLLM's default CUDA-graph capture sizes up to ``capture_limit``: 1, 2, 4, 8..256 by 8, 272.. by 16,
-    and the limit itself (the largest captured graph)."""
+    and the limit itself.
+    """
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max(int(capture_limit), 256) + 1, 16)]
     return np.union1d([s for s in sizes if s <= capture_limit], [int(capture_limit)]).astype(np.int64)
 
@@ -61,12 +40,7 @@ def padded_num_tokens(num_tokens: np.ndarray, capture_sizes: np.ndarray) -> np.n
 
 @dataclass
 class DSparkState:
-    """Exponential moving average of the expected-token curve over the candidate budgets.
-
-    Attributes:
-        batch_size: the batch size the average belongs to (None before the first step).
-        ema: ``[num candidates]`` float64 smoothed ``E(K)``.
-    """
+    """The EMA ``[num candidates]`` of the expected tokens ``E(K)`` and the ``batch_size`` it belongs to."""
 
     batch_size: int | None = None
     ema: np.ndarray | None = None
@@ -74,11 +48,8 @@ class DSparkState:
 
 @register
 class DSpark(Policy):
-    """Batch budget from stale, EMA-smoothed confidences over a stepped graph cost; allocation from current ones.
-
-    Args:
-        ema_alpha: weight of the newest step in the moving average, in (0, 1].
-        capture_limit: the largest CUDA-graph capture size (budgets above it are not candidates).
+    """Batch budget from stale, EMA-smoothed confidences over a stepped graph cost, allocation from the
+    current ones; ``ema_alpha`` in (0, 1] weighs the newest step, ``capture_limit`` caps the budgets.
     """
 
     name = "dspark"

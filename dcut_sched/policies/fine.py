@@ -1,29 +1,8 @@
-"""``fine``: global top-K over every replayable token count, by expected tokens per full step time.
-
-Contract, per drafted step at batch size bs (the derivations: docs/design.md §2.1):
-
-- **Budget.** The candidates are the token counts the engine can replay (``allowed_num_tokens``, or
-  the multiples of ``granularity`` in ``[bs, bs*B]`` plus both ends) within the cost curve's range.
-  ``objective="ratio"`` (default) verifies the global top-K with ``K = argmax E(K) / drafted(bs, K)``,
-  the full step time from :class:`~dcut_sched.step_costs.StepCosts`; ``objective="marginal"``
-  takes ``argmax E(K) - rate * budget_ms(K)`` with ``rate`` the running achieved rate (``ratio``
-  until one is known). Ties: the smaller budget (:func:`choose_budget`).
-- **Whether to draft next.** ``draft_next`` is True while an exponential moving average of the best
-  expected tokens per ms of recent drafted steps beats plain decoding (``bs / StepCosts.undrafted_ms(bs)``)
-  by ``speculate_margin``; the first drafted step after a plain stretch restarts the average.
-- **Probes.** After a plain stretch the policy drafts again (a probe) only when at least
-  ``probe_interval`` plain steps passed and the run's account of what drafting lost against plain
-  decoding, plus the next probe's estimated loss, fits in ``probe_budget`` of the elapsed time
-  (:class:`FineState`). So drafting loses at most about ``probe_budget`` of a run's time (plus one
-  probe and its episode), and a probe comes within a bounded time once drafting pays (§2.1).
-- **Realized outcomes** (``feedback``, default on). The plans are estimates: the expected tokens
-  come from the confidences and the times from the cost curve. ``fine`` books each step and, when
-  the engine reports it (``observe``: accepted drafts; ``observe_time``: measured ms), replaces the
-  estimate in the probe budget's account by what happened, and keeps running ratios of accepted to
-  expected drafts and of measured to priced time (drafted and undrafted steps apart,
-  :class:`Realization`). Every later plan counts ``bs + rho * (E(K) - bs)`` tokens and times scaled
-  by the measured ratios. So confidences that promise more than they deliver, or a curve that
-  prices a step wrong, cost at most the probe budget rather than a run (§2.1).
+"""``fine``: global top-K over every replayable token count, by expected tokens per full step time
+(the rules and their derivations: docs/design.md §2.1). Per drafted step it picks the budget
+(:func:`choose_budget`), decides whether the next step drafts against plain decoding, holds probes
+to a budget of the run's time, and, with ``feedback``, plans with what the engine delivered
+(:class:`FineState`, :class:`Realization`).
 """
 
 from __future__ import annotations
@@ -43,20 +22,10 @@ OBJECTIVES = ("ratio", "marginal")
 
 def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms: float, objective: str = "ratio",
                   rate: float | None = None) -> tuple[int, np.ndarray]:
-    """The budget choice of ``fine``, pure: which candidate K to verify.
-
-    Args:
-        expected: ``[n]`` float64 expected tokens E(K) of the top-K selection at each candidate K.
-        verify_ms: ``[n]`` float64 ``C_verify(bs, K)`` at each candidate, ms.
-        drafted_fixed_ms: the drafted step's time besides verification (``C_draft(bs)`` plus any
-            controller overhead), ms.
-        objective: ``"ratio"``: ``argmax E(K) / (drafted_fixed_ms + C_verify(K))``; ``"marginal"``:
-            ``argmax E(K) - rate * C_verify(K)`` (falls back to ``ratio`` while ``rate`` is None).
-        rate: the running achieved rate, tokens per ms (``marginal`` only).
-
-    Returns:
-        ``(j, per_ms)``: the index of the chosen candidate (ties: the smaller budget) and the ``[n]``
-        expected tokens per ms of the full step at every candidate.
+    """The budget choice of ``fine``, pure: for ``[n]`` candidates with expected tokens ``expected`` and
+    ``verify_ms``, ``"ratio"`` takes ``argmax E / (drafted_fixed_ms + verify_ms)``; ``"marginal"`` takes
+    ``argmax E - rate * verify_ms`` (``ratio`` while ``rate`` is None). Returns ``(j, per_ms)``: the
+    chosen index (ties: the smaller budget) and the expected tokens per ms of the full step at each.
     """
     per_ms = expected / (drafted_fixed_ms + verify_ms)
     if objective == "marginal" and rate is not None:
@@ -66,20 +35,11 @@ def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms:
 
 @dataclass
 class Booked:
-    """One planned step as ``fine`` booked it, awaiting what the engine reports (:meth:`FineState.settle`).
-
-    Attributes:
-        drafted: whether the step verified drafts.
-        batch_size: requests in the step.
-        priced_ms: the cost curve's price of the step, ms.
-        booked_ms: the price times the measured time ratio the plan used, ms.
-        expected_drafts: the raw expected accepted drafts of the verified slots (drafted steps).
-        booked_tokens: the tokens the plan counted on (realization-corrected; drafted steps).
-        plain_rate: plain decoding's tokens per ms the plan compared against (drafted steps).
-        sets_probe_loss: the step's loss estimates the next probe's (a probe, or the step that stops).
-        accepted: the drafts the verification accepted (a host number, or a device scalar read at
-            settling, so observing costs no host sync); None until observed.
-        measured_ms: the engine's wall time of the step; None when not timed.
+    """One planned step as ``fine`` booked it, awaiting the engine's report (:meth:`FineState.settle`):
+    its price (``priced_ms``) and the price the plan used (``booked_ms``), the expected drafts and
+    tokens it counted on, the plain rate it compared against, whether its loss estimates the next
+    probe's, and, once reported, ``accepted`` (a host number or a device scalar read at settling) and
+    ``measured_ms``.
     """
 
     drafted: bool
@@ -118,16 +78,9 @@ class DecayedRatio:
 
 
 class Realization:
-    """What the engine delivered against what ``fine``'s plans priced, as running ratios (§2.1).
-
-    Three :class:`DecayedRatio`: accepted over expected drafts (``tokens``), and the mean measured
-    over priced time of drafted and of undrafted steps. A step without a draft ages what drafted
-    steps taught by the same weight, so after a plain stretch the ratios of drafted steps return
-    towards 1 and a probe is judged afresh (the probe budget, kept in realized losses, still bounds
-    what probes lose).
-
-    Args:
-        decay: weight of the history per observation, in [0, 1).
+    """Running ratios of delivered to priced (docs/design.md §2.1, "Realized outcomes"): accepted over
+    expected drafts, measured over priced time of drafted and of undrafted steps, each a
+    :class:`DecayedRatio` with weight ``decay``; a step without a draft ages the drafted ones.
     """
 
     def __init__(self, decay: float = 0.95):
@@ -164,18 +117,10 @@ class Realization:
 
 @dataclass
 class FineState:
-    """What ``fine`` carries from step to step (module docstring; docs/design.md §2.1).
-
-    Attributes:
-        rate: running best expected tokens per ms of recent drafted steps (None before the first).
-        plain_steps: plain steps since the last drafted step.
-        probing: the next drafted step is a probe after a plain stretch.
-        elapsed_ms: time of every step this run (drafted and plain), ms; measured where reported.
-        debt_ms: what drafted steps lost against plain decoding this run (signed), ms; realized
-            (accepted drafts, measured time) once the engine reports them.
-        next_probe_loss_ms: estimate of the next probe's loss (the last one's), ms.
-        realization: the running ratios of delivered to priced (None: plans use the estimates as they are).
-        booked: the last planned step, until :meth:`settle` accounts for it.
+    """What ``fine`` carries from step to step: the running utility ``rate``, ``plain_steps`` since the
+    last draft, ``probing``, the run's ``elapsed_ms`` and ``debt_ms`` (what drafting lost against
+    plain decoding, realized once reported), ``next_probe_loss_ms``, the ``realization`` ratios
+    (``None`` without feedback) and the ``booked`` step awaiting :meth:`settle`.
     """
 
     rate: float | None = None
@@ -242,25 +187,11 @@ class FineState:
 class Fine(Policy):
     """Fine-grained global top-K with a full-step-time objective and optional plain steps.
 
-    Args:
-        granularity: candidate budgets are the multiples of this in ``[bs, bs*B]``, plus ``bs`` and
-            ``bs*B`` (ignored when ``allowed_num_tokens`` is given).
-        allowed_num_tokens: explicit candidate budgets (e.g. the graph bank's captured cells); those
-            in ``[bs, bs*B]`` and in the cost curve's range are used.
-        objective: ``"ratio"`` or ``"marginal"`` (module docstring; docs/design.md §2.1).
-        ema_decay: weight of the history in the running utility, in [0, 1).
-        probe_interval: fewest plain steps between two probes (>= 1).
-        probe_budget: the most of the run's time that drafting may lose against plain decoding
-            before probes are held back, in (0, 1) (module docstring; docs/design.md §2.1).
-        speculate_margin: draft only when the running utility beats plain decoding by this relative
-            margin; 0 drafts on any estimated gain. Default 0.05: expected tokens run above
-            the tokens produced (the measurement and the reasoning: docs/design.md §2.1, "Why a
-            margin").
-        feedback: plan with what the engine delivered (module docstring, "Realized outcomes"):
-            scale the expected drafts and the priced step times by the running realization ratios,
-            and keep the probe budget's account in accepted drafts and measured time. False plans
-            on the confidences and the cost curve as they are.
-        feedback_decay: weight of the history per observation in the realization ratios, in [0, 1).
+    Parameters (their rules: docs/design.md §2.1): ``granularity`` or ``allowed_num_tokens`` (the
+    candidate budgets), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
+    utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
+    share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
+    ``feedback`` and ``feedback_decay`` (plan with realized outcomes).
     """
 
     name = "fine"
@@ -379,10 +310,8 @@ class Fine(Policy):
             b.measured_ms = float(step_ms)
 
     def plan_without_draft(self, batch_size: int, block_size: int, cost: StepCosts | None = None) -> VerifyPlan:
-        """A step without draft (``StepCosts.undrafted_ms``: ``C_ar(bs)`` where the engine truly skips); asks for a probe when the probe budget allows (module docstring).
-
-        Raises:
-            ValueError: no cost given (the probe budget is kept in time).
+        """A step without draft (``StepCosts.undrafted_ms``); asks for a probe when the probe budget
+        allows. ``ValueError`` without step costs (the budget is kept in time).
         """
         costs = self._check_costs(cost, block_size)
         st = self.state

@@ -1,27 +1,9 @@
-"""Policy parameters: the one validation path (names, keys, kinds, finite values).
-
-Every boundary that takes policy parameters from a person checks them here, before anything is
-built: ``dcut-sim --param`` and ``dcut-engine --param`` (:mod:`dcut_sched.cli`),
-:class:`~dcut_sched.simulator.SimConfig`, :class:`~dcut_sched.controller.RatioController` (through
-:func:`~dcut_sched.policies.get`) and the vLLM plugin's config
-(:mod:`dcut_sched.integrations.vllm.config`). Then each policy is built once, by
-:func:`~dcut_sched.policies.get`, whose constructor checks the value ranges (``rho`` in (0, 1], ...).
-
-The kinds come from the policy constructor's annotations (``int``, ``float``, ``bool``, ``str``,
-``Sequence[float]``, ``X | None``), turned into a strict pydantic model per policy (pydantic is the
-project's validation library, see :mod:`dcut_sched.integrations.vllm.config`):
-
-- booleans are not numbers and numbers are not booleans (``True`` for ``granularity`` or ``1`` for a
-  boolean is refused);
-- an integral float is an integer (``8.0``), numpy scalars count as the Python kind they hold;
-- a sequence is a non-empty list or tuple of its item kind;
-- NaN, infinities and numbers beyond the float range are refused, and so is an integer beyond
-  :data:`MAX_INT_PARAM` (also as a list element);
-- a parameter whose annotation is none of these is not checked here (its constructor checks it).
-
-Errors are :class:`PolicyParamError` (a ``ValueError``) naming the policy, the key, the value and
-the expected kind or the valid keys; an unknown policy name is :class:`UnknownPolicyError` (also a
-``KeyError``, as before), listing the known names.
+"""Policy parameters: the one validation path (names, keys, kinds, finite values), run by every
+boundary that takes them from a person before anything is built; the constructors then check
+ranges. Kinds come from the constructor's annotations as a strict pydantic model per policy:
+booleans are not numbers, an integral float is an integer, a sequence is a non-empty list; NaN,
+infinities and integers beyond :data:`MAX_INT_PARAM` are refused. Errors: :class:`PolicyParamError`
+(a ``ValueError``) and :class:`UnknownPolicyError` (a ``KeyError``), naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -131,8 +113,9 @@ def _model(cls: type) -> tuple[Any, dict[str, str]]:
 
 
 def _non_finite(value: Any, depth: int = 0) -> bool:
-    """A NaN, an infinity or a number too large for a float anywhere in ``value`` (lists nested at
-    most 8 deep; deeper nesting counts as bad too)."""
+    """A NaN, an infinity or a number too large for a float anywhere in ``value`` (nesting beyond 8
+    levels counts as bad).
+    """
     value = _plain(value)
     if isinstance(value, bool):
         return False
@@ -153,11 +136,8 @@ def keys_text(cls: type) -> str:
 
 
 def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
-    """Check ``params`` against policy class ``cls`` (module docstring); returns them unchanged.
-
-    Raises:
-        PolicyParamError: an unknown key (the valid keys listed), a value of another kind (the
-            expected kind and the default named), or a non-finite number.
+    """Check ``params`` against policy class ``cls`` (module docstring); returns them unchanged or raises
+    :class:`PolicyParamError` naming the valid keys or the expected kind and default.
     """
     name = cls.name
     defaults = param_defaults(cls)

@@ -1,21 +1,8 @@
-"""``smartspec``: SmartSpec, one draft length per step chosen for goodput from a running acceptance rate.
-
-Source: X. Liu, C. Daniel, L. Hu, W. Kwon, Z. Li, X. Mo, A. Cheung, Z. Deng, I. Stoica, H. Zhang,
-"Optimizing Speculative Decoding for Serving Large Language Models Using Goodput" (SmartSpec,
-arXiv 2406.14066). The derivation (goodput under independent acceptance, the maximum-likelihood
-acceptance estimate, the timing of the decision) is in docs/design.md §2.2; the reading of the
-source in docs/policies.md.
-
-Contract: each drafted step every request verifies ``k + 1`` slots, ``k`` in ``[1, n]`` (``n`` =
-``max_draft_len`` or ``B - 1``) the argmax of :func:`smartspec_goodput` with ``T(0) =
-StepCosts.undrafted_ms(bs)`` and ``T(k) = StepCosts.drafted_ms(bs, bs * (k + 1))``
-(:meth:`SmartSpec.step_ms`), under the acceptance rate of :class:`SmartSpecState` (decayed by
-``history_decay`` per drafted step); the whole block until a first outcome is known. ``draft_next``
-is whether the best drafted goodput beats ``k = 0`` under the estimate known at planning time.
-
-Engine needs: no per-token confidences (the confidences passed to :meth:`SmartSpec.plan` only fill the
-plan's expected-token figure); the per-request accepted counts after each step (``observe``: one
-host read of two sums per step); no lag beyond the one above.
+"""``smartspec``: SmartSpec (Liu et al., "Optimizing Speculative Decoding for Serving Large Language
+Models Using Goodput", arXiv 2406.14066; derivation: docs/design.md §2.2). Each drafted step every
+request verifies ``k + 1`` slots, ``k`` in ``[1, n]`` the argmax of :func:`smartspec_goodput` under
+the decayed acceptance rate of :class:`SmartSpecState` (the whole block until an outcome is known);
+``draft_next`` is whether that beats ``k = 0``. Needs the accepted counts, not the confidences.
 """
 
 from __future__ import annotations
@@ -30,15 +17,8 @@ from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, regist
 
 
 def geometric_expected_tokens(acceptance_rate: float, draft_len: np.ndarray | int) -> np.ndarray:
-    """Expected tokens per request when ``draft_len`` drafts are verified: ``(1 - a^(k+1)) / (1 - a)``.
-
-    Args:
-        acceptance_rate: ``a`` in [0, 1], the probability that a draft token is accepted given that the
-            ones before it were.
-        draft_len: ``k >= 0`` (scalar or array).
-
-    Returns:
-        float64 array of the same shape; ``k + 1`` when ``a == 1``.
+    """Expected tokens per request verifying ``k = draft_len`` drafts at acceptance rate ``a``:
+    ``(1 - a^(k+1)) / (1 - a)``, ``k + 1`` when ``a == 1`` (float64, the shape of ``draft_len``).
     """
     a = float(acceptance_rate)
     if not (0.0 <= a <= 1.0):
@@ -58,11 +38,8 @@ def smartspec_goodput(acceptance_rate: float, batch_size: int, step_ms: np.ndarr
 
 @dataclass
 class SmartSpecState:
-    """Decayed acceptance counts of recent drafted steps.
-
-    Attributes:
-        accepted: decayed sum of accepted drafts.
-        trials: decayed sum of drafts examined (accepted ones plus the first rejected one, if any).
+    """Decayed sums of recent drafted steps: ``accepted`` drafts and ``trials`` (drafts examined: the
+    accepted ones plus the first rejected one).
     """
 
     accepted: float = 0.0
@@ -80,12 +57,8 @@ class SmartSpecState:
 
 @register
 class SmartSpec(Policy):
-    """One draft length ``k`` for every request, argmax of goodput under a running acceptance rate.
-
-    Args:
-        history_decay: weight of the older history in the acceptance-rate estimate per drafted step,
-            in [0, 1) (0: the last step only).
-        max_draft_len: the largest ``k`` (``n`` in the paper); None: ``B - 1``, the whole block.
+    """One draft length ``k`` for every request, argmax of goodput under a running acceptance rate;
+    ``history_decay`` in [0, 1) per drafted step, ``max_draft_len`` ``n`` (None: ``B - 1``).
     """
 
     name = "smartspec"
@@ -108,15 +81,14 @@ class SmartSpec(Policy):
         self.state = SmartSpecState()
 
     def budgets(self, batch_size: int, block_size: int) -> np.ndarray:
-        """The budgets of its drafted steps, ``bs (k+1)`` for ``k = 1..n`` (ascending, int64): each one
-        is priced every step (:meth:`step_ms`), so a curve must cover them all."""
+        """The budgets ``bs (k+1)``, ``k = 1..n`` (ascending int64), each priced every step, so a curve must
+        cover them all.
+        """
         n = block_size - 1 if self.max_draft_len is None else min(self.max_draft_len, block_size - 1)
         return int(batch_size) * np.arange(2, n + 2, dtype=np.int64)
 
     def step_ms(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
-        """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.undrafted_ms`` for ``k = 0`` (the step a
-        speculative engine runs without a draft), ``drafted_ms(bs, bs (k+1))`` after (the times the
-        simulator charges, draft scale and overheads included)."""
+        """``T(k)`` in ms for ``k = 0..n``: ``StepCosts.undrafted_ms`` at 0, ``drafted_ms(bs, bs (k+1))`` after."""
         costs = self._check_costs(costs, block_size)
         verify = costs.budget_ms_at(batch_size, self.budgets(batch_size, block_size))
         return np.concatenate([[costs.undrafted_ms(batch_size)], costs.drafted_fixed_ms(batch_size) + verify])

@@ -8,13 +8,8 @@ from .base import Policy, VerifyPlan, check_conf_shape, register
 
 @register
 class Threshold(Policy):
-    """Verify, per request, the slots with score ``s[i,k] >= tau``.
-
-    Scores are non-increasing along a request and the anchor scores 1, so this is a prefix of at
-    least one slot. The budget K floats with the batch's confidence.
-
-    Args:
-        tau: score threshold in [0, 1].
+    """Verify, per request, the slots with score ``s[i,k] >= tau`` (``tau`` in [0, 1]): a prefix of at
+    least the anchor; the budget floats with the batch's confidence.
     """
 
     name = "threshold"

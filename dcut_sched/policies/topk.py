@@ -8,13 +8,8 @@ from .base import Policy, VerifyPlan, budget_from_ratio, check_conf_shape, regis
 
 @register
 class TopK(Policy):
-    """Verify the ``K = ceil(rho * bs * B)`` highest-scoring slots of the whole batch.
-
-    Scores fall along each request, so the top-K is a prefix per request (docs/design.md §1); a
-    confident request gets a long prefix and a doubtful one its anchor only.
-
-    Args:
-        rho: verification ratio in (0, 1].
+    """Verify the ``K = ceil(rho * bs * B)`` highest-scoring slots of the whole batch (``rho`` in (0, 1]),
+    a prefix per request.
     """
 
     name = "topk"

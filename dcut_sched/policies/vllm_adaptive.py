@@ -1,29 +1,8 @@
-"""``vllm_adaptive``: vLLM's adaptive verifier step length (D-Cut-style), decisions one step late.
-
-Source: vLLM pull request 44885, "[Spec Decode] Adaptive verifier step-length for DFlash/PARD
-(D-Cut-style)", and its design note ``verify_adaptive.md``. The scoring rule and the lag as the PR
-has them: docs/design.md §2.4; the reading of the source and how the simulator replays the lag:
-docs/policies.md.
-
-Contract, per drafted step at batch size bs (:meth:`VllmAdaptive.table`, :meth:`VllmAdaptive.plan`):
-
-- the ITL table is the cost curve's measured verify cells, without interpolation
-  (``StepCosts.measured_batch_sizes``, ``StepCosts.measured_verify``); ``bs'`` is the smallest
-  measured batch size ``>= bs`` (:func:`profiled_level`), and the candidates are the token counts
-  ``Q`` measured at ``bs'`` with ``bs <= Q <= bs * B``;
-- ``Q = argmax E(Q) / ITL(bs', Q)`` (ties: the smaller ``Q``, :func:`best_query_len`), with ``E(Q)``
-  the expected tokens of the top-Q slot scores of the *previous* step's confidences
-  (:class:`LaggedConfidences`; the current ones with ``lag_steps=0``); the lengths are that ranking's
-  global top-Q;
-- without cached confidences of the same shape (the first step of a run, or after the batch changed
-  shape) every request verifies the whole block;
-- row ``i`` of the cached confidences is whatever request sat in batch row ``i`` a step ago.
-
-Raises :class:`~dcut_sched.cost_curve.CostCurveRangeError` when ``bs`` is above every measured batch
-size or no measured ``Q`` fits the batch.
-
-Engine needs: per-token confidences; the previous step's confidences (or lengths) cached across one
-step; one host sync per step (the expected tokens of the candidates, to pick ``Q``).
+"""``vllm_adaptive``: vLLM's adaptive verifier step length (vLLM pull request 44885, "[Spec Decode]
+Adaptive verifier step-length for DFlash/PARD (D-Cut-style)"; the rule: docs/design.md §2.4). The
+ITL table is the curve's measured verify cells at the profiled level ``bs' >= bs``; ``Q = argmax
+E(Q) / ITL(bs', Q)`` on the *previous* step's confidences (``lag_steps=0``: the current ones), the
+lengths their global top-Q; without cached confidences of the same shape, the whole block.
 """
 
 from __future__ import annotations
@@ -39,10 +18,8 @@ from .base import Policy, VerifyPlan, check_conf_shape, constant_lengths, regist
 
 
 def profiled_level(batch_size: int, levels: list[int] | np.ndarray) -> int:
-    """The smallest profiled batch size ``>= batch_size`` (vLLM rounds the batch size up).
-
-    Raises:
-        CostCurveRangeError: ``batch_size`` exceeds every profiled level.
+    """The smallest profiled batch size ``>= batch_size`` (vLLM rounds up); :class:`CostCurveRangeError`
+    when none is.
     """
     levels = np.sort(np.asarray(levels, dtype=np.int64))
     j = int(np.searchsorted(levels, int(batch_size), side="left"))
@@ -68,11 +45,8 @@ class LaggedConfidences:
 
 @register
 class VllmAdaptive(Policy):
-    """Best total query length ``Q`` from a profiled ITL table, per-request lengths by global top-K, one step late.
-
-    Args:
-        lag_steps: 1 (the published behaviour) or 0 (decide on the current step's confidences; an
-            ablation that isolates the cost of the lag).
+    """Best total query length ``Q`` from a profiled ITL table, lengths by global top-K, one step late;
+    ``lag_steps`` 1 (published) or 0 (the ablation that isolates the lag).
     """
 
     name = "vllm_adaptive"
@@ -91,13 +65,8 @@ class VllmAdaptive(Policy):
         self.state = LaggedConfidences()
 
     def table(self, batch_size: int, block_size: int, costs: StepCosts) -> tuple[int, np.ndarray, np.ndarray]:
-        """``(bs', candidate Q ascending, ITL(bs', Q) ms)`` for this batch shape: the measured verify
-        cells at the profiled level ``bs'`` (:meth:`StepCosts.measured_verify`, cached there) with
-        ``bs <= Q <= bs * B``.
-
-        Raises:
-            CostCurveRangeError: ``batch_size`` is above every profiled level, or no profiled query
-                length fits the batch.
+        """``(bs', candidate Q ascending, ITL(bs', Q) ms)``: the measured cells at the profiled level with
+        ``bs <= Q <= bs * B``; :class:`CostCurveRangeError` when no level or no ``Q`` fits.
         """
         costs = self._check_costs(costs, block_size)
         level = profiled_level(batch_size, costs.measured_batch_sizes)

@@ -1,46 +1,27 @@
 """The simulated serving loop: simpy processes with one event per engine step.
 
-Contract of a step (the step times: docs/design.md §1; the full account, with what the
-simulator checks against the online controller: docs/simulator.md, "What it simulates"). A step is
-the online controller's own step code, :class:`~dcut_sched.controller.step_driver.StepDriver`, run
-on numpy arrays:
+A step is the online controller's own step code,
+:class:`~dcut_sched.controller.step_driver.StepDriver`, run on numpy arrays: a drafted step gathers
+the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from the trace and plans, a step without a
+draft verifies anchors only; every request then advances by ``verified_prefix_tokens(accept_len, L)``
+(:class:`~.replay.ReplayBatch`) and the driver observes the drafts accepted. Step times come from the
+run's one :class:`~dcut_sched.step_costs.StepCosts`, the object the policy plans with (``drafted_ms``
+at the replayed cell, ``undrafted_ms``, or ``plain_ms`` for ``ar``; docs/design.md §1). What it
+simulates and checks against the controller: docs/simulator.md, "What it simulates".
 
-1. if the policy wants a draft this step (``policy.drafts_first_step`` on the first step, then the
-   previous plan's ``draft_next``): gather the batch's ``conf [bs, B-1]`` and ``accept_len [bs]`` from
-   the trace and let the driver plan (sanitise the confidences, pass them through the optional
-   calibrator, ``policy.plan``); the step takes ``StepCosts.drafted_ms`` at the cell
-   (``C_draft(bs) + C_verify(cell) + overhead_ms`` on a curve without the optional rows), where the
-   cell is ``(bs, num_tokens)`` or, with ``graph_token_counts``, the captured cell the budget is
-   padded up to (``StepDriver.graph_cell``);
-2. otherwise ``StepDriver.plan_without_draft``: every request verifies its anchor only and the step
-   takes ``StepCosts.undrafted_ms(bs)`` (``C_ar(bs)``, the plain autoregressive decode step, where the
-   engine truly skips its drafter), or ``StepCosts.plain_ms(bs)`` for ``ar``, the engine without speculation;
-3. every request advances by ``verified_prefix_tokens(accept_len, L)`` tokens
-   (:class:`~.replay.ReplayBatch`), and the driver observes the drafts accepted (one fewer), which
-   feeds the calibrator and the policy as online.
-
-Step times come from one :class:`~dcut_sched.step_costs.StepCosts` per run, built in the run's
-set-up, and the policy is given that same object, so what a policy optimises and what the simulator
-charges are the same numbers (the prefill too: ``StepCosts.prefill_ms``).
-The loop holds no policy or controller logic of its own.
-
-Two workloads:
-
-- :func:`run_closed_loop`: a fixed number ``bs`` of concurrent requests; a finished request is
-  replaced at once by the next one of the :class:`~.replay.RequestFeed` (the published benchmark).
-- :func:`run_open_loop`: Poisson arrivals at ``rate_rps`` requests/s into a FIFO queue; continuous
-  batching admits waiting requests at each step boundary up to ``max_batch_size``; an optional
-  prefill (batched, blocking the decode of that step boundary) costs ``C_verify(k, k * prompt_len)``
-  for k admitted requests, or ``prefill_ms`` per admitted request, or nothing (the default).
-
-Both take a :class:`~.config.SimConfig` (or its fields as keywords, for direct calls).
+Two workloads, each taking a :class:`~.config.SimConfig` (or its fields as keywords):
+:func:`run_closed_loop`, ``bs`` concurrent requests, a finished one replaced at once from the
+:class:`~.replay.RequestFeed` (the published benchmark); :func:`run_open_loop`, Poisson arrivals
+at ``rate_rps`` into a FIFO queue, continuous batching up to ``max_batch_size`` at each step
+boundary, and an optional batched prefill (``C_verify(k, k * prompt_len)`` or ``prefill_ms`` per
+request) that blocks that boundary.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import simpy
@@ -387,71 +368,15 @@ def run_open_loop(
         raise ValueError(f"rate_rps={rate_rps} must be > 0")
     policy, calibrator, costs, cells = _prepare_run(trace, cost, policy, config, range(1, int(max_batch_size) + 1))
     n = int(config.num_requests)
-    seed = config.seed
-    prompt_len, prefill_ms = config.prompt_len, config.prefill_ms
-    if arrival_ms is None:
-        arrival_rng = np.random.default_rng([int(seed), 1])
-        arrival_ms = np.cumsum(arrival_rng.exponential(1000.0 / rate_rps, size=n))
-    else:
-        arrival_ms = np.asarray(arrival_ms, dtype=np.float64)
-        if arrival_ms.shape != (n,) or np.any(np.diff(arrival_ms) < 0) or (n and arrival_ms[0] < 0):
-            raise ValueError(f"arrival_ms must be {n} non-decreasing times >= 0")
-    feed = RequestFeed(trace.num_requests, seed=seed, shuffle=config.shuffle)
+    arrival_ms = _arrival_times(arrival_ms, rate_rps, n, config.seed)
+    feed = RequestFeed(trace.num_requests, seed=config.seed, shuffle=config.shuffle)
     requests = feed.take(n)
-    batch = ReplayBatch(trace, seed=seed)
-    stepper = _Stepper(batch, policy, costs, calibrator, cells, record=False)
-    start_ms = np.full(n, np.nan)
-    first_token_ms = np.full(n, np.nan)
-    finish_ms = np.full(n, np.nan)
-    output_tokens = np.zeros(n, dtype=np.int64)
+    stepper = _Stepper(ReplayBatch(trace, seed=config.seed), policy, costs, calibrator, cells, record=False)
     env = simpy.Environment()
-    queue = simpy.Store(env)
-    state = {"prefill_ms_total": 0.0}
-
-    def arrivals():
-        for j in range(n):
-            if arrival_ms[j] > env.now:  # simultaneous arrivals are queued together, so the engine
-                yield env.timeout(arrival_ms[j] - env.now)  # admits them all at the same boundary
-            queue.put(j)
-
-    def prefill_cost(k: int) -> float:
-        if prompt_len is not None:
-            return costs.prefill_ms(k, prompt_len)
-        if prefill_ms is not None:
-            return k * float(prefill_ms)
-        return 0.0
-
-    def engine():
-        done = 0
-        while done < n:
-            if batch.batch_size == 0 and not queue.items:
-                first = yield queue.get()
-                queue.items.insert(0, first)
-            k = min(max_batch_size - batch.batch_size, len(queue.items))
-            if k > 0:
-                admitted = np.asarray(queue.items[:k], dtype=np.int64)
-                del queue.items[:k]
-                batch.add(requests[admitted])  # FIFO admission: uid == arrival index
-                pre = prefill_cost(k)
-                if pre > 0:
-                    state["prefill_ms_total"] += pre
-                    yield env.timeout(pre)
-                start_ms[admitted] = env.now
-            step_ms, _tokens, finished = stepper.step()
-            yield env.timeout(step_ms)
-            uid = batch.uid
-            first = np.isnan(first_token_ms[uid])
-            if first.any():
-                first_token_ms[uid[first]] = env.now
-            if finished.any():
-                ended = uid[finished]
-                finish_ms[ended] = env.now
-                output_tokens[ended] = batch.produced[finished]
-                batch.remove(finished)
-                done += len(ended)
-
-    env.process(arrivals())
-    env.process(engine())
+    server = _OpenLoopServer(env, stepper, requests, arrival_ms, max_batch_size,
+                             _prefill_cost(costs, config.prompt_len, config.prefill_ms))
+    env.process(server.arrivals())
+    env.process(server.engine())
     env.run()
     return OpenLoopRun(
         policy=label or policy.name,
@@ -460,13 +385,98 @@ def run_open_loop(
         rate_rps=float(rate_rps),
         steps=SimulatedSteps.from_lists(stepper.lists),
         arrival_ms=arrival_ms,
-        start_ms=start_ms,
-        first_token_ms=first_token_ms,
-        finish_ms=finish_ms,
-        output_tokens=output_tokens,
+        start_ms=server.start_ms,
+        first_token_ms=server.first_token_ms,
+        finish_ms=server.finish_ms,
+        output_tokens=server.output_tokens,
         warmup_requests=config.open_warmup_requests,
-        prefill_ms_total=state["prefill_ms_total"],
+        prefill_ms_total=server.prefill_ms_total,
         trace_cycles=feed.cycles,
         approximate=not trace.exact_replay,
         controller_metrics=stepper.driver.metrics,
     )
+
+
+def _arrival_times(arrival_ms: np.ndarray | None, rate_rps: float, n: int, seed: int) -> np.ndarray:
+    """The ``n`` arrival times in ms: ``arrival_ms`` checked (non-decreasing, >= 0), or Poisson
+    arrivals at ``rate_rps`` drawn from ``seed``."""
+    if arrival_ms is None:
+        arrival_rng = np.random.default_rng([int(seed), 1])
+        return np.cumsum(arrival_rng.exponential(1000.0 / rate_rps, size=n))
+    arrival_ms = np.asarray(arrival_ms, dtype=np.float64)
+    if arrival_ms.shape != (n,) or np.any(np.diff(arrival_ms) < 0) or (n and arrival_ms[0] < 0):
+        raise ValueError(f"arrival_ms must be {n} non-decreasing times >= 0")
+    return arrival_ms
+
+
+def _prefill_cost(costs: StepCosts, prompt_len: int | None, prefill_ms: float | None) -> Callable[[int], float]:
+    """The prefill time in ms of admitting ``k`` requests (:func:`run_open_loop`'s config)."""
+
+    def cost(k: int) -> float:
+        if prompt_len is not None:
+            return costs.prefill_ms(k, prompt_len)
+        if prefill_ms is not None:
+            return k * float(prefill_ms)
+        return 0.0
+
+    return cost
+
+
+class _OpenLoopServer:
+    """The open loop's simpy processes: arrivals into a FIFO queue, and the engine that admits
+    waiting requests at each step boundary (``uid`` == arrival index) and records their times."""
+
+    def __init__(self, env: simpy.Environment, stepper: _Stepper, requests: np.ndarray, arrival_ms: np.ndarray,
+                 max_batch_size: int, prefill_cost: Callable[[int], float]):
+        n = len(arrival_ms)
+        self.env, self.stepper, self.batch = env, stepper, stepper.batch
+        self.queue = simpy.Store(env)
+        self.requests, self.arrival_ms = requests, arrival_ms
+        self.max_batch_size, self.prefill_cost = max_batch_size, prefill_cost
+        self.start_ms = np.full(n, np.nan)
+        self.first_token_ms = np.full(n, np.nan)
+        self.finish_ms = np.full(n, np.nan)
+        self.output_tokens = np.zeros(n, dtype=np.int64)
+        self.prefill_ms_total = 0.0
+
+    def arrivals(self):
+        env, arrival_ms = self.env, self.arrival_ms
+        for j in range(len(arrival_ms)):
+            if arrival_ms[j] > env.now:  # simultaneous arrivals are queued together, so the engine
+                yield env.timeout(arrival_ms[j] - env.now)  # admits them all at the same boundary
+            self.queue.put(j)
+
+    def _admit(self):
+        """Move waiting requests into the batch (FIFO, up to ``max_batch_size``) and run their prefill."""
+        env, queue, batch = self.env, self.queue, self.batch
+        if batch.batch_size == 0 and not queue.items:
+            first = yield queue.get()
+            queue.items.insert(0, first)
+        k = min(self.max_batch_size - batch.batch_size, len(queue.items))
+        if k > 0:
+            admitted = np.asarray(queue.items[:k], dtype=np.int64)
+            del queue.items[:k]
+            batch.add(self.requests[admitted])
+            pre = self.prefill_cost(k)
+            if pre > 0:
+                self.prefill_ms_total += pre
+                yield env.timeout(pre)
+            self.start_ms[admitted] = env.now
+
+    def engine(self):
+        env, batch = self.env, self.batch
+        done, n = 0, len(self.arrival_ms)
+        while done < n:
+            yield from self._admit()
+            step_ms, _tokens, finished = self.stepper.step()
+            yield env.timeout(step_ms)
+            uid = batch.uid
+            first = np.isnan(self.first_token_ms[uid])
+            if first.any():
+                self.first_token_ms[uid[first]] = env.now
+            if finished.any():
+                ended = uid[finished]
+                self.finish_ms[ended] = env.now
+                self.output_tokens[ended] = batch.produced[finished]
+                batch.remove(finished)
+                done += len(ended)
