@@ -164,7 +164,8 @@ def _train_locked(args, settings, out: Path, work: Path) -> None:
     import torch
 
     from ..calibration import PRIOR_NAME
-    from ..drafters.dflash import SHIP_DTYPE, describe, save_checkpoint
+    from ..drafters.checkpoint import SHIP_DTYPE, save_checkpoint
+    from ..drafters.dflash import describe
     from ..drafters.train import run_training
     from ..drafters.workdir import replace_folder
     from ..model.llama import LlamaModel
@@ -380,13 +381,13 @@ def _write_card(path: Path, meta: dict) -> None:
 
 def _eval(args) -> int:
 
+    from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
         HUMANEVAL_EVAL_EVERY,
         continue_prompts,
         humaneval_prompts,
         sequence_features,
     )
-    from ..drafters.dflash import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.train import acceptance, tau_summary
     from ..model.config import LlamaConfig
     from ..model.llama import LlamaModel
@@ -492,8 +493,8 @@ def _calibrate(args) -> int:
     import torch
 
     from ..calibration import PRIOR_NAME, calibration_report, fit_prior
+    from ..drafters.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
     from ..drafters.data import continue_prompts, sequence_features
-    from ..drafters.dflash import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
     from ..drafters.sources import check_sources, sources_used
     from ..drafters.train import TrainSettings
     from ..model.llama import LlamaModel
@@ -568,7 +569,7 @@ _COMMANDS = {"train": _train, "eval": _eval, "calibrate": _calibrate}
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-drafter``; returns the exit code (:mod:`dcut_sched.cli.errors`)."""
-    from ..drafters.dflash import DraftCheckpointError
+    from ..drafters.checkpoint import DraftCheckpointError
 
     try:
         args = build_parser().parse_args(argv)

@@ -284,7 +284,7 @@ def _trained_drafter(args: argparse.Namespace, draft, draft_text: str, target_cf
     the drafter must fit the target and draft blocks of ``--block-size`` (checked before measuring)."""
     from dataclasses import replace
 
-    from dcut_sched.drafters.dflash import DraftCheckpointError, check_target, read_config
+    from dcut_sched.drafters.checkpoint import DraftCheckpointError, check_target, read_config
     from dcut_sched.profiler.workload import _is_dflash_folder
 
     draft = replace(draft, config=_named_drafter(draft.config))
@@ -371,7 +371,7 @@ def _run_analytic(args, shape, draft, console) -> tuple[CostCurve, Any]:
 def _run_measured(args, cfg, draft, console, command: str) -> CostCurve:
     import torch
 
-    from dcut_sched.drafters.dflash import DraftCheckpointError
+    from dcut_sched.drafters.checkpoint import DraftCheckpointError
     from dcut_sched.profiler.cuda_graphs import GraphTimer, cuda_hardware, require_cuda
     from dcut_sched.profiler.grid import build_cells
     from dcut_sched.profiler.harness import EagerTimer, partial_path_for, run_profile

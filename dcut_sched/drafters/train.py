@@ -32,9 +32,10 @@ import torch
 
 from ..calibration import calibration_report, fit_prior
 from ..model.config import LlamaConfig
+from .checkpoint import SHIP_DTYPE
 from .data import DraftSequence
 from .datagen import DataSettings, generate_and_save, write_sidecar
-from .dflash import SHIP_DTYPE, DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
+from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
 from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
 __all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_config", "data_settings",

@@ -10,13 +10,8 @@ import json
 
 import pytest
 
-from dcut_sched.drafters.dflash import (
-    DFlashConfig,
-    DFlashDraftModel,
-    DraftCheckpointError,
-    load_checkpoint,
-    save_checkpoint,
-)
+from dcut_sched.drafters.checkpoint import DraftCheckpointError, hf_config, load_checkpoint, save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel
 
 TINY = LlamaConfig.preset("tiny")  # the profiler's tiny target: width 256, 4 layers
@@ -63,7 +58,7 @@ def test_eval_of_a_drafter_for_a_deeper_target_is_refused_before_its_weights_are
                        vocab_size=49152, target_num_layers=48, target_layer_ids=(1, 14, 27, 40), mask_token_id=16)
     folder = tmp_path / "deep"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(cfg.hf_config()))
+    (folder / "config.json").write_text(json.dumps(hf_config(cfg)))
     (folder / "model.safetensors").write_bytes(b"not read")
     _one_line(drafter.main(["eval", str(folder)]), capsys.readouterr().err,
               "48 layers (it reads target layers [1, 14, 27, 40])", "30 layers")
