@@ -23,7 +23,7 @@ import random
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -36,7 +36,7 @@ from .checkpoint import SHIP_DTYPE
 from .data import DraftSequence
 from .datagen import DataSettings, generate_and_save, write_sidecar
 from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
-from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
+from .workdir import TrainState, WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
 __all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_config", "data_settings",
            "train_step", "run_training"]
@@ -130,16 +130,6 @@ class TrainSettings:
         d = dataclasses.asdict(self)
         d["block_sizes"] = list(self.block_sizes)
         return d
-
-
-@dataclass
-class TrainState:
-    """What a resumed run continues from: the step reached and the curves so far."""
-
-    step: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    elapsed_s: float = 0.0
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
