@@ -388,7 +388,7 @@ def _eval(args) -> int:
         humaneval_prompts,
         sequence_features,
     )
-    from ..drafters.train import acceptance, tau_summary
+    from ..drafters.heldout import acceptance, tau_summary
     from ..model.config import LlamaConfig
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
@@ -431,9 +431,9 @@ def calibration_prompts(train, count: int) -> list:
 
 
 def calibration_blocks(model, target, seqs):
-    """:func:`~dcut_sched.drafters.train.calibration_blocks` at the drafter's block size; no anchor
+    """:func:`~dcut_sched.drafters.heldout.calibration_blocks` at the drafter's block size; no anchor
     is a usage error."""
-    from ..drafters.train import calibration_blocks as blocks
+    from ..drafters.heldout import calibration_blocks as blocks
 
     embed = target.embed_tokens.weight.detach()
     lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()

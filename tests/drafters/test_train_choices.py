@@ -16,13 +16,11 @@ from dcut_sched.calibration import fit_prior
 from dcut_sched.drafters.checkpoint import SHIP_DTYPE, load_checkpoint, save_checkpoint
 from dcut_sched.drafters.data import DraftSequence, sequence_features
 from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
+from dcut_sched.drafters.heldout import calibrate_on_split, calibration_blocks, depth_acceptance
 from dcut_sched.drafters.train import (
     TrainSettings,
     _draw,
     block_batch,
-    calibrate_on_split,
-    calibration_blocks,
-    depth_acceptance,
     in_calibration_split,
     init_from_target,
     lr_at,
