@@ -111,15 +111,16 @@ def drafters(tmp_path, monkeypatch):
 
 def test_profile_resolves_a_bare_drafter_name_as_the_engine_does(drafters):
     from dcut_sched.cli import profile as cli
+    from dcut_sched.cli.profile_run import resolve
     from dcut_sched.drafters import parse_draft_spec
 
     args = cli.build_parser().parse_args(["--cpu", "--model", "tiny", "--draft", "dflash:mini", "--block-size", "8",
                                           "--out", "c.json"])
-    _, _, draft = cli._resolve(args)
+    _, _, draft = resolve(args)
     assert draft.kind == "dflash" and draft.config == str(drafters / "mini")
     assert draft.config == str(parse_draft_spec("dflash:mini").path)  # dcut-engine's lookup
     args = cli.build_parser().parse_args(["--cpu", "--model", "tiny", "--draft", "dflash:tiny", "--out", "c.json"])
-    assert cli._resolve(args)[2].config == "tiny"  # a preset stays a preset
+    assert resolve(args)[2].config == "tiny"  # a preset stays a preset
 
 
 @pytest.mark.parametrize("draft, block, needles", [
