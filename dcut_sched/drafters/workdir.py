@@ -1,18 +1,9 @@
 """The files of ``dcut-drafter train`` as inputs with owners (docs/drafters.md, "Work dir and drafter folder").
 
-- **Work dir.** ``data.pt`` (the generated data; under ``key`` every input that decides it,
-  :meth:`~dcut_sched.drafters.datagen.DataSettings.key`) and ``state.pt``
-  (the resumable checkpoint; every :class:`~dcut_sched.drafters.train.TrainSettings` field under
-  ``settings``). :func:`read_work_dir` reads and checks both before anything is written: a file
-  that cannot be read, or whose settings differ from the run's, is one :class:`WorkDirError` naming
-  the file, the field and the fix (``--fresh``). Nothing in it is ever replaced silently.
-- **Lock.** :func:`lock_work_dir` holds an exclusive ``flock`` on the work dir for the whole run; a
-  second run on the same work dir is refused at once (never waits).
-- **Drafter folder.** :func:`check_drafter_folder` accepts a new or empty folder, or one that
-  ``dcut-drafter train`` wrote with the same settings (its ``heldout.json``); anything else is
-  refused unless ``fresh``, and a folder holding files ``train`` does not write is never replaced.
-  :func:`replace_folder` writes a folder all or none: into a sibling staging folder, then swapped in
-  by two renames.
+:func:`read_work_dir` reads and checks the work dir's ``data.pt`` and ``state.pt`` before anything is
+written: a file that cannot be read, or of other settings, is one :class:`WorkDirError` naming the file,
+the field and the fix (``--fresh``). :func:`lock_work_dir` refuses a second run at once;
+:func:`check_drafter_folder` and :func:`replace_folder` write a drafter folder only over its own, all or none.
 """
 
 from __future__ import annotations
