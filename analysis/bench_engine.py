@@ -65,7 +65,7 @@ def run(args) -> int:
 
     from dcut_sched.controller import RatioController
     from dcut_sched.cost_curve import CostCurve
-    from dcut_sched.drafters.dflash import load_checkpoint
+    from dcut_sched.drafters.checkpoint import load_checkpoint
     from dcut_sched.engine import SpecEngine
     from dcut_sched.model import LlamaModel
     from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
@@ -138,7 +138,7 @@ def run_rounds(args) -> int:
 
     from dcut_sched.controller import RatioController
     from dcut_sched.cost_curve import CostCurve
-    from dcut_sched.drafters.dflash import load_checkpoint
+    from dcut_sched.drafters.checkpoint import load_checkpoint
     from dcut_sched.engine import SpecEngine
     from dcut_sched.model import LlamaModel
     from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer

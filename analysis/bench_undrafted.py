@@ -122,7 +122,7 @@ def own_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int, threads: 
     from dcut_sched.controller import RatioController
     from dcut_sched.cost_curve import CostCurve
     from dcut_sched.drafters import runtime
-    from dcut_sched.drafters.dflash import load_checkpoint
+    from dcut_sched.drafters.checkpoint import load_checkpoint
     from dcut_sched.engine import SpecEngine, decode_step
     from dcut_sched.model import LlamaModel
     from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer

@@ -215,7 +215,7 @@ def dynamic_sd_schedule(curve_path: Path, batch_sizes, trace_path: Path = SCHEDU
     every request verifies its first K drafts, ``uniform`` at rho = (K + 1) / B), replaying the
     shipped DFlash trace's requests from ``first_request`` on (prompts no benchmark wave decodes)."""
     import dcut_sched as d
-    from dcut_sched.traces.format import Trace
+    from dcut_sched.traces.trace import Trace
 
     trace = Trace.load(trace_path)
     df = trace.to_frame()
@@ -314,7 +314,8 @@ def recorded_trace(out: Path, batch_sizes, max_decode_tokens: int | None = None)
     prefill's). The scheduler records what the rejection sampler accepted; vLLM then cuts the
     output at ``max_tokens``, so the last steps' ``accept_len`` is clipped to what was output (the
     step-indexed replay's output length is ``sum(1 + accept_len)``, docs/design.md §3)."""
-    from dcut_sched.traces.format import TRACE_VERSION, VERSION_KEY, Trace, conf_columns
+    from dcut_sched.traces.format import TRACE_VERSION, VERSION_KEY, conf_columns
+    from dcut_sched.traces.trace import Trace
 
     rows, rid_of = [], {}
     for bs in batch_sizes:
@@ -354,7 +355,8 @@ def position_trace(out: Path, bs: int):
     Raises:
         ValueError: a request without drafts at some position (an incomplete record).
     """
-    from dcut_sched.traces.format import TRACE_VERSION, VERSION_KEY, Trace, conf_columns
+    from dcut_sched.traces.format import TRACE_VERSION, VERSION_KEY, conf_columns
+    from dcut_sched.traces.trace import Trace
 
     outputs = json.loads((out / "records" / f"result-bs{bs}.json").read_text())["runs"][0]["token_ids"]
     seen: dict[tuple[int, int], dict] = {}

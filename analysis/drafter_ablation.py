@@ -28,7 +28,8 @@ import pandas as pd
 import torch
 
 from dcut_sched.drafters.datagen import load_or_generate
-from dcut_sched.drafters.train import DATA_NAME, TrainSettings, acceptance, data_config, run_training, tau_summary
+from dcut_sched.drafters.heldout import acceptance, tau_summary
+from dcut_sched.drafters.train import DATA_NAME, TrainSettings, data_config, run_training
 from dcut_sched.model.llama import LlamaModel
 from dcut_sched.model.tokenizer import load_smollm2_tokenizer
 from dcut_sched.paths import prompts_path

@@ -171,7 +171,7 @@ def _load_inputs(args: argparse.Namespace):
 
     from .. import policies
     from ..drafters import load_dflash, parse_draft_spec
-    from ..drafters.dflash import DraftCheckpointError, check_target
+    from ..drafters.checkpoint import DraftCheckpointError, check_target
     from ..engine import DEFAULT_PROMPTS, PromptFileError, load_prompt_texts
     from ..model.config import LlamaConfig
     from ..sampling import SamplingParams

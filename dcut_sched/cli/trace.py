@@ -186,7 +186,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
             extra = {}
         elif args.draft:
             from dcut_sched.drafters import load_dflash, parse_draft_spec
-            from dcut_sched.drafters.dflash import DraftCheckpointError, check_target
+            from dcut_sched.drafters.checkpoint import DraftCheckpointError, check_target
             from dcut_sched.engine.trace_backends import DFlashBackend
             from dcut_sched.model.config import LlamaConfig
 

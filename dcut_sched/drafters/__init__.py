@@ -1,6 +1,7 @@
 """Block drafters: DFlash (one non-causal forward proposes a whole block; docs/drafters.md).
 
-- :mod:`~dcut_sched.drafters.dflash`: the architecture, its config and the checkpoint format.
+- :mod:`~dcut_sched.drafters.dflash`: the architecture and its config; :mod:`~dcut_sched.drafters.checkpoint`:
+  the checkpoint format (``config.json``, ``model.safetensors``).
 - :mod:`~dcut_sched.drafters.runtime`: :class:`DFlashDrafter`, the engine's drafter (context cache).
 - :mod:`~dcut_sched.drafters.data` / :mod:`~dcut_sched.drafters.train`: data from the target and the
   training loop behind ``dcut-drafter train``.
@@ -60,14 +61,14 @@ def drafter_files(folder: str | os.PathLike) -> list[str]:
     ``model.safetensors`` and the optional calibration prior ``calibration.json`` -- as the inputs
     no output of a command that runs the drafter may overwrite (``cli.args.check_paths``)."""
     from ..calibration.prior import PRIOR_NAME
-    from .dflash import CONFIG_NAME, WEIGHTS_NAME
+    from .checkpoint import CONFIG_NAME, WEIGHTS_NAME
 
     return [str(Path(folder) / name) for name in (CONFIG_NAME, WEIGHTS_NAME, PRIOR_NAME)]
 
 
 def load_dflash(spec: DraftSpec | str | os.PathLike):
     """The :class:`~dcut_sched.drafters.dflash.DFlashDraftModel` of a spec or folder."""
-    from .dflash import load_checkpoint
+    from .checkpoint import load_checkpoint
 
     path = spec.path if isinstance(spec, DraftSpec) else Path(spec)
     return load_checkpoint(path)

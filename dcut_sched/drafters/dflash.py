@@ -1,40 +1,18 @@
-"""DFlash block drafter: one non-causal forward proposes all B-1 draft slots of a block.
+"""The DFlash block drafter: its config, its layers and the model (docs/drafters.md, "Architecture").
 
-Architecture (docs/drafters.md has the derivation and the diagram):
-
-- **Context features.** The target's residual stream after each layer of ``target_layer_ids`` is
-  concatenated per token (``len(target_layer_ids) * hidden`` wide) and projected to the drafter's
-  width by ``fc`` (no bias), then normalised by ``hidden_norm``. In every drafter layer these
-  context states give the keys (``k_proj``, ``k_norm``, RoPE at the token's position) and values
-  (``v_proj``) of the tokens the target has already processed. They are computed once per
-  verified token and kept (the drafter's context cache).
-- **The block.** The anchor (the request's current token, which the target has not processed)
-  at position ``p`` and ``B-1`` mask tokens (``mask_token_id``) at ``p+1 .. p+B-1``, embedded with
-  the target's token embedding. The block runs through Qwen3-type decoder layers (pre-norm,
-  per-head q/k RMSNorm, RoPE, SwiGLU MLP). Its queries attend to every context key (positions
-  ``< p``) and to every key of the block, in both directions (non-causal inside the block).
-- **The output.** The final norm, then the target's LM head (SmolLM2 ties it to the embedding): the
-  slot at position ``p+j`` predicts the token at ``p+j``, ``j = 1..B-1``. Draft token = argmax,
-  confidence = max softmax probability.
-
-The token embedding and the LM head are read from the target at every call, never copied: the
-checkpoint holds only the drafter's own weights (``fc``, ``hidden_norm``, the layers, ``norm``),
-which is what vLLM 0.32.0's ``DFlashDraftModel`` loader expects of a drafter that shares them
-(:func:`save_checkpoint` writes that format; :func:`load_checkpoint` reads it back).
+One non-causal forward over the anchor and B-1 mask slots, attending to the target's context
+features, proposes every draft slot of a block; the target supplies the token embedding and the LM
+head (or a draft vocabulary's own head). The checkpoint format is :mod:`.checkpoint`'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from ..model.config import LlamaConfig
@@ -42,25 +20,11 @@ from ..model.llama import RMSNorm
 from ..model.mlp import build_mlp
 from ..model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
-__all__ = [
-    "CONFIG_NAME", "WEIGHTS_NAME", "DFlashConfig", "DFlashDraftModel", "DraftCheckpointError", "DraftTargetError",
-    "block_loss_weights", "check_target", "default_target_layer_ids", "describe", "load_checkpoint", "read_config",
-    "save_checkpoint",
-]
+__all__ = ["DFlashConfig", "DFlashDraftModel", "block_loss_weights", "default_target_layer_ids", "describe"]
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 #: SmolLM2's ``<empty_output>`` special token: never produced by the chat template or the model,
 #: so its (frozen, shared) embedding row can stand for a masked slot.
 SMOLLM2_MASK_TOKEN_ID = 16
-
-
-class DraftCheckpointError(ValueError):
-    """A drafter checkpoint folder that cannot be loaded: names the file, the field and the fix."""
-
-
-class DraftTargetError(DraftCheckpointError):
-    """A drafter made for another target (width, vocabulary or layer count; :func:`check_target`)."""
 
 
 def default_target_layer_ids(num_target_layers: int, count: int = 4) -> tuple[int, ...]:
@@ -164,39 +128,6 @@ class DFlashConfig:
                            rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps, qk_norm=True,
                            max_position=self.max_position, name="dflash-drafter")
 
-    def hf_config(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-        """The ``config.json`` vLLM 0.32.0 reads for architecture ``DFlashDraftModel`` (Qwen3 fields
-        plus ``dflash_config``; ``target_layer_ids`` count layers from 0, vLLM adds 1) of weights
-        stored in ``dtype``."""
-        return {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "hidden_act": "silu",
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_scaling": None,
-            "attention_bias": False,
-            "tie_word_embeddings": self.draft_vocab_size is None,
-            "draft_vocab_size": self.draft_vocab_size or self.vocab_size,
-            "torch_dtype": str(dtype).removeprefix("torch."),
-            "num_target_layers": self.target_num_layers,
-            "block_size": self.block_size,
-            "dflash_config": {
-                "mask_token_id": self.mask_token_id,
-                "target_layer_ids": list(self.target_layer_ids),
-                "block_size": self.block_size,
-            },
-            "dcut_sched": {"target_name": self.target_name, **self.extra},
-        }
-
 
 def block_loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
     """DFlash's per-slot loss weights ``w_j = exp(-(j - 1) / gamma)`` for draft slots ``j = 1..B-1``.
@@ -258,16 +189,15 @@ class DFlashLayer(nn.Module):
 class DFlashDraftModel(nn.Module):
     """The drafter's own weights (module docstring); the target supplies embedding and LM head.
 
-    Parameter names are the checkpoint's: ``fc.weight``, ``hidden_norm.weight``,
-    ``layers.{i}.{input_layernorm,self_attn.{q,k,v,o}_proj,self_attn.{q,k}_norm,
-    post_attention_layernorm,mlp.{gate,up,down}_proj}.weight``, ``norm.weight``
-    (see :meth:`checkpoint_state_dict`).
+    Parameter names are the checkpoint's but for ``self_attn.`` before the attention projections and
+    norms, and the draft vocabulary's ``draft_to_target`` (``d2t`` there;
+    :func:`~dcut_sched.drafters.checkpoint.checkpoint_tensors`).
     """
 
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
         self.config = cfg
-        #: SHA-256 of the checkpoint files it was loaded from (:func:`load_checkpoint`), None otherwise
+        #: SHA-256 of the checkpoint files it was loaded from (:func:`~.checkpoint.load_checkpoint`), None otherwise
         self.checkpoint_sha256: str | None = None
         self.fc = nn.Linear(cfg.feature_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -280,7 +210,7 @@ class DFlashDraftModel(nn.Module):
             self.lm_head = None
             self.draft_to_target = None
         self.register_buffer("inv_freq", rope_inv_freq(cfg.layer_config()), persistent=False)
-        #: the folder's calibration prior (:func:`load_checkpoint`), None without one
+        #: the folder's calibration prior (:func:`~.checkpoint.load_checkpoint`), None without one
         self.calibration_prior = None
 
     def set_draft_vocab(self, target_ids: torch.Tensor, embed: torch.Tensor) -> None:
@@ -387,252 +317,6 @@ class DFlashDraftModel(nn.Module):
         mask = torch.cat([ctx_vis, blk_vis], -1)[:, None]
         h = self.block_hidden(emb, bpos, ctx_kv, mask).view(n, nb, block_size, -1)[:, :, 1:]
         return self.draft_logits(h, lm_head)
-
-    # ------------------------------------------------------------------ checkpoint names
-    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters under the checkpoint's (Hugging Face DFlash) names."""
-        out = {}
-        for name, p in self.state_dict().items():
-            if name == "draft_to_target":  # vLLM's d2t: target id = draft id + d2t[draft id]
-                out["d2t"] = (p - torch.arange(p.numel())).contiguous()
-                continue
-            for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
-                name = name.replace(f".{proj}.", f".self_attn.{proj}.")
-            out[name] = p.detach().contiguous()
-        return out
-
-    @staticmethod
-    def module_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Checkpoint names and tensors back to this module's (inverse of :meth:`checkpoint_state_dict`)."""
-        out = {}
-        for name, t in tensors.items():
-            if name == "d2t":
-                out["draft_to_target"] = t.long() + torch.arange(t.numel())
-            else:
-                out[name.replace(".self_attn.", ".")] = t
-        return out
-
-
-#: The dtype ``dcut-drafter train`` ships weights in (the held-out figures are those weights')
-SHIP_DTYPE = torch.bfloat16
-
-
-def save_checkpoint(model: DFlashDraftModel, folder: str | os.PathLike, *, metadata: dict | None = None,
-                    dtype: torch.dtype = torch.float32) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (floating tensors in ``dtype``; the shipped
-    drafter is bfloat16, :data:`SHIP_DTYPE`) into ``folder``, each atomically
-    (inside :func:`~dcut_sched.util.atomic.all_or_none`, together with the block's other outputs).
-
-    Returns the folder. ``metadata`` goes into the safetensors header (strings only).
-    """
-    from safetensors.torch import save_file
-
-    from ..util.atomic import atomic_path, atomic_write_text
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / WEIGHTS_NAME, suffix=".safetensors") as tmp:
-        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.checkpoint_state_dict().items()}
-        save_file(tensors, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # save_file creates the file 0600
-    atomic_write_text(folder / CONFIG_NAME, json.dumps(model.config.hf_config(dtype), indent=2) + "\n")
-    return folder
-
-
-_STRICT = ConfigDict(strict=True, extra="ignore")
-
-
-class _DFlashSection(BaseModel):
-    model_config = _STRICT
-    mask_token_id: int = Field(ge=0)
-    target_layer_ids: list[int] = Field(min_length=1, max_length=256)
-    block_size: int = Field(16, ge=2, le=1024)
-
-
-class _DcutSection(BaseModel):
-    model_config = _STRICT
-    target_name: str = ""
-
-
-class HFDraftConfig(BaseModel):
-    """Strict pydantic model of the config.json fields the loader reads (:func:`_config_from_hf`)."""
-
-    model_config = _STRICT
-    architectures: list[str]
-    hidden_size: int = Field(gt=0, le=1 << 16)
-    num_hidden_layers: int = Field(gt=0, le=256)
-    num_attention_heads: int = Field(gt=0, le=1024)
-    num_key_value_heads: int = Field(gt=0, le=1024)
-    head_dim: int = Field(gt=0, le=4096)
-    intermediate_size: int = Field(gt=0, le=1 << 20)
-    vocab_size: int = Field(gt=0, le=1 << 22)
-    num_target_layers: int = Field(gt=0, le=1024)
-    max_position_embeddings: int = Field(gt=0, le=1 << 24)
-    rope_theta: float = Field(gt=0, allow_inf_nan=False)
-    rms_norm_eps: float = Field(gt=0, allow_inf_nan=False)
-    tie_word_embeddings: bool = False
-    draft_vocab_size: int | None = Field(None, gt=0)
-    dflash_config: _DFlashSection
-    dcut_sched: _DcutSection | None = None
-
-
-def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
-    """The :class:`DFlashConfig` of a checkpoint's config.json, every field strictly typed (an
-    integer is not a float or a boolean, sizes are bounded, norms' epsilon and RoPE base are positive
-    finite numbers), each fault one :class:`DraftCheckpointError` naming the file and the field."""
-    fix = "re-save the drafter with dcut-drafter train (or DFlash's save_pretrained)"
-    try:
-        h = HFDraftConfig.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        if err["type"] == "missing":
-            raise DraftCheckpointError(f"{path}: field {loc} is missing; {fix}") from None
-        shown = repr(err.get("input"))
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise DraftCheckpointError(f"{path}: field {loc}: {err['msg']} (got {shown}); {fix}") from None
-    if h.architectures != ["DFlashDraftModel"]:
-        raise DraftCheckpointError(f"{path}: field architectures is {h.architectures!r}, expected "
-                                   "['DFlashDraftModel'] (not a DFlash drafter checkpoint)")
-    dc = h.dflash_config
-    try:
-        return DFlashConfig(
-            hidden_size=h.hidden_size, num_layers=h.num_hidden_layers, num_heads=h.num_attention_heads,
-            num_kv_heads=h.num_key_value_heads, head_dim=h.head_dim, intermediate_size=h.intermediate_size,
-            vocab_size=h.vocab_size, target_num_layers=h.num_target_layers,
-            target_layer_ids=tuple(dc.target_layer_ids), mask_token_id=dc.mask_token_id, block_size=dc.block_size,
-            draft_vocab_size=None if h.tie_word_embeddings else h.draft_vocab_size,
-            rope_theta=h.rope_theta, rms_norm_eps=h.rms_norm_eps, max_position=h.max_position_embeddings,
-            target_name=h.dcut_sched.target_name if h.dcut_sched else "",
-        )
-    except ValueError as e:
-        raise DraftCheckpointError(f"{path}: {e}") from None
-
-
-def read_config(folder: str | os.PathLike) -> DFlashConfig:
-    """The :class:`DFlashConfig` of a drafter folder's ``config.json`` alone (its weights unread).
-
-    Raises:
-        DraftCheckpointError: the folder lacks ``config.json`` or ``model.safetensors``, or the config
-            is unreadable or malformed (names the file and the field).
-    """
-    from ..util.inputs import InputFileError, parse_json_strict, read_text
-
-    folder = Path(folder)
-    cfg_path, w_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise DraftCheckpointError(f"{p}: not found; a DFlash drafter folder holds {CONFIG_NAME} and "
-                                       f"{WEIGHTS_NAME} (train one with `dcut-drafter train`)")
-    try:
-        raw = parse_json_strict(read_text(cfg_path, "a DFlash drafter config.json"), str(cfg_path))
-    except InputFileError as e:
-        raise DraftCheckpointError(str(e)) from None
-    if not isinstance(raw, dict):
-        raise DraftCheckpointError(f"{cfg_path}: expected a JSON object")
-    return _config_from_hf(cfg_path, raw)
-
-
-def check_target(cfg: DFlashConfig, target: LlamaConfig) -> None:
-    """The drafter reads ``target``'s embedding, LM head and layer outputs: their width, vocabulary and
-    layer count must be the ones it was made for.
-
-    Raises:
-        DraftTargetError: they differ (the message gives both shapes; the caller names the drafter).
-    """
-    made = (cfg.hidden_size, cfg.vocab_size, cfg.target_num_layers)
-    have = (target.hidden_size, target.vocab_size, target.num_layers)
-    if made != have:
-        raise DraftTargetError(
-            f"the drafter was made for a target of width {made[0]}, vocabulary {made[1]} and {made[2]} layers "
-            f"(it reads target layers {list(cfg.target_layer_ids)}); the target {target.name or ''} here has width "
-            f"{have[0]}, vocabulary {have[1]} and {have[2]} layers: use a drafter trained for this target")
-
-
-def _checkpoint_name(module_name: str) -> str:
-    """A module parameter's name in the checkpoint (inverse of :meth:`DFlashDraftModel.module_state`)."""
-    if module_name == "draft_to_target":
-        return "d2t"
-    for proj in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"):
-        module_name = module_name.replace(f".{proj}.", f".self_attn.{proj}.")
-    return module_name
-
-
-def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> DFlashDraftModel:
-    """Read a DFlash drafter folder written by :func:`save_checkpoint` (or any checkpoint of that format
-    whose embedding and LM head are the target's).
-
-    The model's ``checkpoint_sha256`` is the SHA-256 of the config and weight bytes it was built from
-    (what a resumed recording compares, not the folder's name). The folder's optional
-    ``calibration.json`` (written by ``dcut-drafter calibrate``) becomes the model's
-    ``calibration_prior`` (``None`` without one, or with ``calibration=False``: not read).
-
-    Raises:
-        DraftCheckpointError: a missing file, a malformed or incomplete config, missing or unexpected
-            tensors, a tensor of the wrong shape, or a malformed calibration.json (each names the file
-            and the field, tensors under their checkpoint names).
-    """
-    import hashlib
-
-    from safetensors import SafetensorError
-    from safetensors.torch import load as load_safetensors
-
-    folder = Path(folder)
-    cfg_path, w_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
-    cfg = read_config(folder)
-    try:
-        blob = w_path.read_bytes()
-        tensors = load_safetensors(blob)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise DraftCheckpointError(f"{w_path}: not a readable safetensors file ({e})") from None
-    digest = hashlib.sha256(cfg_path.read_bytes())
-    digest.update(blob)
-    del blob
-    with torch.device("meta"):  # shapes from the config without allocating them
-        own = DFlashDraftModel(cfg).state_dict()
-    if "d2t" in tensors and tensors["d2t"].dim() != 1:
-        raise DraftCheckpointError(f"{w_path}: tensor d2t has shape {tuple(tensors['d2t'].shape)}, expected "
-                                   f"[{cfg.draft_vocab_size}]")
-    sd = DFlashDraftModel.module_state(tensors)
-    missing = sorted(_checkpoint_name(k) for k in set(own) - set(sd))
-    extra = sorted(_checkpoint_name(k) for k in set(sd) - set(own))
-    if missing or extra:
-        raise DraftCheckpointError(f"{w_path}: tensors missing {missing[:4]} / unexpected {extra[:4]} for the "
-                                   f"config in {cfg_path}")
-    for k, v in sd.items():
-        name = _checkpoint_name(k)
-        if tuple(v.shape) != tuple(own[k].shape):
-            raise DraftCheckpointError(f"{w_path}: tensor {name} has shape {tuple(v.shape)}, the config says "
-                                       f"{tuple(own[k].shape)}")
-        if v.is_floating_point() and not torch.isfinite(v.float()).all():
-            raise DraftCheckpointError(f"{w_path}: tensor {name} holds non-finite values (in float32)")
-    model = DFlashDraftModel(cfg)
-    model.load_state_dict({k: v if k == "draft_to_target" else v.float() for k, v in sd.items()}, strict=True)
-    model.calibration_prior = _calibration_prior(folder) if calibration else None
-    prior = model.calibration_prior
-    if prior is not None and len(prior.intercepts) > cfg.block_size - 1:
-        raise DraftCheckpointError(f"{folder / 'calibration.json'}: intercepts has {len(prior.intercepts)} depths, this "
-                                   f"B = {cfg.block_size} drafter drafts at most {cfg.block_size - 1}; refit it with "
-                                   f"dcut-drafter calibrate --draft {folder}")
-    if model.draft_to_target is not None:
-        d2t = model.draft_to_target
-        if not bool((d2t[1:] > d2t[:-1]).all()) or int(d2t[0]) < 0 or int(d2t[-1]) >= cfg.vocab_size:
-            raise DraftCheckpointError(f"{w_path}: tensor d2t does not map the draft vocabulary to distinct, "
-                                       "ascending target ids")
-    model.checkpoint_sha256 = digest.hexdigest()
-    return model.eval()
-
-
-def _calibration_prior(folder: Path):
-    """The folder's optional ``calibration.json`` (:class:`~dcut_sched.calibration.CalibrationPrior`), or None."""
-    from ..calibration import CalibrationPrior, CalibrationPriorError
-
-    try:
-        return CalibrationPrior.from_folder(folder)
-    except CalibrationPriorError as e:
-        raise DraftCheckpointError(str(e)) from None
 
 
 def describe(cfg: DFlashConfig) -> dict[str, Any]:

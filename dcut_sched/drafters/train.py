@@ -1,17 +1,9 @@
-"""Training a DFlash drafter for the project's target (``dcut-drafter train``; docs/drafters.md).
+"""Training a DFlash drafter for the project's target (``dcut-drafter train``; docs/drafters.md, "Training").
 
-Objective (DFlash): blocks are cut at random anchors ``p`` of the target's own continuations; the
-drafter sees the context features ``< p``, the anchor token and ``B-1`` mask slots, and is trained
-with a per-slot cross-entropy against the continuation's tokens ``p+1 .. p+B-1``, slot ``j``
-weighted by ``exp(-(j-1)/gamma)`` (:func:`~dcut_sched.drafters.dflash.block_loss_weights`). Each
-step draws its sequences and anchors from one seeded generator, and the block size alternates over
-``block_sizes`` so one drafter serves B = 16 and B = 8.
-
-Held-out quality (:func:`acceptance`): for every anchor of a held-out continuation, the accepted
-length is the longest prefix of draft tokens equal to the continuation; tau = 1 + its mean (the
-tokens a verified block commits, the bonus token included). On a greedy continuation that is
-exactly greedy verification's acceptance; on a sampled one, that of sampled verification with the
-same draws (docs/sampling.md).
+Blocks are cut at random anchors of the target's own continuations and the drafter is trained on
+every draft slot, slot ``j`` weighted by :func:`~dcut_sched.drafters.dflash.block_loss_weights`; each
+step's sequences and anchors come from one seeded generator, the block size alternates over
+``block_sizes``, and a resumed run takes the same batches as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -23,22 +15,23 @@ import random
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from ..calibration import calibration_report, fit_prior
 from ..model.config import LlamaConfig
-from .data import DraftSequence
+from .checkpoint import SHIP_DTYPE
+from .data import DraftSequence, token_counts
 from .datagen import DataSettings, generate_and_save, write_sidecar
-from .dflash import SHIP_DTYPE, DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
-from .workdir import WorkDir, WorkDirError, finite_or_raise, read_work_dir
+from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
+from .heldout import acceptance, calibrate_on_split, depth_acceptance, tau_summary
+from .workdir import TrainState, WorkDir, WorkDirError, finite_or_raise, read_work_dir
 
-__all__ = ["TrainSettings", "TrainState", "acceptance", "block_batch", "check_work_dir", "data_config", "data_settings",
-           "train_step", "run_training"]
+__all__ = ["TrainSettings", "TrainState", "block_batch", "check_work_dir", "data_config", "data_settings",
+           "in_calibration_split", "train_step", "run_training"]
 
 #: Files of ``run_training``'s ``work_dir``: the generated data and the resumable checkpoint.
 DATA_NAME = "data.pt"
@@ -129,16 +122,6 @@ class TrainSettings:
         d = dataclasses.asdict(self)
         d["block_sizes"] = list(self.block_sizes)
         return d
-
-
-@dataclass
-class TrainState:
-    """What a resumed run continues from: the step reached and the curves so far."""
-
-    step: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    elapsed_s: float = 0.0
 
 
 def lr_at(step: int, s: TrainSettings) -> float:
@@ -282,76 +265,10 @@ def sample_anchors(rng: random.Random, s: DraftSequence, count: int) -> list[int
     return sorted(rng.sample(pool, min(count, len(pool))))
 
 
-@torch.inference_mode()
-def acceptance(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_size: int, embed: torch.Tensor,
-               lm_head: torch.Tensor, *, max_blocks: int = 64) -> list[dict[str, Any]]:
-    """Per held-out sequence, every anchor's draft: tokens, confidences and accepted length.
-
-    Returns one dict per sequence: ``pos`` (anchor positions, counted from the first generated
-    token), ``accept_len [n]`` (0..B-1), ``conf [n, B-1]`` float32, ``tokens [n, B-1]`` target ids.
-    Slots past the sequence's end cannot be accepted.
-    """
-    model.eval()
-    out = []
-    for s in seqs:
-        anchors = list(range(s.prompt_len, s.length - 1))
-        if not anchors:
-            continue
-        acc, confs, toks = [], [], []
-        for i in range(0, len(anchors), max_blocks):
-            a = anchors[i:i + max_blocks]
-            logits = model.training_logits(s.features[None].float(), s.tokens[None], torch.tensor([a]), block_size,
-                                           embed, lm_head)[0]  # [nb, B-1, V]
-            probs_max, arg = logits.float().softmax(-1).max(-1)
-            tok = model.to_target_ids(arg)
-            for b, p in enumerate(a):
-                k = 0
-                while k < block_size - 1 and p + 1 + k < s.length and int(tok[b, k]) == int(s.tokens[p + 1 + k]):
-                    k += 1
-                acc.append(k)
-            confs.append(probs_max.numpy().astype(np.float32))
-            toks.append(tok.numpy())
-        out.append({"prompt_id": s.prompt_id, "category": s.category, "mode": s.mode,
-                    "pos": np.array(anchors) - s.prompt_len, "accept_len": np.array(acc, dtype=np.int64),
-                    "conf": np.concatenate(confs), "tokens": np.concatenate(toks)})
-    return out
-
-
 def in_calibration_split(prompt_id: str, every: int) -> bool:
     """Whether the training sequence ``prompt_id`` belongs to the calibration split: its conversation
     id (``prompt_id`` without ``/turnN``) hashes (CRC-32) to 0 modulo ``every``."""
     return zlib.crc32(prompt_id.split("/turn")[0].encode()) % every == 0
-
-
-def calibration_blocks(model: DFlashDraftModel, seqs: Sequence[DraftSequence], block_size: int, embed: torch.Tensor,
-                       lm_head: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every anchor's block of ``seqs`` (features filled): ``conf [N, B-1]``, drafts accepted ``[N]``
-    with every slot verified, and ``num_slots [N]`` (slots left before the sequence's end), the
-    inputs of :func:`~dcut_sched.calibration.fit_prior`."""
-    conf, accept, slots = [], [], []
-    for s in seqs:
-        for row in acceptance(model, [s], block_size, embed, lm_head):
-            conf.append(row["conf"])
-            accept.append(row["accept_len"])
-            slots.append(np.minimum(block_size - 1, s.length - s.prompt_len - 1 - row["pos"]))
-    if not conf:
-        raise ValueError("calibration_blocks: no anchor to draft from (every continuation is empty)")
-    return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
-
-
-def depth_acceptance(rows: Sequence[dict[str, Any]], block_size: int) -> list[float]:
-    """``P(accepted length >= d)`` for ``d = 1..B-1`` over every anchor of ``rows`` (:func:`acceptance`)."""
-    acc = np.concatenate([r["accept_len"] for r in rows])
-    return [round(float((acc >= d).mean()), 4) for d in range(1, block_size)]
-
-
-def tau_summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """tau (1 + mean accepted length over every anchor) overall and per category."""
-    by: dict[str, list[np.ndarray]] = {}
-    for r in rows:
-        by.setdefault(r["category"], []).append(r["accept_len"])
-        by.setdefault("all", []).append(r["accept_len"])
-    return {k: float(1 + np.concatenate(v).mean()) for k, v in sorted(by.items())}
 
 
 def _log(msg: str) -> None:
@@ -404,8 +321,6 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
             settings (the message names the file and the field; ``fresh=True`` starts over).
         TrainingDivergedError: the loss or a weight went non-finite (no checkpoint of it is written).
     """
-    from .data import token_counts
-
     data_cfg = data_config(settings, eval_prompts, target.config)
     data_key = data_cfg.key(_model_file(model_file))
     found = check_work_dir(settings, work_dir, data_key, fresh)  # before anything is written
@@ -415,28 +330,53 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                                   block_size=max(settings.block_sizes),
                                   num_target_features=settings.num_target_features,
                                   draft_vocab_size=settings.draft_vocab_size)
-    data_path = work_dir / DATA_NAME
+    data_path, state_path = work_dir / DATA_NAME, work_dir / STATE_NAME
     data = found.data
     if data is None:
         data = generate_and_save(data_cfg, data_key, target, tokenizer, data_path, log=log)
     else:
         write_sidecar(data_path, data)  # in case a stop came between the data and its sidecar
         log(f"data: {data_path} holds data of these settings (sha256 {data['sha256'][:16]}); reusing it")
+    train_seqs, calib_seqs = _split_data(settings, cfg, data, data_path, log)
+    embed = target.embed_tokens.weight.detach()
+    lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
+    model, opt, state = _start_model(settings, cfg, target, train_seqs, embed, found, state_path, log)
+    _train_loop(settings, model, opt, state, train_seqs, data["eval"], embed, lm_head, state_path, log)
+    model.eval()
+    with torch.no_grad():  # evaluate the weights as shipped (rounded to SHIP_DTYPE)
+        for prm in model.parameters():
+            prm.copy_(prm.to(SHIP_DTYPE).float())
+    report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
+                              "train_sequences": len(train_seqs), "eval_sequences": len(data["eval"]),
+                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
+                              "data_sha256": data["sha256"], "data_stats": data["stats"]}
+    if evaluate:
+        _heldout_report(report, settings, model, data, calib_seqs, embed, lm_head, log)
+    return model, state, report
+
+
+def _split_data(settings: TrainSettings, cfg: DFlashConfig, data: dict[str, Any], data_path: Path,
+                log: Callable[[str], None]) -> tuple[list[DraftSequence], list[DraftSequence]]:
+    """The training sequences and the calibration split held back from them (``calibration_every``);
+    refuses data whose features are not the width this target's drafter reads."""
     calib_seqs = [q for q in data["train"] if in_calibration_split(q.prompt_id, settings.calibration_every)]
     train_seqs = [q for q in data["train"] if not in_calibration_split(q.prompt_id, settings.calibration_every)]
-    eval_seqs = data["eval"]
     log(f"data: {len(train_seqs)} training sequences, {len(calib_seqs)} held back for calibration")
     if not train_seqs:
         raise ValueError(f"no training sequence is left after holding back the calibration split "
                          f"(calibration_every {settings.calibration_every}); train on more prompts")
-    width = {int(s.features.shape[-1]) for s in (*train_seqs, *eval_seqs)}
+    width = {int(s.features.shape[-1]) for s in (*train_seqs, *data["eval"])}
     if width != {cfg.feature_size}:
         raise WorkDirError(f"{data_path}: features {sorted(width)} wide, this target's drafter reads {cfg.feature_size} "
                            "(data of another target); pass --fresh to regenerate it")
+    return train_seqs, calib_seqs
 
-    embed = target.embed_tokens.weight.detach()
-    lm_head = embed if target.lm_head is None else target.lm_head.weight.detach()
-    state_path = work_dir / STATE_NAME
+
+def _start_model(settings: TrainSettings, cfg: DFlashConfig, target, train_seqs: Sequence[DraftSequence],
+                 embed: torch.Tensor, found: WorkDir, state_path: Path, log: Callable[[str], None]
+                 ) -> tuple[DFlashDraftModel, torch.optim.Optimizer, TrainState]:
+    """The initial weights (``init``, the draft vocabulary of the most frequent continuation tokens)
+    and the optimizer, or both as the work dir's checkpoint left them."""
     model = DFlashDraftModel.random_init(cfg, seed=settings.seed)
     if settings.init == "target":
         init_from_target(model, target)
@@ -448,17 +388,25 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         log(f"draft vocabulary: the {cfg.draft_vocab_size} most frequent continuation tokens cover "
             f"{100 * covered:.2f} % of the training continuations' tokens")
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    state = TrainState()
-    if found.state is not None:
-        saved = found.state
-        try:
-            model.load_state_dict(saved["model"])
-            opt.load_state_dict(saved["optimizer"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-            raise WorkDirError(f"{state_path}: its weights or optimizer state do not fit this drafter "
-                               f"({type(exc).__name__}); pass --fresh to start over") from None
-        state = saved["state"]
-        log(f"resumed from {state_path} at step {state.step}")
+    if found.state is None:
+        return model, opt, TrainState()
+    saved = found.state
+    try:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise WorkDirError(f"{state_path}: its weights or optimizer state do not fit this drafter "
+                           f"({type(exc).__name__}); pass --fresh to start over") from None
+    state = saved["state"]
+    log(f"resumed from {state_path} at step {state.step}")
+    return model, opt, state
+
+
+def _train_loop(settings: TrainSettings, model: DFlashDraftModel, opt: torch.optim.Optimizer, state: TrainState,
+                train_seqs: Sequence[DraftSequence], eval_seqs: Sequence[DraftSequence], embed: torch.Tensor,
+                lm_head: torch.Tensor, state_path: Path, log: Callable[[str], None]) -> None:
+    """The steps from ``state.step`` to ``settings.steps``: logged, evaluated on a held-out subset
+    every ``eval_every`` and checkpointed to ``state_path`` every ``checkpoint_every`` steps."""
     rng = random.Random(settings.seed)
     for _ in range(state.step):  # replay the draws so a resumed run takes the same batches
         _draw(rng, train_seqs, settings)
@@ -468,8 +416,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
         step = state.step
         bsz = settings.block_sizes[step % len(settings.block_sizes)]
         picked, anchors = _draw(rng, train_seqs, settings)
-        batch = block_batch(picked, anchors, bsz, None if cfg.draft_vocab_size is None else model.target_to_draft(),
-                            soft=settings.loss != "ce")
+        to_draft = None if model.config.draft_vocab_size is None else model.target_to_draft()
+        batch = block_batch(picked, anchors, bsz, to_draft, soft=settings.loss != "ce")
         lr = lr_at(step, settings)
         loss = train_step(model, opt, batch, bsz, embed, lm_head, lr, settings.grad_clip, settings.loss)
         finite_or_raise(loss, None, step + 1, lr)
@@ -494,16 +442,14 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
             torch.save({"settings": settings.to_json(), "model": model.state_dict(),
                         "optimizer": opt.state_dict(), "state": state}, tmp)
             os.replace(tmp, state_path)
-    model.eval()
-    with torch.no_grad():  # evaluate the weights as shipped (rounded to SHIP_DTYPE)
-        for prm in model.parameters():
-            prm.copy_(prm.to(SHIP_DTYPE).float())
-    report: dict[str, Any] = {"data_seconds": round(float(data.get("seconds", 0.0)), 1),
-                              "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
-                              "train_tokens": int(sum(s.length for s in train_seqs)), "tau": {},
-                              "data_sha256": data["sha256"], "data_stats": data["stats"]}
-    if not evaluate:
-        return model, state, report
+
+
+def _heldout_report(report: dict[str, Any], settings: TrainSettings, model: DFlashDraftModel, data: dict[str, Any],
+                    calib_seqs: Sequence[DraftSequence], embed: torch.Tensor, lm_head: torch.Tensor,
+                    log: Callable[[str], None]) -> None:
+    """Add to ``report`` tau and the per-depth acceptance on both held-out sets, per block size and
+    continuation mode, and the calibration prior fitted on the calibration split."""
+    eval_seqs = data["eval"]
     for b in sorted(set(settings.block_sizes), reverse=True):
         for mode in sorted({s.mode for s in eval_seqs}):
             rows = acceptance(model, [s for s in eval_seqs if s.mode == mode], b, embed, lm_head)
@@ -518,33 +464,9 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
                                                max(settings.block_sizes), embed, lm_head)
     if report["calibration"]["prior"] is None:
         log(f"no calibration prior: {report['calibration']['skipped']}")
-        return model, state, report
+        return
     log(f"calibration prior from {len(calib_seqs)} held-back sequences: ECE raw -> calibrated "
         + ", ".join(f"{k} {v['ece_raw']:.3f} -> {v['ece_calibrated']:.3f}" for k, v in report["calibration"]["ece"].items()))
-    return model, state, report
-
-
-def calibrate_on_split(model: DFlashDraftModel, calib: Sequence[DraftSequence], heldout: Sequence[DraftSequence],
-                       unlike: Sequence[DraftSequence], block_size: int, embed: torch.Tensor, lm_head: torch.Tensor
-                       ) -> dict[str, Any]:
-    """The per-depth calibration prior fitted on the calibration split ``calib`` at ``block_size``,
-    and its ECE (raw and calibrated) there and on both held-out sets: ``{"prior": CalibrationPrior,
-    "ece": {split: calibration_report}}``; ``prior`` None (and ``skipped`` the reason) when the split
-    is too small to fit one."""
-    try:
-        conf, accept, slots = calibration_blocks(model, calib, block_size, embed, lm_head)
-        prior = fit_prior(conf, accept, slots)
-    except ValueError as exc:  # a smoke run's split too small to fit: no prior
-        return {"prior": None, "ece": {}, "skipped": f"{len(calib)} calibration sequences: {exc}"}
-    ece = {"calibration split": calibration_report(conf, accept, slots, prior)}
-    for name, seqs in (("held-out", heldout), ("unlike", unlike)):
-        if seqs:
-            ece[name] = calibration_report(*calibration_blocks(model, seqs, block_size, embed, lm_head), prior)
-    prior = prior.model_copy(update={"provenance": {
-        "fitted_on": f"the calibration split of the training data: {len(calib)} continuations "
-                     "(TrainSettings.calibration_every), never trained on", "block_size": block_size,
-        "blocks": int(conf.shape[0]), **{f"ece {k}": [v["ece_raw"], v["ece_calibrated"]] for k, v in ece.items()}}})
-    return {"prior": prior, "ece": ece}
 
 
 def _draw(rng: random.Random, seqs: Sequence[DraftSequence], s: TrainSettings) -> tuple[list[DraftSequence], list[list[int]]]:

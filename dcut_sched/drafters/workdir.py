@@ -1,18 +1,9 @@
 """The files of ``dcut-drafter train`` as inputs with owners (docs/drafters.md, "Work dir and drafter folder").
 
-- **Work dir.** ``data.pt`` (the generated data; under ``key`` every input that decides it,
-  :meth:`~dcut_sched.drafters.datagen.DataSettings.key`) and ``state.pt``
-  (the resumable checkpoint; every :class:`~dcut_sched.drafters.train.TrainSettings` field under
-  ``settings``). :func:`read_work_dir` reads and checks both before anything is written: a file
-  that cannot be read, or whose settings differ from the run's, is one :class:`WorkDirError` naming
-  the file, the field and the fix (``--fresh``). Nothing in it is ever replaced silently.
-- **Lock.** :func:`lock_work_dir` holds an exclusive ``flock`` on the work dir for the whole run; a
-  second run on the same work dir is refused at once (never waits).
-- **Drafter folder.** :func:`check_drafter_folder` accepts a new or empty folder, or one that
-  ``dcut-drafter train`` wrote with the same settings (its ``heldout.json``); anything else is
-  refused unless ``fresh``, and a folder holding files ``train`` does not write is never replaced.
-  :func:`replace_folder` writes a folder all or none: into a sibling staging folder, then swapped in
-  by two renames.
+:func:`read_work_dir` reads and checks the work dir's ``data.pt`` and ``state.pt`` before anything is
+written: a file that cannot be read, or of other settings, is one :class:`WorkDirError` naming the file,
+the field and the fix (``--fresh``). :func:`lock_work_dir` refuses a second run at once;
+:func:`check_drafter_folder` and :func:`replace_folder` write a drafter folder only over its own, all or none.
 """
 
 from __future__ import annotations
@@ -26,15 +17,17 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+from torch.torch_version import TorchVersion
 
 from ..util.atomic import _signals_held, _umask, missing_folders, remove_empty_folders
+from .data import DraftSequence
 
-__all__ = ["TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
+__all__ = ["TrainState", "TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
            "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder", "safe_types"]
 
 FRESH = "pass --fresh to start over (it replaces the file)"
@@ -42,6 +35,20 @@ FRESH = "pass --fresh to start over (it replaces the file)"
 
 class WorkDirError(ValueError):
     """A work-dir file or drafter folder that a run may not use: names the file, the field and the fix."""
+
+
+@dataclass
+class TrainState:
+    """What a resumed run continues from: the step reached and the curves so far (``state.pt``'s ``state``)."""
+
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+# state.pt pickles the class under this name (the one every checkpoint so far holds); train re-exports it.
+TrainState.__module__ = "dcut_sched.drafters.train"
 
 
 @dataclass
@@ -85,13 +92,8 @@ def _shown(mapping: Mapping[str, Any], field: str) -> str:
 def safe_types() -> list[type]:
     """The classes a work-dir file holds besides tensors and plain containers, allowed to
     ``torch.load(weights_only=True)``: the data's :class:`~dcut_sched.drafters.data.DraftSequence`,
-    the checkpoint's :class:`~dcut_sched.drafters.train.TrainState`, and ``TorchVersion`` (a ``str``
+    the checkpoint's :class:`TrainState`, and ``TorchVersion`` (a ``str``
     subclass: the ``torch`` field of keys written before it was stored as a plain string)."""
-    from torch.torch_version import TorchVersion
-
-    from .data import DraftSequence
-    from .train import TrainState
-
     return [DraftSequence, TrainState, TorchVersion]
 
 
@@ -121,8 +123,6 @@ def _load(path: Path, what: str) -> Any:
 
 
 def _check_data(path: Path, data: Any, key: dict) -> dict:
-    from .data import DraftSequence
-
     if not isinstance(data, dict) or not isinstance(data.get("key"), dict):
         raise WorkDirError(f"{path}: not generated data of dcut-drafter train (no 'key' with its settings); {FRESH}")
     for split in ("train", "eval"):
@@ -158,8 +158,6 @@ def read_data(path: Path, key: dict) -> dict | None:
 
 
 def _check_state(path: Path, state: Any, settings: dict) -> dict:
-    from .train import TrainState
-
     if not isinstance(state, dict) or not isinstance(state.get("settings"), dict):
         raise WorkDirError(f"{path}: not a dcut-drafter train checkpoint (no 'settings'); {FRESH}")
     field = first_difference(state["settings"], settings)

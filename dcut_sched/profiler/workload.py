@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 import torch
 
-from dcut_sched.drafters.dflash import load_checkpoint
+from dcut_sched.drafters.checkpoint import load_checkpoint
 from dcut_sched.drafters.runtime import DFlashDrafter
 from dcut_sched.model.config import LlamaConfig
 from dcut_sched.model.drafter import SelfSpecDrafter

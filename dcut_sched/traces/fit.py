@@ -27,9 +27,9 @@ from rich.table import Table
 from scipy.optimize import differential_evolution, minimize
 
 from ..util.console import make_console
-from .format import Trace
 from .stats import reached_slots, replay_rows, selection_curve_arrays
 from .synth import SynthParams, generate
+from .trace import Trace
 
 __all__ = ["FIT_BOUNDS", "FitResult", "fit_moments", "fit_trace", "moments", "print_fit"]
 

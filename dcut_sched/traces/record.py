@@ -41,8 +41,9 @@ import numpy as np
 
 from dcut_sched.util.progress import RunProgress, format_duration
 
-from .format import Trace, TraceError, accept_len_dtype
+from .format import TraceError, accept_len_dtype
 from .prompts import Prompt, prompts_digest
+from .trace import Trace
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; dcut_sched.sampling imports torch
     from ..sampling import SamplingParams

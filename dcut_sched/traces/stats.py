@@ -30,7 +30,8 @@ from scipy.stats import binned_statistic
 from .. import policies
 from ..scores import verified_prefix_tokens
 from ..util.console import make_console
-from .format import Trace, TraceError, check_trace_columns, read_trace_file
+from .format import TraceError, check_trace_columns
+from .trace import Trace, read_trace_file
 
 __all__ = [
     "calibration_by_depth",

@@ -51,7 +51,8 @@ from scipy.special import expit, ndtri
 
 from ..util.atomic import atomic_write_text
 from ..util.inputs import InputFileError, is_symlink_loop, read_json_strict
-from .format import Trace, accept_len_dtype
+from .format import accept_len_dtype
+from .trace import Trace
 
 __all__ = [
     "PRESETS",

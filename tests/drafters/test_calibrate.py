@@ -9,14 +9,9 @@ import torch
 
 from dcut_sched.calibration import CalibrationPrior
 from dcut_sched.cli.drafter import calibration_blocks, calibration_prompts
+from dcut_sched.drafters.checkpoint import DraftCheckpointError, load_checkpoint, save_checkpoint
 from dcut_sched.drafters.data import DraftSequence, sequence_features
-from dcut_sched.drafters.dflash import (
-    DFlashConfig,
-    DFlashDraftModel,
-    DraftCheckpointError,
-    load_checkpoint,
-    save_checkpoint,
-)
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate
 
 TARGET = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=2, num_kv_heads=1,

@@ -12,18 +12,12 @@ import pytest
 import torch
 
 from dcut_sched import RatioController, policies
+from dcut_sched.drafters.checkpoint import DraftCheckpointError, load_checkpoint, save_checkpoint
 from dcut_sched.drafters.data import DraftSequence
-from dcut_sched.drafters.dflash import (
-    DFlashConfig,
-    DFlashDraftModel,
-    DraftCheckpointError,
-    block_loss_weights,
-    default_target_layer_ids,
-    load_checkpoint,
-    save_checkpoint,
-)
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
+from dcut_sched.drafters.heldout import acceptance
 from dcut_sched.drafters.runtime import DFlashDrafter, DraftContextError
-from dcut_sched.drafters.train import TrainSettings, _draw, acceptance, block_batch, train_step
+from dcut_sched.drafters.train import TrainSettings, _draw, block_batch, train_step
 from dcut_sched.engine import SpecEngine
 from dcut_sched.model import LlamaConfig, LlamaModel, greedy_generate, sample_generate
 from dcut_sched.sampling import SamplingParams

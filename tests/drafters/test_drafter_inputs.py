@@ -10,13 +10,8 @@ import json
 
 import pytest
 
-from dcut_sched.drafters.dflash import (
-    DFlashConfig,
-    DFlashDraftModel,
-    DraftCheckpointError,
-    load_checkpoint,
-    save_checkpoint,
-)
+from dcut_sched.drafters.checkpoint import DraftCheckpointError, hf_config, load_checkpoint, save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel
 
 TINY = LlamaConfig.preset("tiny")  # the profiler's tiny target: width 256, 4 layers
@@ -63,7 +58,7 @@ def test_eval_of_a_drafter_for_a_deeper_target_is_refused_before_its_weights_are
                        vocab_size=49152, target_num_layers=48, target_layer_ids=(1, 14, 27, 40), mask_token_id=16)
     folder = tmp_path / "deep"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(cfg.hf_config()))
+    (folder / "config.json").write_text(json.dumps(hf_config(cfg)))
     (folder / "model.safetensors").write_bytes(b"not read")
     _one_line(drafter.main(["eval", str(folder)]), capsys.readouterr().err,
               "48 layers (it reads target layers [1, 14, 27, 40])", "30 layers")
@@ -116,15 +111,16 @@ def drafters(tmp_path, monkeypatch):
 
 def test_profile_resolves_a_bare_drafter_name_as_the_engine_does(drafters):
     from dcut_sched.cli import profile as cli
+    from dcut_sched.cli.profile_run import resolve
     from dcut_sched.drafters import parse_draft_spec
 
     args = cli.build_parser().parse_args(["--cpu", "--model", "tiny", "--draft", "dflash:mini", "--block-size", "8",
                                           "--out", "c.json"])
-    _, _, draft = cli._resolve(args)
+    _, _, draft = resolve(args)
     assert draft.kind == "dflash" and draft.config == str(drafters / "mini")
     assert draft.config == str(parse_draft_spec("dflash:mini").path)  # dcut-engine's lookup
     args = cli.build_parser().parse_args(["--cpu", "--model", "tiny", "--draft", "dflash:tiny", "--out", "c.json"])
-    assert cli._resolve(args)[2].config == "tiny"  # a preset stays a preset
+    assert resolve(args)[2].config == "tiny"  # a preset stays a preset
 
 
 @pytest.mark.parametrize("draft, block, needles", [

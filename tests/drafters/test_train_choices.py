@@ -13,22 +13,14 @@ import pytest
 import torch
 
 from dcut_sched.calibration import fit_prior
+from dcut_sched.drafters.checkpoint import SHIP_DTYPE, load_checkpoint, save_checkpoint
 from dcut_sched.drafters.data import DraftSequence, sequence_features
-from dcut_sched.drafters.dflash import (
-    SHIP_DTYPE,
-    DFlashConfig,
-    DFlashDraftModel,
-    block_loss_weights,
-    load_checkpoint,
-    save_checkpoint,
-)
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, block_loss_weights
+from dcut_sched.drafters.heldout import calibrate_on_split, calibration_blocks, depth_acceptance
 from dcut_sched.drafters.train import (
     TrainSettings,
     _draw,
     block_batch,
-    calibrate_on_split,
-    calibration_blocks,
-    depth_acceptance,
     in_calibration_split,
     init_from_target,
     lr_at,
@@ -198,7 +190,7 @@ def test_truncation_settings_below_one_are_refused():
 
 def test_a_prior_deeper_than_the_block_is_refused(tmp_path):
     from dcut_sched.calibration import CalibrationPrior
-    from dcut_sched.drafters.dflash import DraftCheckpointError
+    from dcut_sched.drafters.checkpoint import DraftCheckpointError
 
     folder = save_checkpoint(DFlashDraftModel.random_init(CFG, seed=0), tmp_path / "d")  # B = 8: 7 draft slots
     CalibrationPrior(intercepts=[0.0] * 7, slope=1.0).save(folder / "calibration.json")

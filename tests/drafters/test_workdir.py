@@ -190,7 +190,7 @@ def test_the_drafter_folder_is_written_all_or_none(run, tmp_path, monkeypatch):
     def broken_plot(path, *a):
         raise OSError(f"cannot write {path}: disk full")
 
-    monkeypatch.setattr(cli, "_plot_curve", broken_plot)
+    monkeypatch.setattr(cli, "plot_curve", broken_plot)
     _one_line(*run("--steps", "2"), "disk full")
     assert _digest(tmp_path / "d") == before  # old config, weights and card together
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "wd"]  # the staged folder is gone

@@ -29,7 +29,7 @@ def test_cpu_tiny_default_command(tmp_path, capsys):
     assert json.loads(out.read_text())["schema"] == "dcut.cost-curve/2"
     load = curve.hardware["load_average"]
     assert load["cpu_count"] >= 1 and load["end_1min"] >= 0 and load["start_1min"] >= 0
-    from dcut_sched.cli.profile import _load_warnings, _monotone_warnings, _spread_warnings
+    from dcut_sched.cli.profile_run import _load_warnings, _monotone_warnings, _spread_warnings
 
     expected = (_load_warnings(load, load["cpu_count"], 1, curve.profile_seconds) + _spread_warnings(curve)
                 + _monotone_warnings(curve))
@@ -147,7 +147,7 @@ def test_gpu_without_cuda(tmp_path, capsys):
 
 
 def test_load_and_spread_warnings_by_hand():
-    from dcut_sched.cli.profile import _load_warnings, _spread_warnings
+    from dcut_sched.cli.profile_run import _load_warnings, _spread_warnings
 
     quiet = {"start_1min": 0.9, "end_1min": 1.1, "end_5min": 1.0}
     assert _load_warnings(quiet, cpu_count=2, threads=1) == []
@@ -168,7 +168,7 @@ def test_load_and_spread_warnings_by_hand():
     (msg,) = _spread_warnings(curve(8.0, 12.0))  # 40 % on both verify cells, median over the 3 cells 40 %
     assert "median 40.0%, max 40.0%" in msg and "verify:1:1" in msg
 
-    from dcut_sched.cli.profile import _monotone_warnings
+    from dcut_sched.cli.profile_run import _monotone_warnings
 
     c = CostCurve(hardware={"backend": "cpu-eager"}, model={"name": "t"}, block_size=1, context_len=0,
                   verify=[{"batch_size": b, "num_tokens": b, "median_ms": 1.0} for b in (4, 8)],

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from dcut_sched.cli import drafter
-from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, save_checkpoint
+from dcut_sched.drafters.checkpoint import save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel
 
 
@@ -53,7 +54,7 @@ def test_no_anchor_to_draft_from(monkeypatch):
     def none(*a, **k):
         raise ValueError("no anchor")
 
-    monkeypatch.setattr("dcut_sched.drafters.train.calibration_blocks", none)
+    monkeypatch.setattr("dcut_sched.drafters.heldout.calibration_blocks", none)
     target = LlamaModel.random_init(LlamaConfig.preset("tiny"), seed=0)
     cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=8, num_target_features=1)
     with pytest.raises(drafter.UsageError, match="no anchor to draft from: the continuations are empty"):

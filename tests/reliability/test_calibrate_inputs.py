@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, save_checkpoint
+from dcut_sched.drafters.checkpoint import save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel
 
 

@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dcut_sched.calibration import CalibrationPrior, CalibrationPriorError
-from dcut_sched.drafters.dflash import (
-    DFlashConfig,
-    DFlashDraftModel,
-    DraftCheckpointError,
-    load_checkpoint,
-    save_checkpoint,
-)
+from dcut_sched.drafters.checkpoint import DraftCheckpointError, load_checkpoint, save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dcut_sched.calibration import CalibrationPrior
-from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, save_checkpoint
+from dcut_sched.drafters.checkpoint import save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from dcut_sched.cli import sim as cli
+from dcut_sched.cli.sim_output import SETTING_COLUMNS
 from dcut_sched.util.tables import read_table
 from tests.sim.conftest import random_trace
 
@@ -37,7 +38,7 @@ def test_default_rows_record_the_default_settings(files, tmp_path, capsys, suffi
     out = tmp_path / f"rows{suffix}"
     _run(capsys, *files, *FAST, "--quiet", "--out", out)
     df = read_table(out)
-    assert list(df.columns[-len(cli.SETTING_COLUMNS):]) == list(cli.SETTING_COLUMNS)
+    assert list(df.columns[-len(SETTING_COLUMNS):]) == list(SETTING_COLUMNS)
     assert not df["calibrate"].any() and (df["overhead_ms"] == 0).all() and df["shuffle"].all()
     assert set(df["graph_tokens"]) == {"all"}
 
@@ -90,7 +91,7 @@ def test_the_table_on_screen_is_unchanged_by_out(files, tmp_path, capsys, monkey
     without = _run(capsys, *files, *FAST, "--calibrate", "--overhead-ms", "0.5")
     with_out = _run(capsys, *files, *FAST, "--calibrate", "--overhead-ms", "0.5", "--out", tmp_path / "r.csv")
     assert without == with_out and "speedup over ar" in without
-    assert len(seen) == 2 and not set(cli.SETTING_COLUMNS) & set(seen[0])
+    assert len(seen) == 2 and not set(SETTING_COLUMNS) & set(seen[0])
     written = pd.read_csv(tmp_path / "r.csv")
-    shown = written.drop(columns=list(cli.SETTING_COLUMNS))
+    shown = written.drop(columns=list(SETTING_COLUMNS))
     assert np.allclose(shown["speedup_vs_ar"], written["speedup_vs_ar"])

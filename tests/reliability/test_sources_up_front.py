@@ -13,7 +13,8 @@ import pytest
 
 from dcut_sched.cli import drafter
 from dcut_sched.drafters import sources
-from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel, save_checkpoint
+from dcut_sched.drafters.checkpoint import save_checkpoint
+from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
 from dcut_sched.model import LlamaConfig, LlamaModel
 
 

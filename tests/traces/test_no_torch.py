@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-MODULES = ["dcut_sched.traces", "dcut_sched.traces.format", "dcut_sched.traces.stats", "dcut_sched.traces.synth",
-           "dcut_sched.traces.fit", "dcut_sched.traces.prompts", "dcut_sched.traces.record"]
+MODULES = ["dcut_sched.traces", "dcut_sched.traces.format", "dcut_sched.traces.trace", "dcut_sched.traces.stats",
+           "dcut_sched.traces.synth", "dcut_sched.traces.fit", "dcut_sched.traces.prompts", "dcut_sched.traces.record"]
 
 
 def test_trace_modules_do_not_import_torch():
