@@ -131,6 +131,20 @@ def _to_torch(plan: ControllerPlan) -> ControllerPlan:
     return replace(plan, lengths=lengths, policy_plan=replace(plan.policy_plan, lengths=lengths), _host_lengths=host)
 
 
+def _one_number(value: Any) -> bool:
+    """Whether ``value`` is one real number: a Python or numpy number, or an array/tensor of one element
+    (not a boolean, a string or a list)."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.size == 1 and value.dtype.kind in "iuf"
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.dtype != torch.bool and not value.is_complex()
+    return False
+
+
 class RatioController:
     """Chooses each step's verification through a registered policy (module docstring).
 
@@ -166,8 +180,8 @@ class RatioController:
             stop short).
         ValueError: a block size < 2; the policy needs a cost curve and none was given; bad policy
             parameters.
-        TypeError: ``cost`` is not a :class:`~dcut_sched.cost_curve.CostCurve` (a path, say) or
-            ``calibration_prior`` not a :class:`~dcut_sched.calibration.CalibrationPrior`.
+        TypeError: ``block_size`` is not an integer; ``cost`` is not a
+            :class:`~dcut_sched.cost_curve.CostCurve` (a path, say) or ``calibration_prior`` not a :class:`~dcut_sched.calibration.CalibrationPrior`.
     """
 
     def __init__(
@@ -182,6 +196,9 @@ class RatioController:
         max_batch_size: int | None = None,
         **policy_params: Any,
     ):
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+            raise TypeError(f"RatioController: block_size={block_size!r} must be an integer (B, slots per request: "
+                            f"the anchor and B-1 drafts)")
         self.block_size = int(block_size)
         if self.block_size < 2:
             raise ValueError(f"RatioController: block_size={block_size} leaves no draft slot (a block is the anchor "
@@ -321,8 +338,11 @@ class RatioController:
 
         Raises:
             ValueError: ``batch_size`` < 1 or not an integer.
+            CostCurveRangeError: a policy that prices the step (``fine``, ``smartspec``) was given a batch
+                size outside the cost curve (as :meth:`plan`).
         """
-        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.integer, np.floating))
+                or not np.isfinite(batch_size) or int(batch_size) != batch_size or batch_size < 1):
             raise ValueError(f"RatioController.plan_without_draft: batch_size={batch_size!r} must be an integer >= 1")
         vp = self.driver.plan_without_draft(int(batch_size))
         if device is not None:
@@ -348,7 +368,8 @@ class RatioController:
         After a plan without draft nothing is learnt (there were no drafts).
 
         Raises:
-            TypeError: ``accept_len`` is not an integer array (floats, booleans, strings).
+            TypeError: ``accept_len`` is not an integer array (floats, booleans, strings), or ``step_ms``
+                is not a number (a string, a list, a boolean, an array of several values).
             ValueError: no plan awaits an observation (before any plan, or a second ``observe`` for
                 one plan), or ``accept_len`` is not ``[bs]`` for the last plan's batch size.
         """
@@ -364,6 +385,9 @@ class RatioController:
                 f"RatioController.observe: accept_len must be an integer array of shape [{bs}] (the last "
                 f"plan's batch size); got {shape}"
             )
+        if step_ms is not None and not _one_number(step_ms):
+            raise TypeError(f"RatioController.observe: step_ms must be a number of milliseconds (or None); got "
+                            f"{type(step_ms).__name__}")
         integer = (not accept_len.is_floating_point() and not accept_len.is_complex() and accept_len.dtype != torch.bool
                    if isinstance(accept_len, torch.Tensor) else accept_len.dtype.kind in "iu")  # not timedelta64
         if not integer:
