@@ -109,3 +109,47 @@ def test_feedback_decay_is_checked():
     with pytest.raises(ValueError, match="feedback_decay"):
         d.policies.get("fine", feedback_decay=1.0)
     assert d.policies.get("fine").params()["feedback"] is True
+
+
+def _drafts_after_a_stall(curve, stall_ms, steps=1500):
+    """Drafted steps of ``fine`` through the controller, every draft accepted, each step timed at 17 ms
+    except step 50, timed at ``stall_ms``."""
+    ctrl = d.RatioController(curve, 4, policy="fine", calibrate=False)
+    conf = np.full((4, 3), 0.95, np.float32)
+    drafted, plan = 0, None
+    for i in range(steps):
+        ms = stall_ms if i == 50 else 17.0
+        if plan is None or plan.draft_next:
+            plan = ctrl.plan(conf)
+            drafted += 1
+            ctrl.observe(np.full(4, 3, np.int64), step_ms=ms)
+        else:
+            plan = ctrl.plan_without_draft(4)
+            ctrl.observe(np.zeros(4, np.int64), step_ms=ms)
+    return drafted, ctrl.policy.state
+
+
+@pytest.mark.parametrize("stall_ms", [1e3, 1e4, 1e300])
+def test_one_stalled_step_does_not_stop_drafting(make_curve, stall_ms):
+    """A pause of the process on one drafted step (10 s on a 17 ms step) was booked in full as a
+    loss of drafting: fine stopped and its probes waited ~10^5 steps (1e300 ms: for ever). One
+    step's measured time counts at most STEP_TIME_OUTLIER times what its plan booked."""
+    from dcut_sched.policies.fine import STEP_TIME_OUTLIER
+
+    curve = make_curve(batch_sizes=(1, 2, 4, 8), block_size=4)
+    steady, state = _drafts_after_a_stall(curve, 17.0)
+    drafted, state = _drafts_after_a_stall(curve, stall_ms)
+    assert steady == drafted == 1500
+    assert state.debt_ms < 0 and state.elapsed_ms < 1500 * 17.0 + STEP_TIME_OUTLIER * 17.0 * 2
+
+
+def test_a_curve_that_prices_every_step_low_is_still_followed(make_curve):
+    """Every step 10x its price (above STEP_TIME_OUTLIER): the running ratio follows within a few steps."""
+    costs = _costs(make_curve)
+    fine = d.policies.get("fine", granularity=1)
+    for _ in range(40):
+        plan = fine.plan(SURE, costs)
+        fine.observe(plan.lengths, plan.lengths - 1)
+        fine.observe_time(10.0 * costs.drafted_ms(2, plan.num_tokens))
+    fine.plan(SURE, costs)
+    assert fine.state.realization.drafted_time > 8.0

@@ -91,6 +91,20 @@ def _to_torch(plan: ControllerPlan) -> ControllerPlan:
     return replace(plan, lengths=lengths, policy_plan=replace(plan.policy_plan, lengths=lengths), _host_lengths=host)
 
 
+def _one_number(value: Any) -> bool:
+    """Whether ``value`` is one real number: a Python or numpy number, or an array/tensor of one element
+    (not a boolean, a string or a list)."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return True
+    if isinstance(value, np.ndarray):
+        return value.size == 1 and value.dtype.kind in "iuf"
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.dtype != torch.bool and not value.is_complex()
+    return False
+
+
 class RatioController:
     """Chooses each step's verification through a registered policy (parameters: docs/controller.md).
 
@@ -105,9 +119,10 @@ class RatioController:
     Raises:
         KeyError: unknown policy name.
         CostCurveError / CostCurveRangeError: the curve is for another block size, or cannot price
-            (or prices at <= 0 ms) a step the policy reads.
+            (or prices at <= 0 ms) a step the policy reads at a batch size up to ``max_batch_size``.
         ValueError: block size < 2; a policy that needs a curve without one; bad policy parameters.
-        TypeError: ``cost`` or ``calibration_prior`` of the wrong type (a path, say).
+        TypeError: ``block_size`` not an integer; ``cost`` or ``calibration_prior`` of the wrong type
+            (a path, say).
     """
 
     def __init__(
@@ -122,6 +137,9 @@ class RatioController:
         max_batch_size: int | None = None,
         **policy_params: Any,
     ):
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+            raise TypeError(f"RatioController: block_size={block_size!r} must be an integer (B, slots per request: "
+                            f"the anchor and B-1 drafts)")
         self.block_size = int(block_size)
         if self.block_size < 2:
             raise ValueError(f"RatioController: block_size={block_size} leaves no draft slot (a block is the anchor "
@@ -244,9 +262,11 @@ class RatioController:
 
     def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
         """Plan a plain step (every request verifies its anchor) of ``batch_size >= 1`` requests
-        (``ValueError`` otherwise); layouts on ``device``, or numpy with ``None``.
+        (``ValueError`` otherwise; ``CostCurveRangeError`` outside the curve for a policy that prices
+        it); layouts on ``device``, or numpy with ``None``.
         """
-        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, float, np.integer, np.floating))
+                or not np.isfinite(batch_size) or int(batch_size) != batch_size or batch_size < 1):
             raise ValueError(f"RatioController.plan_without_draft: batch_size={batch_size!r} must be an integer >= 1")
         vp = self.driver.plan_without_draft(int(batch_size))
         if device is not None:
@@ -262,7 +282,7 @@ class RatioController:
         says) and, when the engine times steps, ``step_ms`` (ignored unless finite and > 0).
 
         Raises:
-            TypeError: ``accept_len`` is not an integer array.
+            TypeError: ``accept_len`` is not an integer array, or ``step_ms`` is not one number.
             ValueError: no plan awaits an observation, or ``accept_len`` is not ``[bs]``.
         """
         bs = self.driver.pending_batch_size
@@ -277,6 +297,9 @@ class RatioController:
                 f"RatioController.observe: accept_len must be an integer array of shape [{bs}] (the last "
                 f"plan's batch size); got {shape}"
             )
+        if step_ms is not None and not _one_number(step_ms):
+            raise TypeError(f"RatioController.observe: step_ms must be a number of milliseconds (or None); got "
+                            f"{type(step_ms).__name__}")
         integer = (not accept_len.is_floating_point() and not accept_len.is_complex() and accept_len.dtype != torch.bool
                    if isinstance(accept_len, torch.Tensor) else accept_len.dtype.kind in "iu")  # not timedelta64
         if not integer:

@@ -18,6 +18,12 @@ from ..step_costs import StepCosts
 from .base import Policy, VerifyPlan, check_conf_shape, register
 
 OBJECTIVES = ("ratio", "marginal")
+#: One step's measured time counts at most this factor above (or below) the time its plan booked (the
+#: price times the running measured/priced ratio): a stall (a pause of the process, a page fault) is
+#: not what drafting costs, and one 10 s stall booked in full held probes back for ~10^5 steps. A
+#: curve that prices every step wrong is still followed: the running ratio moves by up to this factor
+#: per step.
+STEP_TIME_OUTLIER = 4.0
 
 
 def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms: float, objective: str = "ratio",
@@ -164,9 +170,11 @@ class FineState:
         b, self.booked = self.booked, None
         if b is None:
             return
-        real_ms = b.booked_ms if b.measured_ms is None else b.measured_ms
-        if b.measured_ms is not None and self.realization is not None:
-            self.realization.add_time(b.drafted, b.measured_ms / b.priced_ms)
+        measured = None if b.measured_ms is None else min(max(b.measured_ms, b.booked_ms / STEP_TIME_OUTLIER),
+                                                          b.booked_ms * STEP_TIME_OUTLIER)
+        real_ms = b.booked_ms if measured is None else measured
+        if measured is not None and self.realization is not None:
+            self.realization.add_time(b.drafted, measured / b.priced_ms)
         self.elapsed_ms += real_ms - b.booked_ms
         if not b.drafted:
             return

@@ -61,7 +61,7 @@ def test_plan_given_a_list_raises_value_error(ctrl):
         ctrl.plan(CONF.tolist())
 
 
-@pytest.mark.parametrize("bs", [0, -1, 1.5])
+@pytest.mark.parametrize("bs", [0, -1, 1.5, float("nan"), float("inf"), None, "4", True])
 def test_plan_without_draft_needs_a_positive_batch(ctrl, bs):
     with pytest.raises(ValueError, match="batch_size=.* must be an integer >= 1"):
         ctrl.plan_without_draft(bs)
@@ -100,3 +100,29 @@ def test_expected_tokens_checks_lengths(kind):
         expected_tokens(scores, wrap(np.array([1, 5])))
     with pytest.raises(ValueError, match=r"\[-1, 2\]"):
         expected_tokens(scores, wrap(np.array([-1, 2])))
+
+
+@pytest.mark.parametrize("step_ms", ["5", [5.0], np.array([5.0, 6.0]), True, torch.tensor([5.0, 6.0]), {"ms": 5}])
+def test_observe_refuses_a_step_time_that_is_not_one_number(ctrl, step_ms):
+    """A string, a list, a boolean or several values: a TypeError naming step_ms (they raised from
+    inside the driver, or a boolean counted as 1 ms), and the plan still awaits its observation."""
+    ctrl.plan(CONF)
+    with pytest.raises(TypeError, match="step_ms must be a number of milliseconds"):
+        ctrl.observe(np.zeros(2, np.int64), step_ms=step_ms)
+    ctrl.observe(np.zeros(2, np.int64), step_ms=12.0)
+    assert ctrl.metrics["observed_steps"] == 1
+
+
+@pytest.mark.parametrize("step_ms", [12, np.float32(12.0), np.array(12.0), torch.tensor(12.0), torch.tensor([12])])
+def test_observe_takes_one_number_of_any_kind(ctrl, step_ms):
+    ctrl.plan(CONF)
+    ctrl.observe(np.zeros(2, np.int64), step_ms=step_ms)
+    assert ctrl.policy.state.booked.measured_ms == 12.0
+
+
+@pytest.mark.parametrize("block_size", [2.5, "4", None, float("nan"), True])
+def test_a_block_size_that_is_not_an_integer_is_a_type_error(curve4, block_size):
+    """2.5 was truncated to 2 (then refused as a curve 'measured for 4, not 2'), "4" was accepted."""
+    with pytest.raises(TypeError, match="block_size=.* must be an integer"):
+        RatioController(curve4, block_size)
+    assert RatioController(curve4, np.int64(B)).block_size == B
