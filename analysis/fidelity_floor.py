@@ -301,8 +301,9 @@ def predict_engine(engine: str) -> pd.DataFrame:
 def markdown(res: pd.DataFrame) -> str:
     """The report: per engine the median |error|, then one table per engine."""
     lines = ["# The simulator against the floor benchmarks", "",
-             "Every cell of the interleaved rounds (`analysis/results/vllm-dflash/bench_vllm_rounds_runs.csv`, "
-             "`analysis/results/bench_engine_rounds_runs.csv`) predicted by the simulator from a trace of the same "
+             "Every cell of the interleaved rounds ("
+             + ", ".join(f"`{ENGINES[e]['runs'].relative_to(ROOT)}`" for e in res["engine"].unique())
+             + ") predicted by the simulator from a trace of the same "
              "drafter on the same prompts (greedy, EOS ignored, as the benchmarks) and the curve each engine planned "
              "with; `python analysis/fidelity_floor.py` regenerates this file (method: its docstring). measured: "
              "median decode tok/s over the rounds [min-max]; spread = (max - min) / median, the noise floor; "
@@ -333,16 +334,20 @@ def markdown(res: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def predict() -> int:
+def write(res: pd.DataFrame) -> str:
+    """Write the csv and the report of ``res`` (all or none); returns the report."""
     from dcut_sched.util.atomic import all_or_none, atomic_write_text
 
-    res = pd.concat([predict_engine(e) for e in ENGINES], ignore_index=True)
     md = markdown(res)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     with all_or_none():
         atomic_write_text(OUT_DIR / "fidelity_floor.csv", res.round(4).to_csv(index=False))
         atomic_write_text(OUT_DIR / "fidelity_floor.md", md)
-    print(md)
+    return md
+
+
+def predict(engines: Sequence[str] = tuple(ENGINES)) -> int:
+    print(write(pd.concat([predict_engine(e) for e in engines], ignore_index=True)))
     return 0
 
 
@@ -351,10 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("stage", nargs="?", choices=["predict", "record"], default="predict")
     ap.add_argument("--fresh", action="store_true", help="record: re-record existing traces")
     ap.add_argument("--threads", type=int, default=1, help="record: torch threads [1]")
+    ap.add_argument("--engines", type=lambda t: [x for x in t.split(",") if x], default=list(ENGINES),
+                    help=f"predict: comma list of {', '.join(ENGINES)} [all]")
     args = ap.parse_args(argv)
     if args.stage == "record":
         return record(args.fresh, args.threads)
-    return predict()
+    if not args.engines or set(args.engines) - set(ENGINES):
+        ap.error(f"--engines: choose from {', '.join(ENGINES)}")
+    return predict(args.engines)
 
 
 if __name__ == "__main__":
