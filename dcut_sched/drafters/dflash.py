@@ -34,13 +34,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from ..model.config import LlamaConfig
 from ..model.llama import RMSNorm
 from ..model.mlp import build_mlp
 from ..model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from ..util.validation import validate
 
 __all__ = [
     "CONFIG_NAME", "WEIGHTS_NAME", "DFlashConfig", "DFlashDraftModel", "DraftCheckpointError", "DraftTargetError",
@@ -483,16 +484,7 @@ def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
     integer is not a float or a boolean, sizes are bounded, norms' epsilon and RoPE base are positive
     finite numbers), each fault one :class:`DraftCheckpointError` naming the file and the field."""
     fix = "re-save the drafter with dcut-drafter train (or DFlash's save_pretrained)"
-    try:
-        h = HFDraftConfig.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        if err["type"] == "missing":
-            raise DraftCheckpointError(f"{path}: field {loc} is missing; {fix}") from None
-        shown = repr(err.get("input"))
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise DraftCheckpointError(f"{path}: field {loc}: {err['msg']} (got {shown}); {fix}") from None
+    h = validate(HFDraftConfig, raw, str(path), fix, DraftCheckpointError)
     if h.architectures != ["DFlashDraftModel"]:
         raise DraftCheckpointError(f"{path}: field architectures is {h.architectures!r}, expected "
                                    "['DFlashDraftModel'] (not a DFlash drafter checkpoint)")
