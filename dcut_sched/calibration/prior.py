@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import minimize
 
 from ..util.atomic import atomic_write_text
 from ..util.inputs import InputFileError, parse_json_strict, read_text
+from ..util.validation import validate
 from .metrics import CONF_EPS, expected_calibration_error, logistic_map, logit, reached_slots
 
 __all__ = ["PRIOR_FORMAT", "PRIOR_NAME", "CalibrationPrior", "CalibrationPriorError", "calibration_report", "fit_prior"]
@@ -81,14 +82,8 @@ class CalibrationPrior(BaseModel):
             raw = parse_json_strict(read_text(path, "a calibration prior"), str(path))
         except InputFileError as exc:
             raise CalibrationPriorError(f"{exc}; {fix}") from None
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            shown = repr(err.get("input"))
-            shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            raise CalibrationPriorError(f"{path}: field {loc}: {err['msg']} (got {shown}); {fix}") from None
+        return validate(cls, raw, str(path), fix, CalibrationPriorError,
+                        extra="is not a field of a calibration prior")
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike | None) -> "CalibrationPrior | None":

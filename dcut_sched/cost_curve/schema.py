@@ -11,26 +11,42 @@ Validation
 ----------
 Every field is checked when a curve is built or loaded, accepting exact types or lossless casts only
 (a JSON ``true`` is not a 1 ms cell; ``16.0`` is batch size 16, ``16.5`` is an error; NaN, infinities
-and non-positive times are errors). Faults raise :class:`CostCurveError` naming the file, the row
-and the field (``verify[3].median_ms``).
+and non-positive times are errors): the fields beside the rows are a strict pydantic
+:class:`CurveHeader`, each row a dataclass whose field types are strict pydantic types; the relations
+between fields and rows (quantile order, cells within ``bs..bs*B``, no duplicate cell) are checked by
+:class:`CurveValidation`. Faults raise :class:`CostCurveError` naming the file, the row and the field
+(``verify[3].median_ms``), through :func:`dcut_sched.util.validation.field_message`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import numpy as np
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
 
 from ..util.inputs import shown
+from ..util.validation import field_message, invalid, validation_message
 
 __all__ = [
     "AR_ASSUMED_NO_ROWS", "AR_ASSUMED_V1", "BACKENDS", "GRAPH_MODES", "MAX_MS", "PROVENANCES", "SCHEMA", "SCHEMAS", "SCHEMA_V1",
-    "STEP_KINDS", "ArRow", "AssumedArWarning", "CostCurveError", "CostCurveRangeError", "CurveValidation",
+    "STEP_KINDS", "ArRow", "AssumedArWarning", "CostCurveError", "CostCurveRangeError", "CurveHeader", "CurveValidation",
     "DraftFirstRow", "DraftRow", "StepOverheadRow", "VerifyRow",
 ]
 
@@ -66,98 +82,9 @@ class AssumedArWarning(UserWarning):
 
 # Row types: key fields (``batch_size``, ``num_tokens``, ...), then the timing fields every kind
 # shares, in this positional order: ``median_ms``; ``p20_ms``/``p80_ms`` quantiles; ``repeats``
-# samples; ``provenance`` (one of :data:`PROVENANCES`). Times in ms.
-
-
-@dataclass(frozen=True)
-class VerifyRow:
-    """One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms."""
-
-    batch_size: int
-    num_tokens: int
-    median_ms: float
-    p20_ms: Optional[float] = None
-    p80_ms: Optional[float] = None
-    repeats: Optional[int] = None
-    provenance: str = "measured"
-
-
-@dataclass(frozen=True)
-class ArRow:
-    """One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms."""
-
-    batch_size: int
-    median_ms: float
-    p20_ms: Optional[float] = None
-    p80_ms: Optional[float] = None
-    repeats: Optional[int] = None
-    provenance: str = "measured"
-
-
-@dataclass(frozen=True)
-class DraftRow:
-    """One draft-step cell: ``batch_size`` requests drafting a block, times in ms."""
-
-    batch_size: int
-    median_ms: float
-    p20_ms: Optional[float] = None
-    p80_ms: Optional[float] = None
-    repeats: Optional[int] = None
-    provenance: str = "measured"
-
-
-@dataclass(frozen=True)
-class DraftFirstRow:
-    """One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's
-    ``num_tokens`` verified tokens (attention over the context), times in ms."""
-
-    batch_size: int
-    num_tokens: int
-    median_ms: float
-    p20_ms: Optional[float] = None
-    p80_ms: Optional[float] = None
-    repeats: Optional[int] = None
-    provenance: str = "measured"
-
-
-@dataclass(frozen=True)
-class StepOverheadRow:
-    """What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's
-    forward passes, at ``batch_size`` requests (and, for ``drafted`` rows that give it, at
-    ``num_tokens`` verified tokens: the K bucket); ms. A signed residual: ``median_ms`` (and
-    ``p20_ms`` / ``p80_ms``) may be negative when the real step is faster than the curve's forward
-    cells (docs/design.md §4); the whole step a curve prices must still be > 0."""
-
-    kind: str
-    batch_size: int
-    median_ms: float
-    p20_ms: Optional[float] = None
-    p80_ms: Optional[float] = None
-    repeats: Optional[int] = None
-    provenance: str = "measured"
-    num_tokens: Optional[int] = None
-
-
-_ROW_REQUIRED = {VerifyRow: ("batch_size", "num_tokens", "median_ms"), ArRow: ("batch_size", "median_ms"),
-                 DraftRow: ("batch_size", "median_ms"), DraftFirstRow: ("batch_size", "num_tokens", "median_ms"),
-                 StepOverheadRow: ("kind", "batch_size", "median_ms")}
-
-
-
-def _now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-
-
-def _json_scalar(value: Any) -> Any:
-    """``json.dumps`` hook: numpy integers, floats and booleans as Python numbers (lossless)."""
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
-
+# samples; ``provenance`` (one of :data:`PROVENANCES`). Times in ms. Each is a plain frozen dataclass
+# (built positionally by the profilers) whose field types are strict pydantic types: a curve
+# validates every row, a mapping or a row built in code, through :data:`_ROW_ADAPTERS`.
 
 #: The largest integer field a cost curve holds (rows are indexed by int64 arrays).
 _MAX_INT = int(np.iinfo(np.int64).max)
@@ -188,94 +115,269 @@ def _exact_float(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def _count(minimum: int) -> Any:
+    """An int >= ``minimum`` (lossless casts only, at most int64)."""
+    def check(value: Any) -> int:
+        got = _exact_int(value)
+        if got is None or got < minimum:
+            kind = "a positive" if minimum == 1 else "a non-negative"
+            raise invalid(f"must be {kind} integer, got {value!r}")
+        if got > _MAX_INT:  # 1e308 is an integral float; no batch size, token count or repeat count is
+            raise invalid(f"{value!r} is larger than {_MAX_INT} (int64); give a real count")
+        return got
+    return BeforeValidator(check)
+
+
+def _ms(value: Any) -> float:
+    got = _exact_float(value)
+    if got is None or got <= 0:
+        raise invalid(f"must be a positive finite number of ms, got {shown(value)}")
+    if got > MAX_MS:
+        raise invalid(f"{got:g} ms is above the limit {MAX_MS:g} ms; a step time in ms, not an overflow")
+    return got
+
+
+def _signed_ms(value: Any) -> float:
+    got = _exact_float(value)
+    if got is None:
+        raise invalid(f"must be a finite number of ms (a signed residual), got {shown(value)}")
+    if abs(got) > MAX_MS:
+        raise invalid(f"{got:g} ms is beyond the limit +-{MAX_MS:g} ms; a step time in ms, not an overflow")
+    return got
+
+
+def _one_of(choices: tuple[str, ...], what: str) -> Any:
+    def check(value: Any) -> Any:
+        if value is None:
+            raise invalid(f"missing; use one of {', '.join(choices)}")
+        if not isinstance(value, str) or value not in choices:
+            raise invalid(f"unknown {what}{value!r}; use one of {', '.join(choices)}")
+        return value
+    return BeforeValidator(check)
+
+
+def _optional(check: Any) -> Any:
+    return BeforeValidator(lambda value: None if value is None else check(value))
+
+
+_Count = Annotated[int, _count(1), Strict()]
+_OptCount = Annotated[Optional[Annotated[int, Strict()]], _optional(_count(1).func)]
+_Ms = Annotated[float, BeforeValidator(_ms), Strict()]
+_OptMs = Annotated[Optional[Annotated[float, Strict()]], _optional(_ms)]
+_SignedMs = Annotated[float, BeforeValidator(_signed_ms), Strict()]
+_OptSignedMs = Annotated[Optional[Annotated[float, Strict()]], _optional(_signed_ms)]
+_Provenance = Annotated[str, _one_of(PROVENANCES, ""), Strict()]
+_ROW = ConfigDict(extra="forbid", revalidate_instances="always")
+
+
+@with_config(_ROW)
+@dataclass(frozen=True)
+class VerifyRow:
+    """One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms."""
+
+    batch_size: _Count
+    num_tokens: _Count
+    median_ms: _Ms
+    p20_ms: _OptMs = None
+    p80_ms: _OptMs = None
+    repeats: _OptCount = None
+    provenance: _Provenance = "measured"
+
+
+@with_config(_ROW)
+@dataclass(frozen=True)
+class ArRow:
+    """One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms."""
+
+    batch_size: _Count
+    median_ms: _Ms
+    p20_ms: _OptMs = None
+    p80_ms: _OptMs = None
+    repeats: _OptCount = None
+    provenance: _Provenance = "measured"
+
+
+@with_config(_ROW)
+@dataclass(frozen=True)
+class DraftRow:
+    """One draft-step cell: ``batch_size`` requests drafting a block, times in ms."""
+
+    batch_size: _Count
+    median_ms: _Ms
+    p20_ms: _OptMs = None
+    p80_ms: _OptMs = None
+    repeats: _OptCount = None
+    provenance: _Provenance = "measured"
+
+
+@with_config(_ROW)
+@dataclass(frozen=True)
+class DraftFirstRow:
+    """One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's
+    ``num_tokens`` verified tokens (attention over the context), times in ms."""
+
+    batch_size: _Count
+    num_tokens: _Count
+    median_ms: _Ms
+    p20_ms: _OptMs = None
+    p80_ms: _OptMs = None
+    repeats: _OptCount = None
+    provenance: _Provenance = "measured"
+
+
+@with_config(_ROW)
+@dataclass(frozen=True)
+class StepOverheadRow:
+    """What an engine spends per step of ``kind`` (one of :data:`STEP_KINDS`) beside the curve's
+    forward passes, at ``batch_size`` requests (and, for ``drafted`` rows that give it, at
+    ``num_tokens`` verified tokens: the K bucket); ms. A signed residual: ``median_ms`` (and
+    ``p20_ms`` / ``p80_ms``) may be negative when the real step is faster than the curve's forward
+    cells (docs/design.md §4); the whole step a curve prices must still be > 0."""
+
+    kind: Annotated[str, _one_of(STEP_KINDS, "step kind "), Strict()]
+    batch_size: _Count
+    median_ms: _SignedMs
+    p20_ms: _OptSignedMs = None
+    p80_ms: _OptSignedMs = None
+    repeats: _OptCount = None
+    provenance: _Provenance = "measured"
+    num_tokens: _OptCount = None
+
+
+#: The strict validator of each row type (a mapping or a row built in code in, a checked row out).
+_ROW_ADAPTERS = {cls: TypeAdapter(cls) for cls in (VerifyRow, ArRow, DraftRow, DraftFirstRow, StepOverheadRow)}
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _json_scalar(value: Any) -> Any:
+    """``json.dumps`` hook: numpy integers, floats and booleans as Python numbers (lossless)."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _mapping(example: str) -> Any:
+    """A JSON object (any mapping) as a dict."""
+    def check(value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise invalid(f"must be an object, got {type(value).__name__}" + (f"; e.g. {example}" if example else ""))
+        return dict(value)
+    return BeforeValidator(check)
+
+
+def _plain_json(value: BaseModel) -> BaseModel:
+    """What save() will write must be plain finite JSON."""
+    try:
+        json.dumps(value.model_dump(), allow_nan=False, default=_json_scalar)
+    except RecursionError:
+        raise invalid("nested too deeply") from None
+    except (TypeError, ValueError) as exc:
+        raise invalid(f"not plain finite JSON: {exc}; use str, int, float (finite), bool, None, lists and "
+                      "objects") from None
+    return value
+
+
+def _string(problem: str, optional: bool = False, kind: bool = False) -> Any:
+    """A string (or None when ``optional``), else :func:`invalid` with ``problem`` naming the value
+    (its type name when ``kind``)."""
+    def check(value: Any) -> Any:
+        if isinstance(value, str) or (optional and value is None):
+            return value
+        raise invalid(problem.format(type(value).__name__ if kind else value))
+    return check
+
+
+class _Hardware(BaseModel):
+    """The checked keys of ``hardware`` (others are kept as they are)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    backend: Annotated[str, _one_of(BACKENDS, "backend ")] = Field(None, validate_default=True)
+    device_name: Annotated[Optional[str], BeforeValidator(_string("must be a string, got {!r}", optional=True))] = None
+
+
+def _model_name(value: Any) -> Any:
+    if not isinstance(value, str) or not value:
+        raise invalid("missing or not a string; name the model whose forward was timed")
+    return value
+
+
+class _ModelInfo(BaseModel):
+    """The checked key of ``model`` (others are kept as they are)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    name: Annotated[str, BeforeValidator(_model_name)] = Field(None, validate_default=True)
+
+
+def _non_negative(value: Any) -> float:
+    got = _exact_float(value)
+    if got is None or got < 0:
+        raise invalid(f"must be a non-negative number, got {value!r}")
+    return got
+
+
+def _graph_mode(value: Any) -> Any:
+    if value is not None and value not in GRAPH_MODES:
+        raise invalid(f"unknown {value!r}; use one of {GRAPH_MODES} or null")
+    return value
+
+
+_HARDWARE_EXAMPLE = f'{{"device_name": ..., "backend": one of {", ".join(BACKENDS)}}}'
+
+
+class CurveHeader(BaseModel):
+    """The fields of a cost curve beside its rows (docs/design.md §4), strictly typed."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    hardware: Annotated[_Hardware, _mapping(_HARDWARE_EXAMPLE), AfterValidator(_plain_json)]
+    model: Annotated[_ModelInfo, _mapping(""), AfterValidator(_plain_json)]
+    block_size: Annotated[int, _count(1), Strict()]
+    context_len: Annotated[int, _count(0), Strict()]
+    graph_mode: Annotated[Optional[str], BeforeValidator(_graph_mode)] = None
+    profile_seconds: Annotated[Optional[Annotated[float, Strict()]], _optional(_non_negative)] = None
+    created: Annotated[str, BeforeValidator(_string("must be an ISO-8601 string, got {!r}"))]
+    source: Annotated[str, BeforeValidator(_string("must be a string, got {}", kind=True))]
+
+
 class CurveValidation:
-    """The validation half of :class:`~dcut_sched.cost_curve.CostCurve` (module docstring): every field
-    checked on creation, faults naming the file, the row and the field."""
+    """The validation half of :class:`~dcut_sched.cost_curve.CostCurve` (module docstring): the fields
+    beside the rows are a :class:`CurveHeader`, each row its row type's strict pydantic model; the
+    relations between fields and rows are checked here. Faults name the file, the row and the field."""
 
     def _where(self) -> str:
         return f"cost curve {self.path}" if self.path else "cost curve"
 
     def _fail(self, field_name: str, problem: str, fix: str = "") -> CostCurveError:
-        msg = f"{self._where()}: field '{field_name}': {problem}"
-        if fix:
-            msg += f" ({fix})"
-        return CostCurveError(msg)
-
-    def _int(self, value: Any, where: str, minimum: int) -> int:
-        got = _exact_int(value)
-        if got is None or got < minimum:
-            kind = "a positive" if minimum == 1 else "a non-negative"
-            raise self._fail(where, f"must be {kind} integer, got {value!r}")
-        if got > _MAX_INT:  # 1e308 is an integral float; no batch size, token count or repeat count is
-            raise self._fail(where, f"{value!r} is larger than {_MAX_INT} (int64); give a real count")
-        return got
-
-    def _ms(self, value: Any, where: str) -> float:
-        got = _exact_float(value)
-        if got is None or got <= 0:
-            raise self._fail(where, f"must be a positive finite number of ms, got {shown(value)}")
-        if got > MAX_MS:
-            raise self._fail(where, f"{got:g} ms is above the limit {MAX_MS:g} ms", "a step time in ms, not an overflow")
-        return got
-
-    def _overhead_ms(self, value: Any, where: str) -> float:
-        got = _exact_float(value)
-        if got is None:
-            raise self._fail(where, f"must be a finite number of ms (a signed residual), got {shown(value)}")
-        if abs(got) > MAX_MS:
-            raise self._fail(where, f"{got:g} ms is beyond the limit +-{MAX_MS:g} ms", "a step time in ms, not an overflow")
-        return got
+        return CostCurveError(field_message(self._where(), field_name, problem, fix, quote=True))
 
     def _row(self, cls_row: type, item: Any, where: str) -> Any:
-        """Validate one row (a dataclass or a mapping) and return it with plain Python values."""
-        if isinstance(item, cls_row):
-            item = dict(item.__dict__)
-        if not isinstance(item, Mapping):
-            raise self._fail(where, f"must be an object with {', '.join(_ROW_REQUIRED[cls_row])}, got "
-                                    f"{type(item).__name__}")
-        known = cls_row.__dataclass_fields__
-        unknown = [k for k in item if k not in known]
-        if unknown:
-            raise self._fail(where, f"unknown keys {sorted(map(str, unknown))}", f"allowed: {', '.join(known)}")
-        for req in _ROW_REQUIRED[cls_row]:
-            if item.get(req) is None:
-                raise self._fail(f"{where}.{req}", "missing")
-        out: dict[str, Any] = {}
-        if cls_row is StepOverheadRow:
-            kind = item["kind"]
-            if not isinstance(kind, str) or kind not in STEP_KINDS:
-                raise self._fail(f"{where}.kind", f"unknown step kind {kind!r}", f"use one of {', '.join(STEP_KINDS)}")
-            out["kind"] = kind
-        out["batch_size"] = self._int(item["batch_size"], f"{where}.batch_size", 1)
-        if "num_tokens" in _ROW_REQUIRED[cls_row]:
-            out["num_tokens"] = self._int(item["num_tokens"], f"{where}.num_tokens", 1)
-        if cls_row is StepOverheadRow:  # a signed residual: any finite number of ms
-            if item.get("num_tokens") is not None:
-                if out["kind"] != "drafted":
-                    raise self._fail(f"{where}.num_tokens", f"a {out['kind']} step verifies anchors only",
-                                     "only drafted rows are keyed by num_tokens (the K bucket); drop the key")
-                out["num_tokens"] = self._int(item["num_tokens"], f"{where}.num_tokens", 1)
-            out["median_ms"] = self._overhead_ms(item["median_ms"], f"{where}.median_ms")
-            for name in ("p20_ms", "p80_ms"):
-                if item.get(name) is not None:
-                    out[name] = self._overhead_ms(item[name], f"{where}.{name}")
-        else:
-            out["median_ms"] = self._ms(item["median_ms"], f"{where}.median_ms")
-            for name in ("p20_ms", "p80_ms"):
-                if item.get(name) is not None:
-                    out[name] = self._ms(item[name], f"{where}.{name}")
-        tol = 1e-9 * abs(out["median_ms"])
-        if "p20_ms" in out and out["p20_ms"] > out["median_ms"] + tol:
-            raise self._fail(f"{where}.p20_ms", f"{out['p20_ms']} > median_ms {out['median_ms']}")
-        if "p80_ms" in out and out["p80_ms"] < out["median_ms"] - tol:
-            raise self._fail(f"{where}.p80_ms", f"{out['p80_ms']} < median_ms {out['median_ms']}")
-        if item.get("repeats") is not None:
-            out["repeats"] = self._int(item["repeats"], f"{where}.repeats", 1)
-        prov = item.get("provenance", "measured")
-        if not isinstance(prov, str) or prov not in PROVENANCES:
-            raise self._fail(f"{where}.provenance", f"unknown {prov!r}", f"use one of {', '.join(PROVENANCES)}")
-        out["provenance"] = prov
-        return cls_row(**out)
+        """Validate one row (a row or a mapping) and return it with plain Python values."""
+        if not isinstance(item, (cls_row, Mapping)):
+            required = [f.name for f in dataclasses.fields(cls_row) if f.default is dataclasses.MISSING]
+            raise self._fail(where, f"must be an object with {', '.join(required)}, got {type(item).__name__}")
+        try:
+            row = _ROW_ADAPTERS[cls_row].validate_python(item)
+        except ValidationError as exc:
+            unknown = sorted(str(e["loc"][0]) for e in exc.errors() if e["type"] == "unexpected_keyword_argument")
+            if unknown:
+                raise self._fail(where, f"unknown keys {unknown}",
+                                 f"allowed: {', '.join(cls_row.__dataclass_fields__)}") from None
+            raise CostCurveError(validation_message(exc, self._where(), quote=True, prefix=(where,))) from None
+        if cls_row is StepOverheadRow and row.num_tokens is not None and row.kind != "drafted":
+            raise self._fail(f"{where}.num_tokens", f"a {row.kind} step verifies anchors only",
+                             "only drafted rows are keyed by num_tokens (the K bucket); drop the key")
+        tol = 1e-9 * abs(row.median_ms)
+        if row.p20_ms is not None and row.p20_ms > row.median_ms + tol:
+            raise self._fail(f"{where}.p20_ms", f"{row.p20_ms} > median_ms {row.median_ms}")
+        if row.p80_ms is not None and row.p80_ms < row.median_ms - tol:
+            raise self._fail(f"{where}.p80_ms", f"{row.p80_ms} < median_ms {row.median_ms}")
+        return row
 
     def _rows(self, name: str, cls_row: type, rows: Any) -> list[Any]:
         if rows is None:
@@ -285,49 +387,15 @@ class CurveValidation:
         return [self._row(cls_row, item, f"{name}[{n}]") for n, item in enumerate(rows)]
 
     def _validate(self) -> None:
-        if not isinstance(self.hardware, Mapping):
-            raise self._fail("hardware", f"must be an object, got {type(self.hardware).__name__}",
-                             f"e.g. {{\"device_name\": ..., \"backend\": one of {', '.join(BACKENDS)}}}")
-        self.hardware = dict(self.hardware)
-        backend = self.hardware.get("backend")
-        if backend is None:
-            raise self._fail("hardware.backend", "missing", f"one of {', '.join(BACKENDS)}")
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise self._fail("hardware.backend", f"unknown backend {backend!r}", f"use one of {BACKENDS}")
-        if self.hardware.get("device_name") is not None and not isinstance(self.hardware["device_name"], str):
-            raise self._fail("hardware.device_name", f"must be a string, got {self.hardware['device_name']!r}")
-        if not isinstance(self.model, Mapping):
-            raise self._fail("model", f"must be an object, got {type(self.model).__name__}")
-        self.model = dict(self.model)
-        if not isinstance(self.model.get("name"), str) or not self.model["name"]:
-            raise self._fail("model.name", "missing or not a string", "name the model whose forward was timed")
-        for name in ("hardware", "model"):  # what save() will write must be plain finite JSON
-            try:
-                json.dumps(getattr(self, name), allow_nan=False, default=_json_scalar)
-            except RecursionError:
-                raise self._fail(name, "nested too deeply") from None
-            except (TypeError, ValueError) as exc:
-                raise self._fail(name, f"not plain finite JSON: {exc}",
-                                 "use str, int, float (finite), bool, None, lists and objects") from None
-        bsz = _exact_int(self.block_size)
-        if bsz is None or bsz < 1:
-            raise self._fail("block_size", f"must be a positive int, got {self.block_size!r}")
-        self.block_size = bsz
-        ctx = _exact_int(self.context_len)
-        if ctx is None or ctx < 0:
-            raise self._fail("context_len", f"must be a non-negative int, got {self.context_len!r}")
-        self.context_len = ctx
-        if self.graph_mode is not None and self.graph_mode not in GRAPH_MODES:
-            raise self._fail("graph_mode", f"unknown {self.graph_mode!r}", f"use one of {GRAPH_MODES} or null")
-        if self.profile_seconds is not None:
-            secs = _exact_float(self.profile_seconds)
-            if secs is None or secs < 0:
-                raise self._fail("profile_seconds", f"must be a non-negative number, got {self.profile_seconds!r}")
-            self.profile_seconds = secs
-        if not isinstance(self.created, str):
-            raise self._fail("created", f"must be an ISO-8601 string, got {self.created!r}")
-        if not isinstance(self.source, str):
-            raise self._fail("source", f"must be a string, got {type(self.source).__name__}")
+        fields = ("hardware", "model", "block_size", "context_len", "graph_mode", "profile_seconds", "created",
+                  "source")
+        try:
+            header = CurveHeader.model_validate({name: getattr(self, name) for name in fields})
+        except ValidationError as exc:
+            raise CostCurveError(validation_message(exc, self._where(), quote=True)) from None
+        self.hardware, self.model = dict(self.hardware), dict(self.model)
+        for name in fields[2:]:
+            setattr(self, name, getattr(header, name))
         self.verify = self._rows("verify", VerifyRow, self.verify)
         self.draft = self._rows("draft", DraftRow, self.draft)
         self.ar = self._rows("ar", ArRow, self.ar)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
@@ -24,6 +24,7 @@ from ..calibration import CalibrationPrior, CalibrationPriorError
 from ..model.config import LlamaConfig
 from ..util.atomic import atomic_path, atomic_write_text
 from ..util.inputs import InputFileError, parse_json_strict, read_text
+from ..util.validation import validate
 from .dflash import DFlashConfig, DFlashDraftModel
 
 __all__ = [
@@ -175,16 +176,7 @@ def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
     integer is not a float or a boolean, sizes are bounded, norms' epsilon and RoPE base are positive
     finite numbers), each fault one :class:`DraftCheckpointError` naming the file and the field."""
     fix = "re-save the drafter with dcut-drafter train (or DFlash's save_pretrained)"
-    try:
-        h = HFDraftConfig.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        if err["type"] == "missing":
-            raise DraftCheckpointError(f"{path}: field {loc} is missing; {fix}") from None
-        shown = repr(err.get("input"))
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise DraftCheckpointError(f"{path}: field {loc}: {err['msg']} (got {shown}); {fix}") from None
+    h = validate(HFDraftConfig, raw, str(path), fix, DraftCheckpointError)
     if h.architectures != ["DFlashDraftModel"]:
         raise DraftCheckpointError(f"{path}: field architectures is {h.architectures!r}, expected "
                                    "['DFlashDraftModel'] (not a DFlash drafter checkpoint)")

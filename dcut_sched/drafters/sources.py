@@ -29,6 +29,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from ..util.validation import validation_message
 from .textsim import normalize
 
 __all__ = ["SourceError", "TrainPrompt", "check_sources", "gsm8k_problems", "mtbench_questions", "source_file",
@@ -146,9 +147,7 @@ def _rows(name: str, model: type[BaseModel]) -> list[Any]:
         try:
             rows.append(model.model_validate_json(line))
         except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(x) for x in err["loc"]) or "(the line)"
-            raise SourceError(f"the {name} prompts: {path}, line {n}, field {where}: {err['msg']}; {fix}") from None
+            raise SourceError(validation_message(exc, f"the {name} prompts: {path}, line {n}", fix)) from None
     if not rows:
         raise SourceError(f"the {name} prompts: {path} holds no rows; {fix}")
     return rows

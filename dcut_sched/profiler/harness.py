@@ -28,11 +28,12 @@ from typing import Annotated, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from dcut_sched.cost_curve.schema import MAX_MS
 from dcut_sched.util.atomic import atomic_write_text
 from dcut_sched.util.inputs import InputFileError, parse_json_strict, read_text, shown
+from dcut_sched.util.validation import field_message, validate
 
 from .grid import Cell
 
@@ -181,21 +182,8 @@ def load_partial(path: str | Path) -> dict[str, Any]:
     except InputFileError as exc:
         where = str(exc) if str(exc).startswith("partial file") else f"partial file {exc}"
         raise PartialMismatch(f"{where}; {PARTIAL_FIX}") from None
-    try:
-        doc = PartialProfile.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        err = errors[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        if err["type"] == "missing":
-            what = "is missing"
-        elif err["type"] == "extra_forbidden":
-            what = "is not a field of a partial file"
-        else:
-            shown = repr(err.get("input"))
-            what = f"{err['msg']} (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
-        raise PartialMismatch(f"partial file {path}: field {loc}: {what}{more}; {PARTIAL_FIX}") from None
+    doc = validate(PartialProfile, raw, f"partial file {path}", PARTIAL_FIX, PartialMismatch,
+                   extra="is not a field of a partial file")
     return doc.model_dump(by_alias=True)
 
 
@@ -315,11 +303,11 @@ def _resume_samples(path: Path, settings: dict[str, Any], samples: dict[str, lis
     doc = _load_partial(path, settings)
     for key, vals in doc["samples_ms"].items():
         if key not in samples:
-            raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: not a cell of this profile; "
-                                  f"{PARTIAL_FIX}")
+            raise PartialMismatch(field_message(f"partial file {path}", f"samples_ms.{key[:60]}",
+                                                "not a cell of this profile", PARTIAL_FIX))
         if len(vals) > repeats:
-            raise PartialMismatch(f"partial file {path}: field samples_ms.{key[:60]}: {len(vals):,} samples, more "
-                                  f"than --repeats {repeats}; {PARTIAL_FIX}")
+            raise PartialMismatch(field_message(f"partial file {path}", f"samples_ms.{key[:60]}",
+                                                f"{len(vals):,} samples, more than --repeats {repeats}", PARTIAL_FIX))
         samples[key] = list(vals)
     return doc["measure_seconds"]
 

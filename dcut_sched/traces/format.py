@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Annotated, Any, Mapping
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from ..util.inputs import shown
+from ..util.validation import field_message, invalid, problems
 
 __all__ = [
     "INDEXINGS",
@@ -21,6 +25,7 @@ __all__ = [
     "TRACE_VERSION",
     "TraceError",
     "TraceFault",
+    "TraceMetadata",
     "accept_len_dtype",
     "check_trace_columns",
     "is_sampled",
@@ -60,7 +65,7 @@ class TraceFault:
             where.append(f"request {self.request_id}")
         if self.pos is not None:
             where.append(f"pos {self.pos}")
-        return f"{': '.join([', '.join(where), f'field {self.field!r}'])}: {self.problem}"
+        return field_message(", ".join(where), self.field, self.problem, quote=True)
 
 
 def accept_len_dtype(block_size: int) -> np.dtype:
@@ -176,7 +181,10 @@ def check_trace_columns(
     Checks: required metadata and its values, columns present for the block size, no extra
     confidence columns, confidences finite in [0, 1], accept_len in ``[0, B-1]``, positions
     0..n-1 contiguous per request with no duplicates, and for position-indexed traces that
-    ``pos + 1 + accept_len`` does not run past the request's output.
+    ``pos + 1 + accept_len`` does not run past the request's output. The metadata is a
+    :class:`TraceMetadata`; the columns are checked as arrays (a model per row of a 10^5-row table
+    would be slow), each fault a :class:`TraceFault` printed by
+    :func:`~dcut_sched.util.validation.field_message`.
     """
     faults = _Faults(path, max_faults)
     block = _metadata_faults(faults, metadata)
@@ -210,32 +218,65 @@ class _Faults:
         return len(self.items) >= self.max_faults
 
 
-def _metadata_faults(faults: _Faults, metadata: Mapping[str, str]) -> int | None:
-    """Faults of the file metadata; the block size, or None when the columns cannot be checked."""
-    for key in REQUIRED_METADATA:
-        if key not in metadata:
-            if faults.add(key, "missing file metadata key (write the trace with dcut_sched.traces.Trace.save)"):
-                return None
-    version = metadata.get(VERSION_KEY)
-    if version is not None and version != TRACE_VERSION:
-        faults.add(VERSION_KEY, f"unsupported trace version {version!r}; this reader reads version {TRACE_VERSION!r}")
-    if metadata.get("indexing", "position") not in INDEXINGS:
-        faults.add("indexing", f"{metadata['indexing']!r} is not one of {INDEXINGS}")
-    if metadata.get("source", "recorded") not in SOURCES:
-        faults.add("source", f"{metadata['source']!r} is not one of {SOURCES}")
+def _block_size(raw: Any) -> Any:
+    """The ``block_size`` metadata string as an int in [2, 32768] (checked before any column list is
+    built: a block size of 10^22 would never finish)."""
     try:
-        block = int(metadata.get("block_size", ""))
-        if block < 2:
-            raise ValueError
+        block = int(raw) if isinstance(raw, str) else None
     except ValueError:
-        faults.add("block_size", f"{metadata.get('block_size')!r} is not an integer block size >= 2")
-        return None
-    if faults.items:
-        return None
-    if block > 32768:  # before the column list is built: a block size of 10^22 would never finish
-        faults.add("block_size", f"{str(block)[:30]} is too large for a trace (at most 32768)")
-        return None
+        block = None
+    if block is None or block < 2:
+        raise invalid(f"{shown(raw)} is not an integer block size >= 2")
+    if block > 32768:
+        raise invalid(f"{str(block)[:30]} is too large for a trace (at most 32768)")
     return block
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(raw: Any) -> Any:
+        if raw not in choices:
+            raise invalid(f"{raw!r} is not one of {choices}")
+        return raw
+    return BeforeValidator(check)
+
+
+def _version(raw: Any) -> Any:
+    if raw != TRACE_VERSION:
+        raise invalid(f"unsupported trace version {raw!r}; this reader reads version {TRACE_VERSION!r}")
+    return raw
+
+
+def _temperature(raw: Any) -> Any:
+    try:
+        return trace_temperature({"temperature": raw})
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
+class TraceMetadata(BaseModel):
+    """The file metadata of a trace (module docstring), each value a Parquet metadata string; other
+    keys are not checked."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    version: Annotated[str, BeforeValidator(_version)] = Field(alias=VERSION_KEY)
+    indexing: Annotated[str, _one_of(INDEXINGS)]
+    block_size: Annotated[int, BeforeValidator(_block_size)]
+    source: Annotated[str, _one_of(SOURCES)]
+    temperature: Annotated[float, BeforeValidator(_temperature)] = 0.0
+
+
+def _metadata_faults(faults: _Faults, metadata: Mapping[str, str]) -> int | None:
+    """Faults of the file metadata (:class:`TraceMetadata`); the block size, or None when the columns
+    cannot be checked."""
+    try:
+        return TraceMetadata.model_validate(dict(metadata)).block_size
+    except ValidationError as exc:
+        for name, problem in problems(exc):
+            if problem == "missing":
+                problem = "missing file metadata key (write the trace with dcut_sched.traces.Trace.save)"
+            if faults.add(name, problem):
+                break
+        return None
 
 
 def _column_faults(faults: _Faults, df: pd.DataFrame, block: int) -> bool:
@@ -332,17 +373,13 @@ def check_target_prob_columns(df: pd.DataFrame, metadata: Mapping[str, str], pat
     """Faults of the sampled-trace columns ``p1..p{B-1}``.
 
     A trace whose ``temperature`` is > 0 needs every ``p`` column, of a floating type, each value
-    finite in [0, 1]; a greedy trace (temperature 0) must not carry them; a ``temperature`` that is
-    not a finite number >= 0 is a fault.
+    finite in [0, 1]; a greedy trace (temperature 0) must not carry them. ``metadata`` is already
+    checked (:class:`TraceMetadata`).
     """
     faults: list[TraceFault] = []
     cols = target_prob_columns(block)
     present = [c for c in df.columns if c.startswith("p") and c[1:].isdigit()]
-    try:
-        sampled = is_sampled(metadata)
-    except ValueError as exc:
-        return [TraceFault(path, "temperature", str(exc))]
-    if not sampled:
+    if not is_sampled(metadata):  # the temperature was checked with the metadata (TraceMetadata)
         if present:
             faults.append(TraceFault(path, present[0], "target-probability column in a greedy trace "
                                      "(temperature 0); set the temperature it was sampled at or drop p1..p{B-1}"))

@@ -67,7 +67,7 @@ def test_prior_file_round_trip_and_malformed_files_name_file_and_field(tmp_path)
         ({"intercepts": []}, "field intercepts: List should have at least 1 item"),
         ({"intercepts": [True]}, "field intercepts.0: Input should be a valid number"),
         ({"format": "other/1"}, "field format"),
-        ({"extra": 1}, "field extra: Extra inputs are not permitted"),
+        ({"extra": 1}, "field extra: is not a field of a calibration prior"),
     ]:
         path.write_text(json.dumps({**good, **edit}))
         with pytest.raises(CalibrationPriorError, match=match) as exc:

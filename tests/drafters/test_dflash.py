@@ -143,7 +143,7 @@ def test_checkpoint_errors_name_file_and_field(tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     del cfg["dflash_config"]["mask_token_id"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DraftCheckpointError, match=r"config.json: field dflash_config.mask_token_id is missing"):
+    with pytest.raises(DraftCheckpointError, match=r"config.json: field dflash_config.mask_token_id: missing"):
         load_checkpoint(folder)
     with pytest.raises(DraftCheckpointError, match="not found"):
         load_checkpoint(tmp_path / "nowhere")

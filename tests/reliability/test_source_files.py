@@ -26,13 +26,13 @@ GOOD = {"gsm8k": '{"question": " What is 1+1? ", "answer": "2"}\n',
 
 
 @pytest.mark.parametrize("name, text, needle", [
-    ("gsm8k", '{"question": "1+1?"}\nnot json\n', "line 2, field (the line): Invalid JSON"),
-    ("gsm8k", '{"q": 1}\n', "line 1, field question: Field required"),
-    ("gsm8k", '{"question": "   "}\n', "line 1, field question: String should have at least 1 character"),
+    ("gsm8k", '{"question": "1+1?"}\nnot json\n', "line 2: field (top level): Invalid JSON"),
+    ("gsm8k", '{"q": 1}\n', "line 1: field question: missing"),
+    ("gsm8k", '{"question": "   "}\n', "line 1: field question: String should have at least 1 character"),
     ("gsm8k", "\n\n", "holds no rows"),
-    ("mtbench", '{"question_id": 1, "turns": ["a", "b"]}\n', "line 1, field category: Field required"),
-    ("mtbench", '{"question_id": 1, "category": "math", "turns": ["a"]}\n', "line 1, field turns: List should have at least 2 items"),
-    ("mtbench", '{"question_id": 1, "category": "math", "turns": "ab"}\n', "line 1, field turns: Input should be a valid array"),
+    ("mtbench", '{"question_id": 1, "turns": ["a", "b"]}\n', "line 1: field category: missing"),
+    ("mtbench", '{"question_id": 1, "category": "math", "turns": ["a"]}\n', "line 1: field turns: List should have at least 2 items"),
+    ("mtbench", '{"question_id": 1, "category": "math", "turns": "ab"}\n', "line 1: field turns: Input should be a valid array"),
     ("mtbench", "", "holds no rows"),
 ])
 def test_a_damaged_source_file_is_one_line_naming_it(source_at, name, text, needle):

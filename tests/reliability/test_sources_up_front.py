@@ -78,7 +78,7 @@ def test_train_refuses_a_damaged_source_file_before_the_target_loads(tmp_path, c
     bad.write_text('{"q": 1}\n')
     real = sources.source_file
     monkeypatch.setattr(sources, "source_file", lambda name: bad if name == "gsm8k" else real(name))
-    _one_line(capsys, _train(tmp_path), "the gsm8k prompts: ", "line 1, field question",
+    _one_line(capsys, _train(tmp_path), "the gsm8k prompts: ", "line 1: field question",
               "--force-reinstall")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["test.jsonl"]
 

@@ -54,7 +54,7 @@ CASES = [
     ("seconds-string", _set(GOOD, ["measure_seconds"], "2.5"), "field measure_seconds: Input should be a valid number"),
     ("seconds-bool", _set(GOOD, ["measure_seconds"], True), "field measure_seconds: Input should be a valid number"),
     ("schema-other", _set(GOOD, ["schema"], "dcut.profile-partial/9"), "field schema: Input should be 'dcut.profile-partial/1'"),
-    ("missing-field", {k: v for k, v in GOOD.items() if k != "skipped"}, "field skipped: is missing"),
+    ("missing-field", {k: v for k, v in GOOD.items() if k != "skipped"}, "field skipped: missing"),
     ("extra-field", _set(GOOD, ["rows"], []), "field rows: is not a field of a partial file"),
     ("top-level-list", [GOOD], "field (top level): Input should be a valid dictionary"),
     ("duplicate-key", '{"schema": "dcut.profile-partial/1", "schema": "x"}', "key 'schema' appears twice"),

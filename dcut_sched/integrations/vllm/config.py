@@ -50,12 +50,13 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ... import policies
 from ...cli.args import check_paths, short_value
 from ...defaults import DEFAULT_POLICY
 from ...util.inputs import InputFileError, check_value_bounds, parse_json_strict
+from ...util.validation import validate
 
 __all__ = ["CONFIG_ENV", "CONFIG_KEY", "DCutConfigError", "DCutVllmConfig", "METHODS_WITH_LOGITS",
            "SUPPORTED_VLLM_VERSION", "check_engine_config", "require_vllm_version"]
@@ -120,13 +121,8 @@ class DCutVllmConfig:
             check_value_bounds(dict(doc), source)
         except InputFileError as exc:
             raise DCutConfigError(str(exc)) from None
-        try:
-            typed = DCutConfigModel.model_validate(dict(doc))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            key = ".".join(str(x) for x in err["loc"]) or "?"
-            raise DCutConfigError(f"{source}: key {key!r}: {err['msg']} (got {short_value(repr(err.get('input')))}); "
-                                  f"see docs/vllm.md for the keys and their types") from None
+        typed = validate(DCutConfigModel, dict(doc), source, "see docs/vllm.md for the keys and their types",
+                         DCutConfigError, noun="key", quote=True)
         policy = typed.policy
         if policy not in policies.names():
             raise DCutConfigError(f"{source}: unknown policy {short_value(policy)!r} in key 'policy'; known policies: "
