@@ -17,7 +17,7 @@ import numpy as np
 
 from ..scores import Array, check_confidences, expected_tokens, is_tensor, slot_scores, tensor_module
 from ..step_costs import StepCosts
-from .params import PolicyParamError, UnknownPolicyError, keys_text, validate_params
+from .params import PolicyParamError, UnknownPolicyError, keys_text, params_model, validate_params
 from .params import param_defaults as _param_defaults
 
 __all__ = ["Policy", "PolicyParamError", "UnknownPolicyError", "VerifyPlan", "budget_from_ratio", "check_params", "get",
@@ -166,11 +166,13 @@ _REGISTRY: dict[str, type[Policy]] = {}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: add a :class:`Policy` subclass to the registry under ``cls.name``."""
+    """Class decorator: add a :class:`Policy` subclass to the registry under ``cls.name`` and build its
+    parameter model (:func:`~dcut_sched.policies.params.params_model`) as its module is imported."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"policy name {cls.name!r} is already registered by {_REGISTRY[cls.name].__name__}")
+    params_model(cls)
     _REGISTRY[cls.name] = cls
     return cls
 

@@ -95,8 +95,9 @@ def _kind(annotation: Any) -> tuple[Any, str] | None:
 
 
 @lru_cache(maxsize=None)
-def _model(cls: type) -> tuple[Any, dict[str, str]]:
-    """The strict pydantic model of ``cls``'s parameters and each checked key's kind in words."""
+def params_model(cls: type) -> tuple[Any, dict[str, str]]:
+    """The strict pydantic model of ``cls``'s parameters (from its constructor's signature, the one
+    statement of them) and each checked key's kind in words; built once, when ``@register`` runs."""
     defaults, hints = _signature(cls)
     fields: dict[str, Any] = {}
     words: dict[str, str] = {}
@@ -144,7 +145,7 @@ def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
     for key in params:
         if key not in defaults:
             raise PolicyParamError(f"policy {name} has no parameter {key!r}; valid keys: {keys_text(cls)}")
-    model, words = _model(cls)
+    model, words = params_model(cls)
     try:
         model(**params)
     except ValidationError as exc:
