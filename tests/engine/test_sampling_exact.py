@@ -90,9 +90,11 @@ def controller(name, make_curve, max_bs: int = 8):
     needs = policies.get(name).needs_cost
     curve = (make_curve(batch_sizes=tuple(range(1, max_bs + 1)), block_size=B, per_token_ms=0.05, draft_base_ms=0.5,
                         draft_per_request_ms=0.01) if needs else None)
-    # raw confidences: the test needs drafts verified often (both verification branches exercised), and
-    # the default online calibrator would learn the tiny model's low acceptance and verify fewer
-    return RatioController(curve, B, policy=name, calibrate=False)
+    # raw confidences and, for fine, no feedback: the test needs drafts verified often (both verification
+    # branches exercised); the online calibrator would learn the tiny model's low acceptance, and fine's
+    # realized outcomes (accepted drafts, this machine's measured step times) would verify fewer
+    params = {"feedback": False} if name == "fine" else {}
+    return RatioController(curve, B, policy=name, calibrate=False, **params)
 
 
 SETTINGS = [
