@@ -20,7 +20,7 @@ def test_registry_lists_the_design_policies_then_the_peers():
     assert d.policies.names()[8:] == list(d.policies.PEERS)
     with pytest.raises(KeyError, match="unknown policy 'nope'; known policies: ar, full"):
         d.policies.get("nope")
-    with pytest.raises(ValueError, match="policy full has no parameter 'rho'"):
+    with pytest.raises(ValueError, match="policy full: parameter 'rho': is not a parameter"):
         d.policies.get("full", rho=0.5)
     with pytest.raises(ValueError, match="rho"):
         d.policies.get("uniform", rho=0)
@@ -247,7 +247,7 @@ def test_param_values_of_the_wrong_kind_name_the_parameter():
                                    ("dcut", {"ratios": "1"}, "a list of numbers"),
                                    ("dcut", {"ratios": [True]}, "a list of numbers"),
                                    ("dcut", {"ratios": {"0.5": 1}}, "a list of numbers")]:
-        with pytest.raises(ValueError, match=f"parameter {list(params)[0]} expects {expected}"):
+        with pytest.raises(ValueError, match=f"parameter {list(params)[0]}: expects {expected}"):
             check_params(name, params)
     check_params("fine", {"granularity": 4, "ema_decay": 1})
     check_params("dcut", {"ratios": [0.5, 1]})

@@ -35,14 +35,14 @@ def built(monkeypatch) -> Counter:
 
 
 @pytest.mark.parametrize("name, params, match", [
-    ("tetris", {"draft_capacity": True}, "parameter draft_capacity expects an integer, got True"),
-    ("topk", {"rho": False}, "parameter rho expects a number, got False"),
-    ("smartspec", {"max_draft_len": True}, "parameter max_draft_len expects an integer or None, got True"),
-    ("fine", {"allowed_num_tokens": [64, True]}, "parameter allowed_num_tokens expects a list of integers or None"),
-    ("dcut", {"ratios": []}, "parameter ratios expects a list of numbers"),
-    ("fine", {"probe_budget": float("inf")}, "probe_budget=inf is not finite"),
+    ("tetris", {"draft_capacity": True}, "parameter draft_capacity: expects an integer, got True"),
+    ("topk", {"rho": False}, "parameter rho: expects a number, got False"),
+    ("smartspec", {"max_draft_len": True}, "parameter max_draft_len: expects an integer or None, got True"),
+    ("fine", {"allowed_num_tokens": [64, True]}, "parameter allowed_num_tokens: expects a list of integers or None"),
+    ("dcut", {"ratios": []}, "parameter ratios: expects a list of numbers"),
+    ("fine", {"probe_budget": float("inf")}, "parameter probe_budget: inf is not finite"),
     ("fine", {"granularity": 10**400}, "is not finite"),
-    ("full", {"rho": 0.5}, "policy full has no parameter 'rho'; valid keys: none"),
+    ("full", {"rho": 0.5}, "policy full: parameter 'rho': is not a parameter of this policy; valid keys: none"),
 ])
 def test_one_validation_path_refuses_kinds_without_building(built, name, params, match):
     with pytest.raises(PolicyParamError, match=match):

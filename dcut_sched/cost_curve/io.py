@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..util.atomic import atomic_write_text
 from ..util.inputs import InputFileError, parse_json_strict
+from ..util.validation import field_message
 from .schema import SCHEMA, SCHEMA_V1, SCHEMAS, CostCurveError, _json_scalar, _now_iso
 
 __all__ = ["fields", "load", "save"]
@@ -72,11 +73,12 @@ def fields(doc: Any, path: str | None = None) -> dict[str, Any]:
         required += ("ar",)
     for key in required:
         if key not in doc:
-            raise CostCurveError(f"{where}: field '{key}': missing")
+            raise CostCurveError(field_message(where, key, "missing", quote=True))
     if schema == SCHEMA_V1:
         for key in ("ar", "draft_first", "step_overhead"):
             if key in doc:
-                raise CostCurveError(f"{where}: field '{key}': not part of {SCHEMA_V1}; set 'schema' to {SCHEMA!r}")
+                raise CostCurveError(field_message(where, key, f"not part of {SCHEMA_V1}", f"set 'schema' to {SCHEMA!r}",
+                                                  quote=True))
     unknown = sorted(str(k) for k in doc if k not in _TOP_LEVEL)
     if unknown:
         raise CostCurveError(f"{where}: unknown top-level fields {unknown} (allowed: {', '.join(sorted(_TOP_LEVEL))})")

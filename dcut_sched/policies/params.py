@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model
 
 from ..util.inputs import shown
+from ..util.validation import field_message
 
 __all__ = ["PolicyParamError", "UnknownPolicyError", "param_defaults", "validate_params"]
 
@@ -144,7 +145,8 @@ def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
     defaults = param_defaults(cls)
     for key in params:
         if key not in defaults:
-            raise PolicyParamError(f"policy {name} has no parameter {key!r}; valid keys: {keys_text(cls)}")
+            raise PolicyParamError(field_message(f"policy {name}", key, "is not a parameter of this policy",
+                                                 f"valid keys: {keys_text(cls)}", noun="parameter", quote=True))
     model, words = params_model(cls)
     try:
         model(**params)
@@ -152,19 +154,23 @@ def validate_params(cls: type, params: dict[str, Any]) -> dict[str, Any]:
         key = str(exc.errors()[0]["loc"][0])
         value = params[key]
         if _non_finite(value):
-            raise PolicyParamError(f"policy {name}: {key}={shown(value)} is not finite (or beyond the float range); give "
-                                   f"a finite number (default {defaults[key]!r})") from None
-        raise PolicyParamError(f"policy {name}: parameter {key} expects {words.get(key, 'another kind')}, got "
-                               f"{shown(value)} ({type(value).__name__}; default {defaults[key]!r})") from None
+            raise PolicyParamError(_not_finite(name, key, value, defaults[key])) from None
+        raise PolicyParamError(field_message(
+            f"policy {name}", key, f"expects {words.get(key, 'another kind')}, got {shown(value)} ({type(value).__name__})",
+            f"default {defaults[key]!r}", noun="parameter")) from None
     for key, value in params.items():  # an unchecked kind, or an integer beyond the float range
         if _non_finite(value):
-            raise PolicyParamError(f"policy {name}: {key}={shown(value)} is not finite (or beyond the float range); "
-                                   f"give a finite number (default {defaults[key]!r})")
+            raise PolicyParamError(_not_finite(name, key, value, defaults[key]))
         if _too_large(value):
-            raise PolicyParamError(f"policy {name}: {key}={shown(value)} holds an integer beyond {MAX_INT_PARAM:,} "
-                                   f"(the limit of every integer parameter); give a real value (default "
-                                   f"{defaults[key]!r})")
+            raise PolicyParamError(field_message(
+                f"policy {name}", key, f"{shown(value)} holds an integer beyond {MAX_INT_PARAM:,} (the limit of every "
+                "integer parameter)", f"give a real value (default {defaults[key]!r})", noun="parameter"))
     return params
+
+
+def _not_finite(name: str, key: str, value: Any, default: Any) -> str:
+    return field_message(f"policy {name}", key, f"{shown(value)} is not finite (or beyond the float range)",
+                         f"give a finite number (default {default!r})", noun="parameter")
 
 
 #: The largest integer any policy parameter may hold (a count of tokens, steps or requests; also an

@@ -51,8 +51,8 @@ def test_additional_config_wins_over_env():
     ({"log_interval_s": True}, r"key 'log_interval_s': Input should be a valid number"),
     ({"log_interval_s": "10"}, r"key 'log_interval_s': Input should be a valid number"),
     ({"policy_params": []}, r"key 'policy_params': Input should be a valid dictionary"),
-    ({"policy": "tetris", "policy_params": {"draft_capacity": True}}, r"parameter draft_capacity expects an integer"),
-    ({"policy": "fine", "policy_params": {"granularity": "x"}}, r"parameter granularity expects an integer"),
+    ({"policy": "tetris", "policy_params": {"draft_capacity": True}}, r"parameter draft_capacity: expects an integer"),
+    ({"policy": "fine", "policy_params": {"granularity": "x"}}, r"parameter granularity: expects an integer"),
     ([1, 2], r"must be a JSON object"),
 ])
 def test_bad_config_is_named(doc, match):

@@ -121,7 +121,7 @@ CASES = [
     ("sim-fine-allowed-negative", "sim", [*SIM, "--policies", "fine", "--param", "fine.allowed_num_tokens=[-4,8]"],
      ["allowed_num_tokens must be token counts >= 1"]),
     ("sim-param-string-echo", "sim", [*SIM, "--policies", "tetris", "--param", "tetris.draft_capacity=" + "a" * 5000],
-     ["draft_capacity expects an integer"]),
+     ["draft_capacity: expects an integer"]),
     ("sim-scheduler-without-sweep", "sim", [*SIM, "--scheduler", "local"], ["--scheduler chooses where a --sweep runs"]),
     ("sim-load-with-rate", "sim", [*SIM[:4], "--mode", "open", "--rate", "5", "--load", "0.7", "--batch-sizes", "2",
                                    "--quiet"], ["--load has no effect with --rate"]),
