@@ -4,6 +4,7 @@ safetensors folders vLLM loads (:func:`dcut_sched.integrations.vllm_tools.checkp
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Sequence
 
@@ -35,4 +36,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
