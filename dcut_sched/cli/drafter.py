@@ -36,7 +36,7 @@ def build_parser() -> CliParser:
                           f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data 30-35 min on 2 cores)\n"
                           "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4 "
                           "--max-new-tokens 32 --eval-max-new-tokens 32\n"
-                          f"  dcut-drafter eval {DEFAULT_OUT}\n"
+                          f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   # tau table, seconds\n"
                           f"  dcut-drafter calibrate --draft {DEFAULT_OUT}   # its calibration.json\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
@@ -82,12 +82,29 @@ def build_parser() -> CliParser:
     t.add_argument("--max-train-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the train prompts (smoke)")
     t.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the eval prompts (smoke)")
     t.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
-    e = sub.add_parser("eval", help="tau of a drafter folder on the held-out prompts")
-    e.add_argument("folder")
+    e = sub.add_parser("eval", help="tau of a drafter folder on the held-out prompts",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Continue every held-out prompt greedily with the target, run the drafter at every "
+                                   "anchor and count the accepted drafts: tau (mean accepted length per block, the "
+                                   "bonus token included) per prompt category, at the drafter's block size and at "
+                                   "B = 8. Prints a table (or JSON with --json -) and progress on stderr.",
+                       epilog=("examples:\n"
+                               f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   "
+                               "# seconds\n"
+                               f"  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json                         "
+                               "# the card's held-out set, tens of minutes\n"))
+    e.add_argument("folder", help="the drafter folder (config.json, model.safetensors)")
     e.add_argument("--eval-prompts", default=None,
-                   help="held-out prompt file (default: the shipped prompt set, dcut_sched/data/traces/prompts.jsonl)")
-    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens)
-    e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None)
+                   help="held-out prompt file (JSON lines id, category, prompt; default: the shipped prompt set, "
+                        "dcut_sched/data/traces/prompts.jsonl, plus the held-out HumanEval problems: docs/drafters.md, Data)")
+    e.add_argument("--max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens,
+                   help=f"tokens generated per held-out prompt (default {d.eval_max_new_tokens})")
+    e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, metavar="N",
+                   help="the first N held-out prompts only (default: all)")
+    e.add_argument("--json", default=None, metavar="PATH",
+                   help="also write tau as JSON to PATH (.json, written atomically), or print it instead of the "
+                        "table with '-'")
+    e.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
     c = sub.add_parser("calibrate", help="fit the per-depth calibration prior on training prompts, write calibration.json",
                        description="Fit the drafter's per-depth calibration prior (sigmoid(a_t + b logit(c_t)), "
                                    "docs/design.md 2.7) by maximum likelihood on a split of its TRAINING prompts "
@@ -269,7 +286,12 @@ def _eval(args) -> int:
     from ..model.llama import LlamaModel
     from ..model.tokenizer import load_smollm2_tokenizer
     from ..traces.prompts import PromptError, load_prompt_records
+    from ..util.atomic import atomic_write_text
+    from ..util.progress import RunProgress
 
+    json_out = None if args.json in (None, "-") else args.json
+    check_paths({"folder": args.folder, "--eval-prompts": args.eval_prompts},
+                {"--json": (json_out, (".json",))} if json_out else {})
     cfg = read_config(args.folder)
     try:  # before the weights and the target are read
         check_target(cfg, LlamaConfig.preset("smollm2-135m"))
@@ -283,19 +305,50 @@ def _eval(args) -> int:
         raise UsageError(f"--eval-prompts: {exc}") from None
     he = humaneval_prompts()
     prompts = records + [p for i, p in enumerate(he) if i % HUMANEVAL_EVAL_EVERY == 0]
-    target = LlamaModel.from_smollm2()
-    tok = load_smollm2_tokenizer()
     if args.max_eval_prompts:
         prompts = prompts[: args.max_eval_prompts]
-    seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
-    sequence_features(target, seqs, model.config.target_layer_ids)
-    embed = target.embed_tokens.weight
-    out = {}
-    for b in sorted({model.config.block_size, 8} - {0}, reverse=True):
-        if b <= model.config.block_size:
-            out[f"B{b}/greedy"] = tau_summary(acceptance(model, seqs, b, embed, embed))
-    print(json.dumps(out, indent=2))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    target = LlamaModel.from_smollm2()
+    tok = load_smollm2_tokenizer()
+    with RunProgress(f"{PROG} eval {Path(args.folder).name}", len(prompts), "prompts") as bar:
+        seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0,
+                                on_batch=lambda n: bar.update(advance=n, detail="target continuations"))
+        bar.note("target features and drafts")
+        sequence_features(target, seqs, model.config.target_layer_ids)
+        embed = target.embed_tokens.weight
+        out = {}
+        for b in sorted({model.config.block_size, 8} - {0}, reverse=True):
+            if b <= model.config.block_size:
+                out[f"B{b}/greedy"] = tau_summary(acceptance(model, seqs, b, embed, embed))
+    text = json.dumps(out, indent=2)
+    if json_out:
+        atomic_write_text(json_out, text + "\n")
+    if args.json == "-":
+        print(text)
+    else:
+        _print_tau_table(out, len(prompts), args.max_new_tokens)
+        if json_out:
+            print(f"wrote {json_out}")
     return 0
+
+
+def _print_tau_table(tau: dict[str, dict[str, float]], prompts: int, max_new_tokens: int) -> None:
+    """tau per block size (rows) and prompt category (columns) as one rich table."""
+    from rich.table import Table
+
+    from ..util.console import make_console
+
+    cats = sorted({c for row in tau.values() for c in row} - {"all"}) + ["all"]
+    table = Table(title=f"held-out tau ({prompts} prompts x {max_new_tokens} greedy tokens)")
+    table.add_column("block / decoding", style="bold")
+    for c in cats:
+        table.add_column(c, justify="right", style="bold" if c == "all" else None)
+    for name, row in tau.items():
+        table.add_row(name, *(f"{row[c]:.2f}" if c in row else "-" for c in cats))
+    make_console().print(table)
 
 
 def calibration_prompts(train, count: int) -> list:
