@@ -68,7 +68,8 @@ def build_parser() -> CliParser:
                    help="tokens generated per training prompt turn")
     t.add_argument("--eval-max-new-tokens", type=int_at_least(2, 8192), default=d.eval_max_new_tokens,
                    help="tokens generated per held-out prompt")
-    t.add_argument("--lr", type=finite_float(0.0, open_low=True), default=d.lr, help="peak learning rate (> 0)")
+    t.add_argument("--lr", type=finite_float(1e-7, 1.0), default=d.lr,
+                   help="peak learning rate, in [1e-7, 1] (below 1e-7 the drafter would not move from its init)")
     t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.lr_schedule,
                    help="after the warm-up: cosine decay to 10 %% at --steps, or constant")
     t.add_argument("--init", choices=INITS, default=d.init,

@@ -218,6 +218,13 @@ def _sim_config(args, *, num_steps: int, warmup_steps: int, policies: list[str] 
         rate_rps=args.rate, load=args.load, num_requests=args.requests, prompt_len=args.prompt_len,
         prefill_ms=args.prefill_ms, slo_tpot_ms=args.slo_tpot_ms,
     )
+    if args.param:  # a value out of a policy's range (uniform.rho=1.5) is refused naming --param
+        from ..simulator import SimulationError
+
+        try:
+            config.built_policies  # built once here and kept: every run works on a reset copy
+        except SimulationError as exc:
+            raise UsageError(f"--param: {exc}; give a value in the range dcut-sim --help lists") from None
     if config.graph_token_counts is not None:
         for cost in costs:
             check_graph_tokens(config, cost)
@@ -332,7 +339,7 @@ def simulate_runs(args, work: _Work, traces: list[str], costs: list[str], config
 def _policy_params(given: list[tuple[str, str, Any]], run: list[str] | None) -> dict[str, dict[str, Any]]:
     """``--param`` values per policy, checked before any work (names, keys given once, kinds, finite
     values: :func:`dcut_sched.policies.check_params`); a value out of a policy's range is refused when
-    the run builds the policy, before any step."""
+    :func:`_sim_config` builds the policies, naming ``--param``."""
     from .. import policies
 
     params: dict[str, dict[str, Any]] = {}

@@ -392,3 +392,17 @@ def test_drafter_leaves_no_work_folder_it_made(tmp_path, monkeypatch, capsys):
     assert drafter.main(["train", "--out", str(tmp_path / "d"), "--work-dir", str(tmp_path / "a" / "wd")]) == 2
     assert "training failed" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# The seventh pass (docs/reliability.md): a policy parameter out of its range names --param, and
+# dcut-drafter train's --lr is bounded to [1e-7, 1].
+@pytest.mark.parametrize("cli, argv, needles", [
+    ("sim", ["--trace", "{T}/good.parquet", "--policies", "uniform", "--param", "uniform.rho=1.5"],
+     ["--param: policy 'uniform' with parameters {'rho': 1.5}: uniform: rho=1.5 must be in (0, 1]",
+      "give a value in the range dcut-sim --help lists"]),
+    ("drafter", ["train", "--lr", "1e-300"], ["argument --lr: 1e-300 must be >= 1e-07"]),
+    ("drafter", ["train", "--lr", "10"], ["argument --lr: 10.0 is above the limit 1"]),
+], ids=["sim-param-range", "drafter-lr-tiny", "drafter-lr-huge"])
+def test_seventh_pass_flag_ranges(files, capsys, cli, argv, needles):  # noqa: F811 (fixture)
+    err = _run(cli, argv, files, capsys)  # exit 2, one line, nothing written
+    assert all(n in err for n in needles), err
