@@ -163,7 +163,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from dcut_sched.engine.trace_backends import HFBackend, NativeBackend
     from dcut_sched.sampling import SamplingParams
     from dcut_sched.traces.prompts import PromptError, load_prompt_records
-    from dcut_sched.traces.record import RecordError, partial_path, record_trace
+    from dcut_sched.traces.record import RecordError, load_partial, partial_path, record_trace
 
     if args.prompts is None:
         from ..paths import prompts_path
@@ -178,6 +178,11 @@ def _cmd_record(args: argparse.Namespace) -> int:
         raise UsageError(f"--temperature/--top-p/--top-k/--seed: {exc}") from None
     if not sampling.is_greedy and args.backend == "hf":
         raise UsageError("--temperature > 0 needs --backend native (the hf backend records greedy traces only)")
+    if not args.fresh:
+        try:
+            load_partial(partial_path(args.out))  # a damaged partial file is refused before the model loads
+        except RecordError as exc:
+            raise UsageError(str(exc)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

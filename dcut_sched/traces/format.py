@@ -7,6 +7,7 @@ or lossless cast only. :mod:`.trace` holds the :class:`~.trace.Trace` arrays and
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Mapping
@@ -56,6 +57,7 @@ class TraceFault:
     row: int | None = None
     request_id: int | None = None
     pos: int | None = None
+    fix: str = ""
 
     def __str__(self) -> str:
         where = [self.path]
@@ -65,7 +67,7 @@ class TraceFault:
             where.append(f"request {self.request_id}")
         if self.pos is not None:
             where.append(f"pos {self.pos}")
-        return field_message(", ".join(where), self.field, self.problem, quote=True)
+        return field_message(", ".join(where), self.field, self.problem, self.fix, quote=True)
 
 
 def accept_len_dtype(block_size: int) -> np.dtype:
@@ -212,9 +214,9 @@ class _Faults:
     max_faults: int
     items: list[TraceFault] = field(default_factory=list)
 
-    def add(self, field_name: str, problem: str, row=None, request_id=None, pos=None) -> bool:
+    def add(self, field_name: str, problem: str, row=None, request_id=None, pos=None, fix: str = "") -> bool:
         """Record one fault; True when the list is full (the caller stops)."""
-        self.items.append(TraceFault(self.path, field_name, problem, row, request_id, pos))
+        self.items.append(TraceFault(self.path, field_name, problem, row, request_id, pos, fix))
         return len(self.items) >= self.max_faults
 
 
@@ -253,6 +255,40 @@ def _temperature(raw: Any) -> Any:
         raise invalid(str(exc)) from None
 
 
+def _json_of(kind: type, what: str) -> Any:
+    """A metadata string that must hold JSON of ``kind`` (the recorder's ``requests`` and settings)."""
+    def check(raw: Any) -> Any:
+        try:
+            value = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            value = None
+        if not isinstance(value, kind):
+            raise invalid(f"{shown(raw)} is not {what}")
+        return value
+    return BeforeValidator(check)
+
+
+def _seconds(raw: Any) -> Any:
+    try:
+        value = float(raw) if isinstance(raw, str) else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise invalid(f"{shown(raw)} is not a finite number of seconds >= 0")
+    return value
+
+
+#: What to do about each metadata fault (the message's fix).
+METADATA_FIXES = {
+    "block_size": "write the block size B the trace was recorded with, an integer in [2, 32768]",
+    "indexing": "write 'position' (one row per output position) or 'step' (one row per decode step)",
+    "source": "write 'recorded' (dcut-trace record) or 'synthetic' (dcut-trace synth)",
+    "requests": "write the JSON list of finished requests dcut-trace record writes, or drop the key",
+    "recorder": "write the JSON object of recorder settings dcut-trace record writes, or drop the key",
+    "record_seconds": "write the recording time in seconds, or drop the key",
+}
+
+
 class TraceMetadata(BaseModel):
     """The file metadata of a trace (module docstring), each value a Parquet metadata string; other
     keys are not checked."""
@@ -263,6 +299,9 @@ class TraceMetadata(BaseModel):
     block_size: Annotated[int, BeforeValidator(_block_size)]
     source: Annotated[str, _one_of(SOURCES)]
     temperature: Annotated[float, BeforeValidator(_temperature)] = 0.0
+    requests: Annotated[Any, _json_of(list, "a JSON list of finished requests")] = None
+    recorder: Annotated[Any, _json_of(dict, "a JSON object of recorder settings")] = None
+    record_seconds: Annotated[float, BeforeValidator(_seconds)] = 0.0
 
 
 def _metadata_faults(faults: _Faults, metadata: Mapping[str, str]) -> int | None:
@@ -274,7 +313,7 @@ def _metadata_faults(faults: _Faults, metadata: Mapping[str, str]) -> int | None
         for name, problem in problems(exc):
             if problem == "missing":
                 problem = "missing file metadata key (write the trace with dcut_sched.traces.Trace.save)"
-            if faults.add(name, problem):
+            if faults.add(name, problem, fix=METADATA_FIXES.get(name, "")):
                 break
         return None
 
@@ -293,7 +332,8 @@ def _column_faults(faults: _Faults, df: pd.DataFrame, block: int) -> bool:
         faults.add(extra[0], f"confidence column beyond block_size={block} (B inconsistent with metadata)")
         return True
     if len(df) == 0:
-        faults.add("request_id", "the trace has no rows")
+        faults.add("request_id", "the trace has no rows (a trace with no positions cannot be replayed)",
+                   fix="record (dcut-trace record) or synthesize (dcut-trace synth) a trace of at least one request")
         return True
     for name, dtype in (("request_id", np.int32), ("pos", np.int32), ("accept_len", accept_len_dtype(block))):
         for r, problem in _integer_faults(df[name], np.dtype(dtype)):
@@ -317,7 +357,9 @@ def _value_faults(faults: _Faults, df: pd.DataFrame, block: int) -> bool:
     accept = df["accept_len"].to_numpy()
     for r in np.flatnonzero((accept < 0) | (accept > block - 1))[:faults.max_faults]:
         if faults.add("accept_len", f"{accept[r]} is outside [0, {block - 1}]", int(r),
-                      int(df["request_id"].iat[r]), int(df["pos"].iat[r])):
+                      int(df["request_id"].iat[r]), int(df["pos"].iat[r]),
+                      fix=f"accept_len counts the drafts the target accepts of a block of {block}; fix the row "
+                          "or re-record the trace"):
             return True
     return False
 
@@ -352,7 +394,9 @@ def _position_faults(faults: _Faults, layout: _RequestLayout) -> bool:
             f"positions of request {req[r]} are not contiguous from 0: expected {expected_pos[r]}, found {pos[r]}"
             + (" (duplicate)" if r > 0 and req[r - 1] == req[r] and pos[r - 1] == pos[r] else "")
         )
-        if faults.add("pos", problem, int(order[r]), int(req[r]), int(pos[r])):
+        if faults.add("pos", problem, int(order[r]), int(req[r]), int(pos[r]),
+                      fix="each request needs rows pos 0, 1, ..., n-1, once each; re-record the trace or drop the "
+                          "request's rows"):
             return True
     return False
 

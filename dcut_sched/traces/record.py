@@ -52,6 +52,7 @@ __all__ = [
     "RecordError",
     "RecordBackend",
     "accept_lengths",
+    "load_partial",
     "partial_path",
     "record_trace",
 ]
@@ -233,13 +234,29 @@ def _run_metadata(backend: RecordBackend, prompts: Sequence[Prompt], block_size:
     return settings, metadata
 
 
+def load_partial(part: Path) -> Trace | None:
+    """The partial file ``part`` (:func:`partial_path`) loaded and validated, its ``requests``,
+    ``recorder`` and ``record_seconds`` metadata included; None when there is none. The CLI calls it
+    before any model loads.
+
+    Raises:
+        RecordError: the partial file is damaged (the fault named, with the fix: delete it or --fresh).
+    """
+    if not part.exists():
+        return None
+    try:
+        return Trace.load(part)
+    except TraceError as exc:
+        raise RecordError(f"cannot resume from the partial recording: {exc}; or delete {part} (or rerun with "
+                          f"--fresh) to start over") from None
+
+
 def _resume_from(part: Path, metadata: dict[str, Any], settings: dict[str, Any], state: _Recording) -> None:
     """Load the partial file ``part`` into ``state`` when it was recorded with the same metadata and
     settings (else :class:`RecordError`, naming the key and ``--fresh``)."""
-    try:
-        old = Trace.load(part)
-    except TraceError as exc:
-        raise RecordError(f"{part}: cannot resume from the partial file ({exc}); run with --fresh") from None
+    old = load_partial(part)
+    if old is None:
+        return
     old_settings = json.loads(old.metadata.get("recorder", "{}"))
     for key in ("block_size", "target_model", "draft_model", "temperature", "top_p", "top_k", "seed"):
         if old.metadata.get(key) != (None if metadata.get(key) is None else str(metadata[key])):

@@ -198,7 +198,8 @@ def read_trace_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, st
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
-        raise TraceError(f"{path_str}: not a readable Parquet trace file ({type(exc).__name__}: {exc})") from None
+        raise TraceError(f"{path_str}: not a readable Parquet trace file ({type(exc).__name__}: {exc}); give a "
+                         f"trace written by dcut-trace record or synth (or re-record it if it was damaged)") from None
     try:
         names = table.schema.names
     except UnicodeDecodeError:
