@@ -8,13 +8,16 @@ Read with ``ast`` only (nothing is imported). The traits: functions over 100 lin
 module, modules over 500 lines, imports inside functions outside ``cli/`` (and in all), root
 modules, files that build an ``argparse.ArgumentParser`` outside ``cli/``, the import cycles (every
 import counted, module level or inside a function; ``if TYPE_CHECKING`` blocks too) and the
-docstring share of the core modules (docstring lines / all lines).
+docstring share of the core modules (docstring lines / all lines), the ``assert`` statements
+(internal facts) and the ``MAX_*`` size limits (module-level constants named ``MAX_...`` or
+``_MAX_...``).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ LONG_FUNCTION = 100
 LONG_MODULE = 500
 # The pure core: scores and budgets, step costs, sampling, the policies and the controller.
 CORE = ("scores.py", "step_costs.py", "sampling.py", "policies", "controller")
+LIMIT_NAME = re.compile(r"_?MAX_[A-Z0-9_]+")
 
 
 def _modules(package: Path) -> list[Path]:
@@ -58,6 +62,15 @@ def _lazy_imports(tree: ast.Module) -> list[int]:
                 if isinstance(inner, (ast.Import, ast.ImportFrom)):
                     lines.append(inner.lineno)
     return sorted(set(lines))
+
+
+def _limits(tree: ast.Module) -> list[str]:
+    """The names of the module-level ``MAX_*`` constants of one module."""
+    names = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names += [t.id for t in targets if isinstance(t, ast.Name) and LIMIT_NAME.fullmatch(t.id)]
+    return names
 
 
 def _builds_parser(tree: ast.Module) -> bool:
@@ -118,6 +131,7 @@ def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
 def measure(package: Path = PACKAGE) -> dict:
     """The traits of ``package`` as a dict (the lists hold ``path:name lines`` / ``path:line`` strings)."""
     long_functions, lazy_all, lazy_outside_cli, parsers_outside_cli = [], [], [], []
+    asserts, limits = [], []
     sizes, core_doc, core_lines = {}, 0, 0
     for path in _modules(package):
         rel = _rel(path, package)
@@ -130,6 +144,8 @@ def measure(package: Path = PACKAGE) -> dict:
                 length = node.end_lineno - node.lineno + 1
                 if length > LONG_FUNCTION:
                     long_functions.append((length, f"{rel}:{node.name}"))
+        asserts += [f"{rel}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+        limits += [f"{rel}:{name}" for name in _limits(tree)]
         in_cli = rel.startswith("cli/")
         for line in _lazy_imports(tree):
             lazy_all.append(f"{rel}:{line}")
@@ -151,6 +167,8 @@ def measure(package: Path = PACKAGE) -> dict:
         "root_modules": root,
         "parsers_outside_cli": parsers_outside_cli,
         "core_docstring_share": core_doc / core_lines if core_lines else 0.0,
+        "asserts": asserts,
+        "max_limits": limits,
         "import_cycles": [" <-> ".join(m.removeprefix("dcut_sched.") for m in c) for c in import_cycles(package)],
     }
 
@@ -170,6 +188,8 @@ def table(traits: dict) -> str:
         ("argparse parsers outside `cli/`", _few(traits["parsers_outside_cli"], k=6)),
         ("import cycles", _few(traits["import_cycles"], k=6)),
         ("docstring share of core modules", f"{100 * traits['core_docstring_share']:.0f} %"),
+        ("`assert` statements", f"{len(traits['asserts'])}"),
+        ("`MAX_*` size limits", f"{len(traits['max_limits'])}"),
     ]
     out = ["| trait | dcut_sched/ |", "|---|---|"]
     out += [f"| {name} | {value} |" for name, value in rows]
@@ -178,7 +198,8 @@ def table(traits: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="also list the long functions and the lazy imports")
+    parser.add_argument("--list", action="store_true",
+                        help="also list the long functions, the lazy imports, the asserts and the MAX_* limits")
     parser.add_argument("--package", type=Path, default=PACKAGE, help="the package folder (default: this checkout's)")
     args = parser.parse_args(argv)
     if not (args.package / "__init__.py").is_file():
@@ -188,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\nfunctions over 100 lines:", *traits["functions_over_100"], sep="\n  ")
         print("\nimports inside functions outside cli/:", *traits["lazy_imports_outside_cli"], sep="\n  ")
+        print("\nassert statements:", *traits["asserts"], sep="\n  ")
+        print("\nMAX_* limits:", *traits["max_limits"], sep="\n  ")
     return 0
 
 

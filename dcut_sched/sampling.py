@@ -125,10 +125,10 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 def sample_at(logits: torch.Tensor, params: SamplingParams, key: int, indices: Sequence[int]) -> list[int]:
     """One request's ``m`` tokens at consecutive slots, ``x_j = icdf(p_j, U(key, indices[j]))`` (argmax at
-    T = 0); a greedy draft is accepted iff it equals ``x_j``. ``ValueError`` if the lengths disagree.
+    T = 0); a greedy draft is accepted iff it equals ``x_j``. ``logits`` has one row per index (the
+    callers slice both from one step).
     """
-    if logits.shape[0] != len(indices):
-        raise ValueError(f"sample_at: {logits.shape[0]} logit rows but {len(indices)} indices")
+    assert logits.shape[0] == len(indices), f"sample_at: {logits.shape[0]} logit rows but {len(indices)} indices"
     if params.is_greedy:
         return logits.argmax(-1).tolist()
     probs = sampling_probs(logits, params).cpu().numpy()

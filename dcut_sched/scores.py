@@ -187,8 +187,8 @@ class ScoreRanking:
     PARTITION_MAX_BUDGETS: ClassVar[int] = 8
 
     def __init__(self, scores: Array):
-        if len(scores.shape) != 2 or scores.shape[0] < 1 or scores.shape[1] < 1:
-            raise ValueError(f"scores must have shape [batch_size >= 1, B >= 1]; got {tuple(scores.shape)}")
+        assert len(scores.shape) == 2 and scores.shape[0] >= 1 and scores.shape[1] >= 1, \
+            f"scores must have shape [batch_size >= 1, B >= 1]; got {tuple(scores.shape)}"
         self.batch_size = int(scores.shape[0])
         self.block_size = int(scores.shape[1])
         self._torch = _is_torch(scores)

@@ -250,8 +250,7 @@ class SpecEngine:
             raise ValueError(f"SpecEngine: batch_size={batch_size} must be >= 1")
         if max_new_tokens < 1:
             raise ValueError(f"SpecEngine: max_new_tokens={max_new_tokens} must be >= 1")
-        if controller.block_size < 2:
-            raise ValueError("SpecEngine: the controller's block_size must be >= 2 (at least one draft slot)")
+        assert controller.block_size >= 2, "RatioController guarantees block_size >= 2 (one draft slot)"
         self.model = model
         self.controller = controller
         self.block_size = controller.block_size

@@ -30,11 +30,11 @@ def vllm_capture_sizes(capture_limit: int) -> np.ndarray:
 
 
 def padded_num_tokens(num_tokens: np.ndarray, capture_sizes: np.ndarray) -> np.ndarray:
-    """The smallest capture size ``>= num_tokens`` for each entry (the graph a budget replays)."""
+    """The smallest capture size ``>= num_tokens`` for each entry (the graph a budget replays); the
+    caller keeps every ``num_tokens`` within the largest size (:meth:`DSpark.plan` caps budgets at it)."""
     sizes = np.sort(np.asarray(capture_sizes, dtype=np.int64))
     j = np.searchsorted(sizes, np.asarray(num_tokens, dtype=np.int64), side="left")
-    if np.any(j >= len(sizes)):
-        raise ValueError(f"num_tokens above the capture limit {int(sizes[-1])}")
+    assert not np.any(j >= len(sizes)), f"num_tokens above the capture limit {int(sizes[-1])}"
     return sizes[j]
 
 

@@ -217,15 +217,13 @@ class ReplayBatch:
             ``(tokens [bs] int64, finished [bs] bool)``: output tokens produced this step and which
             requests reached their output length.
         """
-        if self._rows is None:
-            raise RuntimeError("ReplayBatch.advance needs gather() first in the same step")
+        assert self._rows is not None, "ReplayBatch.advance needs gather() first in the same step"
         return self.advance_by(verified_prefix_tokens(self._acc, lengths))
 
     def advance_by(self, verified: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`advance` given the step's ``verified_prefix_tokens(accept_len, lengths)`` (``[bs]``
         int64, for a caller that needs them too), after :meth:`gather`. Same returns."""
-        if self._rows is None:
-            raise RuntimeError("ReplayBatch.advance needs gather() first in the same step")
+        assert self._rows is not None, "ReplayBatch.advance needs gather() first in the same step"
         tokens = verified
         self._rows = None
         if self.exact:
