@@ -89,11 +89,8 @@ def build_parser() -> CliParser:
                                    "anchor and count the accepted drafts: tau (mean accepted length per block, the "
                                    "bonus token included) per prompt category, at the drafter's block size and at "
                                    "B = 8. Prints a table (or JSON with --json -) and progress on stderr.",
-                       epilog=("examples:\n"
-                               f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   "
-                               "# seconds\n"
-                               f"  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json                         "
-                               "# the card's held-out set, tens of minutes\n"))
+                       epilog=(f"examples:\n  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16"
+                               f"   # seconds\n  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json   # all, tens of minutes\n"))
     e.add_argument("folder", help="the drafter folder (config.json, model.safetensors)")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default: the shipped prompt set, "
@@ -274,6 +271,7 @@ def _check_out_folder(text: str | None) -> Path:
 
 
 def _eval(args) -> int:
+    import torch
 
     from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
@@ -289,6 +287,7 @@ def _eval(args) -> int:
     from ..traces.prompts import PromptError, load_prompt_records
     from ..util.atomic import atomic_write_text
     from ..util.progress import RunProgress
+    from .render import render_tau
 
     json_out = None if args.json in (None, "-") else args.json
     check_paths({"folder": args.folder, "--eval-prompts": args.eval_prompts},
@@ -309,8 +308,6 @@ def _eval(args) -> int:
     if args.max_eval_prompts:
         prompts = prompts[: args.max_eval_prompts]
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
@@ -330,26 +327,10 @@ def _eval(args) -> int:
     if args.json == "-":
         print(text)
     else:
-        _print_tau_table(out, len(prompts), args.max_new_tokens)
+        render_tau(out, len(prompts), args.max_new_tokens)
         if json_out:
             print(f"wrote {json_out}")
     return 0
-
-
-def _print_tau_table(tau: dict[str, dict[str, float]], prompts: int, max_new_tokens: int) -> None:
-    """tau per block size (rows) and prompt category (columns) as one rich table."""
-    from rich.table import Table
-
-    from ..util.console import make_console
-
-    cats = sorted({c for row in tau.values() for c in row} - {"all"}) + ["all"]
-    table = Table(title=f"held-out tau ({prompts} prompts x {max_new_tokens} greedy tokens)")
-    table.add_column("block / decoding", style="bold")
-    for c in cats:
-        table.add_column(c, justify="right", style="bold" if c == "all" else None)
-    for name, row in tau.items():
-        table.add_row(name, *(f"{row[c]:.2f}" if c in row else "-" for c in cats))
-    make_console().print(table)
 
 
 def calibration_prompts(train, count: int) -> list:

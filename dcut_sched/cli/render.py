@@ -1,5 +1,5 @@
 """Every table the command-line tools print (rich): dcut-sim's speedup, open-loop, benchmark, seed and
-selection-curve tables and dcut-engine's summary. Imported after the flags are parsed (``--help``
+selection-curve tables, dcut-engine's summary and dcut-drafter eval's tau table. Imported after the flags are parsed (``--help``
 stays light); the figures come from :mod:`dcut_sched.simulator` and the engine's result.
 """
 
@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from dcut_sched.simulator import benchmark_table, speedup_table
+from dcut_sched.util.console import make_console
 
 
 def empty_speedup_table(title: str, sizes, open_loop: bool, **table_kwargs):
@@ -208,3 +209,15 @@ def render_engine(console, title: str, summary: dict, steps, show_steps: int) ->
             st.add_row(str(s.step), str(s.batch_size), "yes" if s.drafted else "no", str(s.lengths), str(s.num_tokens),
                        f"{s.ratio:.2f}", str(s.accepted), str(s.committed_tokens))
         console.print(st)
+
+
+def render_tau(tau: dict[str, dict[str, float]], prompts: int, max_new_tokens: int) -> None:
+    """tau per block size (rows) and prompt category (columns) as one rich table."""
+    cats = sorted({c for row in tau.values() for c in row} - {"all"}) + ["all"]
+    table = Table(title=f"held-out tau ({prompts} prompts x {max_new_tokens} greedy tokens)")
+    table.add_column("block / decoding", style="bold")
+    for c in cats:
+        table.add_column(c, justify="right", style="bold" if c == "all" else None)
+    for name, row in tau.items():
+        table.add_row(name, *(f"{row[c]:.2f}" if c in row else "-" for c in cats))
+    make_console().print(table)

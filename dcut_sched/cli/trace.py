@@ -47,21 +47,25 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(_layer_list(text.replace("-", ",")))
 
 
+#: The examples ``dcut-trace --help`` ends with.
+EXAMPLES = (
+    "examples:\n"
+    "  dcut-trace stats dcut_sched/data/traces/smollm2-135m-dflash-b16.parquet   # tau, acceptance, ECE\n"
+    "  dcut-trace validate out/*.parquet                                       # exit 2 on any fault\n"
+    "  dcut-trace synth --list                                                 # the presets\n"
+    "  dcut-trace synth --preset dflash-qwen3-8b-gsm8k --num-requests 64 --out out/gsm8k.parquet\n"
+    "  dcut-trace fit dcut_sched/data/traces/smollm2-135m-dflash-b16.parquet --out out/fit.json\n"
+    "  dcut-trace record --draft dflash:drafters/smollm2-135m-dflash --limit 4 --max-new-tokens 32 "
+    "--out out/rec.parquet"
+)
+
+
 def build_parser() -> CliParser:
     parser = CliParser(
         prog="dcut-trace",
         description="Acceptance traces for block speculative decoding: record from a real model pair, "
                     "synthesise, validate, summarise and fit (format: docs/design.md §3).",
-        epilog=(
-            "examples:\n"
-            "  dcut-trace stats dcut_sched/data/traces/smollm2-135m-dflash-b16.parquet   # tau, acceptance, ECE\n"
-            "  dcut-trace validate out/*.parquet                                       # exit 2 on any fault\n"
-            "  dcut-trace synth --list                                                 # the presets\n"
-            "  dcut-trace synth --preset dflash-qwen3-8b-gsm8k --num-requests 64 --out out/gsm8k.parquet\n"
-            "  dcut-trace fit dcut_sched/data/traces/smollm2-135m-dflash-b16.parquet --out out/fit.json\n"
-            "  dcut-trace record --draft dflash:drafters/smollm2-135m-dflash --limit 4 --max-new-tokens 32 "
-            "--out out/rec.parquet"
-        ),
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dcut_sched.cli import drafter as cli
+from dcut_sched.drafters import train as train_mod
 from dcut_sched.drafters.sources import TrainPrompt
 from dcut_sched.drafters.train import DATA_NAME, STATE_NAME
 from dcut_sched.drafters.workdir import first_difference, lock_work_dir
@@ -232,8 +233,11 @@ def test_a_second_run_on_a_live_work_dir_is_refused(run, tmp_path):
     assert run("--steps", "2")[0] == 0  # released
 
 
-def test_a_diverging_run_stops_and_ships_nothing(run, tmp_path):
-    _one_line(*run("--steps", "4", "--lr", "1e30"), "training diverged at step", "lower --lr")
+def test_a_diverging_run_stops_and_ships_nothing(run, tmp_path, monkeypatch):
+    # --lr is capped at 1, so divergence is forced: the real loss, times NaN, as an exploding run gives
+    real_loss = train_mod.step_loss
+    monkeypatch.setattr(train_mod, "step_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
+    _one_line(*run("--steps", "4"), "training diverged at step 1", "the loss is nan", "lower --lr")
     assert not (tmp_path / "d").exists() and not (tmp_path / "wd" / STATE_NAME).exists()
 
 
