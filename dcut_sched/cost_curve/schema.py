@@ -172,57 +172,47 @@ _ROW = ConfigDict(extra="forbid", revalidate_instances="always")
 
 @with_config(_ROW)
 @dataclass(frozen=True)
-class VerifyRow:
+class _Timing:
+    """A cell's median and spread in ms, and how it was made (the fields after the cell's keys)."""
+
+    median_ms: _Ms
+    p20_ms: _OptMs = None
+    p80_ms: _OptMs = None
+    repeats: _OptCount = None
+    provenance: _Provenance = "measured"
+
+
+@dataclass(frozen=True)
+class _BatchKey:
+    batch_size: _Count
+
+
+@dataclass(frozen=True)
+class _TokenKey:
+    batch_size: _Count
+    num_tokens: _Count
+
+
+# A row is (timing, key): dataclass fields follow the reversed MRO, so the key's fields come first.
+@dataclass(frozen=True)
+class VerifyRow(_Timing, _TokenKey):
     """One verification cell: ``batch_size`` requests, ``num_tokens`` slots, times in ms."""
 
-    batch_size: _Count
-    num_tokens: _Count
-    median_ms: _Ms
-    p20_ms: _OptMs = None
-    p80_ms: _OptMs = None
-    repeats: _OptCount = None
-    provenance: _Provenance = "measured"
 
-
-@with_config(_ROW)
 @dataclass(frozen=True)
-class ArRow:
+class ArRow(_Timing, _BatchKey):
     """One plain-decode cell: ``batch_size`` requests, one token each, no draft; times in ms."""
 
-    batch_size: _Count
-    median_ms: _Ms
-    p20_ms: _OptMs = None
-    p80_ms: _OptMs = None
-    repeats: _OptCount = None
-    provenance: _Provenance = "measured"
 
-
-@with_config(_ROW)
 @dataclass(frozen=True)
-class DraftRow:
+class DraftRow(_Timing, _BatchKey):
     """One draft-step cell: ``batch_size`` requests drafting a block, times in ms."""
 
-    batch_size: _Count
-    median_ms: _Ms
-    p20_ms: _OptMs = None
-    p80_ms: _OptMs = None
-    repeats: _OptCount = None
-    provenance: _Provenance = "measured"
 
-
-@with_config(_ROW)
 @dataclass(frozen=True)
-class DraftFirstRow:
+class DraftFirstRow(_Timing, _TokenKey):
     """One cell of the drafter's first forward of a step: ``batch_size`` requests, over the step's
     ``num_tokens`` verified tokens (attention over the context), times in ms."""
-
-    batch_size: _Count
-    num_tokens: _Count
-    median_ms: _Ms
-    p20_ms: _OptMs = None
-    p80_ms: _OptMs = None
-    repeats: _OptCount = None
-    provenance: _Provenance = "measured"
 
 
 @with_config(_ROW)
