@@ -106,19 +106,24 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
     return out
 
 
-def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
-    """The import cycles among the package's modules (strongly connected components of two or more;
-    a package counts as its ``__init__``, and importing ``a.b`` does not count as importing ``a``)."""
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (every import, module level or inside a
+    function; a package is its ``__init__``; ``from . import name`` is an edge to the submodule
+    ``name`` when there is one; importing ``a.b`` does not count as importing ``a``)."""
     files = {}
     for path in _modules(package):
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         files[".".join(parts)] = path
-    graph = {name: _imports(path, name, set(files)) for name, path in files.items()}
+    return {name: _imports(path, name, set(files)) for name, path in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more modules, each sorted, in sorted order."""
     names = sorted(graph)
     at = {n: k for k, n in enumerate(names)}
-    edges = [(at[v], at[w]) for v in names for w in graph[v]]
+    edges = [(at[v], at[w]) for v in names for w in graph[v] if w in at]
     adjacency = csr_array((np.ones(len(edges)), ([e[0] for e in edges], [e[1] for e in edges])),
                           shape=(len(names), len(names)))
     _, label = connected_components(adjacency, directed=True, connection="strong")
@@ -126,6 +131,11 @@ def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
     for n, lab in zip(names, label):
         groups.setdefault(int(lab), []).append(n)
     return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+
+
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """The import cycles among the package's modules."""
+    return cycles(import_graph(package))
 
 
 def measure(package: Path = PACKAGE) -> dict:
