@@ -42,6 +42,12 @@ def random_trace(num_requests=12, block_size=8, min_len=5, max_len=40, seed=0, i
     return build_trace(reqs, indexing)
 
 
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    """12 random requests of B = 8 (seed 3): the replay invariants' trace."""
+    return random_trace(num_requests=12, block_size=8, seed=3)
+
+
 @pytest.fixture
 def hand_trace() -> Trace:
     """Three requests, B = 4 (values chosen by hand; expected replays are worked out in the tests).

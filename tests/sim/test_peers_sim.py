@@ -16,11 +16,6 @@ B = 8
 
 
 @pytest.fixture(scope="module")
-def trace():
-    return random_trace(num_requests=12, block_size=B, seed=3)
-
-
-@pytest.fixture(scope="module")
 def curve():
     from tests.conftest import linear_curve
 
