@@ -77,7 +77,8 @@ class CalibrationPrior(BaseModel):
             CalibrationPriorError: unreadable, not strict JSON, or a field missing / of the wrong
                 type or range (one line naming the file, the field and the fix).
         """
-        fix = "refit it with `dcut-drafter calibrate --draft DIR` (or delete it to run without a prior)"
+        fix = ("refit it with `dcut-drafter calibrate --draft DIR --out DIR/calibration.json` (or delete it to run "
+               "without a prior)")
         try:
             raw = parse_json_strict(read_text(path, "a calibration prior"), str(path))
         except InputFileError as exc:
@@ -101,8 +102,8 @@ class CalibrationPrior(BaseModel):
             return cls.load(path)
         if os.path.lexists(path):
             what = "a folder" if path.is_dir() else "not a file (a link that leads nowhere, or a special file)"
-            raise CalibrationPriorError(f"{path}: is {what}, not a calibration prior; refit it with `dcut-drafter "
-                                        "calibrate --draft DIR` (or remove it to run without a prior)")
+            raise CalibrationPriorError(f"{path}: is {what}, not a calibration prior; remove it (to run without a "
+                                        "prior, or before `dcut-drafter calibrate --draft DIR` refits one)")
         return None
 
     def save(self, path: str | os.PathLike) -> None:

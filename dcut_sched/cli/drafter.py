@@ -37,7 +37,8 @@ def build_parser() -> CliParser:
                           "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4 "
                           "--max-new-tokens 32 --eval-max-new-tokens 32\n"
                           f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   # tau table, seconds\n"
-                          f"  dcut-drafter calibrate --draft {DEFAULT_OUT}   # its calibration.json\n"))
+                          f"  dcut-drafter calibrate --draft {DEFAULT_OUT} --out /tmp/prior.json   # refit its prior "
+                          "(~5 min on 2 cores)\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
     t.add_argument("--out", default=None,
@@ -110,7 +111,10 @@ def build_parser() -> CliParser:
                                    "training list, continued greedily (and every other one also at T = 0.7), the "
                                    "drafter run at every anchor. Writes DIR/calibration.json atomically, with the "
                                    "log-loss and the ECE by depth before and after on that split.")
-    c.add_argument("--draft", required=True, metavar="DIR", help="the drafter folder (its calibration.json is written there)")
+    c.add_argument("--draft", required=True, metavar="DIR", help="the drafter folder")
+    c.add_argument("--out", default=None, metavar="PATH",
+                   help="where to write the prior (.json; default DIR/calibration.json, which must then be absent: "
+                        "a drafter's prior is replaced only when --out names it)")
     c.add_argument("--prompts", type=int_at_least(2, 100_000), default=CALIBRATION_PROMPTS, metavar="N",
                    help=f"training prompts to continue (default {CALIBRATION_PROMPTS})")
     c.add_argument("--seed", type=seed_type, default=None, metavar="S",
@@ -414,9 +418,12 @@ def _calibrate(args) -> int:
     from ..util.inputs import InputFileError, parse_json_strict, read_text
 
     folder = Path(args.draft)
-    out = folder / PRIOR_NAME
+    out = folder / PRIOR_NAME if args.out is None else Path(args.out)
     check_paths({"--draft": [str(folder / CONFIG_NAME), str(folder / WEIGHTS_NAME)], "--eval-prompts": args.eval_prompts},
-                {"calibration.json": (str(out), (".json",))})
+                {"--out" if args.out else "calibration.json": (str(out), (".json",))})
+    if args.out is None and out.exists():
+        raise UsageError(f"--draft {folder} already holds {PRIOR_NAME} (the drafter's prior); name it to replace it "
+                         f"(--out {out}) or write the new prior elsewhere (--out PATH.json)")
     model = load_checkpoint(folder, calibration=False)  # a malformed calibration.json is what this replaces
     settings = TrainSettings()
     trained = settings.to_json()
@@ -445,13 +452,21 @@ def _calibrate(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
+
+    def log(stage: str) -> None:
+        print(f"[{PROG} calibrate {time.time() - t0:5.0f} s] {stage}", file=sys.stderr, flush=True)
+
+    log("loading the target")
     target = LlamaModel.from_smollm2()
     tok = load_smollm2_tokenizer()
+    log("rebuilding the drafter's training list (the target writes its self-instruct requests again)")
     train, source = make_list(target, tok)
     prompts = calibration_prompts(train, args.prompts)
+    log(f"continuing {len(prompts)} training prompts greedily and {len(prompts[::2])} at T = {settings.temperature:g}")
     seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=seed)
     seqs += continue_prompts(target, tok, prompts[::2], max_new_tokens=args.max_new_tokens,
                              temperature=settings.temperature, seed=seed)
+    log(f"drafting at every anchor of {len(seqs)} continuations")
     sequence_features(target, seqs, model.config.target_layer_ids)
     conf, accept, slots = calibration_blocks(model, target, seqs)
     command = " ".join(["dcut-drafter", "calibrate", *(shlex.quote(a) for a in args.argv)])

@@ -284,7 +284,7 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
     if prior is not None and len(prior.intercepts) > cfg.block_size - 1:
         raise DraftCheckpointError(f"{folder / 'calibration.json'}: intercepts has {len(prior.intercepts)} depths, this "
                                    f"B = {cfg.block_size} drafter drafts at most {cfg.block_size - 1}; refit it with "
-                                   f"dcut-drafter calibrate --draft {folder}")
+                                   f"dcut-drafter calibrate --draft {folder} --out {folder / 'calibration.json'}")
     if model.draft_to_target is not None:
         d2t = model.draft_to_target
         if not bool((d2t[1:] > d2t[:-1]).all()) or int(d2t[0]) < 0 or int(d2t[-1]) >= cfg.vocab_size:

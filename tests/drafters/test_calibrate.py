@@ -98,6 +98,28 @@ def test_calibrate_refuses_a_missing_drafter_folder(tmp_path, capsys):
     assert "argument --prompts: 1 must be >= 2" in capsys.readouterr().err
 
 
+def test_calibrate_replaces_a_prior_only_when_out_names_it(tmp_path, capsys):
+    """The shipped drafter's prior (or any drafter's) is never replaced by the bare command: refused
+    before the target loads, the file untouched."""
+    import shutil
+    from pathlib import Path
+
+    from dcut_sched.cli import drafter
+
+    shipped = Path(__file__).resolve().parents[2] / "drafters" / "smollm2-135m-dflash"
+    folder = tmp_path / "d"
+    shutil.copytree(shipped, folder)
+    before = (folder / "calibration.json").read_bytes()
+    assert drafter.main(["calibrate", "--draft", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already holds calibration.json" in err
+    assert f"--out {folder / 'calibration.json'}" in err
+    assert (folder / "calibration.json").read_bytes() == before
+    # an --out that is one of the drafter's inputs is refused too
+    assert drafter.main(["calibrate", "--draft", str(folder), "--out", str(folder / "config.json")]) == 2
+    assert "--out" in capsys.readouterr().err and (folder / "config.json").exists()
+
+
 @pytest.mark.slow
 def test_calibrate_replaces_a_malformed_prior_at_tiny_scale(tmp_path, capsys):
     """The real command on a copy of the shipped drafter, 3 training prompts x 24 tokens (~10 s)."""
@@ -116,7 +138,7 @@ def test_calibrate_replaces_a_malformed_prior_at_tiny_scale(tmp_path, capsys):
     (folder / "heldout.json").write_text(json.dumps({"settings": FIRST_PIPELINE}))
     (folder / "calibration.json").write_text("{not json")
     assert drafter.main(["calibrate", "--draft", str(folder), "--prompts", "3", "--max-new-tokens", "24",
-                         "--threads", "1"]) == 0
+                         "--threads", "1", "--out", str(folder / "calibration.json")]) == 0
     prior = load_checkpoint(folder).calibration_prior
     prov = prior.provenance
     assert prov["prompts"] == 3 and prov["seed"] == 0 and prov["continuations"] == {"greedy": 3, "t0.7": 2,

@@ -23,7 +23,7 @@ def _drafter(folder):
 ])
 def test_a_prior_that_is_no_file_is_refused(tmp_path, make, needle):
     make(tmp_path / "calibration.json")
-    with pytest.raises(CalibrationPriorError, match="refit it with") as info:
+    with pytest.raises(CalibrationPriorError, match="remove it") as info:
         CalibrationPrior.from_folder(tmp_path)
     assert f"{tmp_path / 'calibration.json'}: {needle}" in str(info.value)
 
