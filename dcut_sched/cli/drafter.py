@@ -38,7 +38,7 @@ def build_parser() -> CliParser:
                           "--max-new-tokens 32 --eval-max-new-tokens 32\n"
                           f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   # tau table, seconds\n"
                           f"  dcut-drafter calibrate --draft {DEFAULT_OUT} --out /tmp/prior.json   # refit its prior "
-                          "(~5 min on 2 cores)\n"))
+                          "(~7 min on 2 cores)\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
     t.add_argument("--out", default=None,
