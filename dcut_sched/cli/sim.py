@@ -163,7 +163,8 @@ def _add_loop_and_output_flags(p: CliParser, defaults) -> None:
     g.add_argument("--prefill-ms", type=finite_float(0.0, MAX_MS), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
     g.add_argument("--slo-tpot-ms", type=finite_float(0.0, open_low=True), default=None, help="TPOT objective: goodput counts only requests that meet it")
     g = p.add_argument_group("output")
-    g.add_argument("--out", metavar="FILE", help="detail results, one row per (policy, batch size): .csv, .parquet or .json")
+    g.add_argument("--out", metavar="FILE", help="detail results, one row per (trace, policy, batch size) (--sweep: also "
+                   "per cost curve; --seeds: also per seed): .csv, .parquet or .json")
     g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no table (files only)")
     g = p.add_argument_group("selection curve (instead of the speedup table)")

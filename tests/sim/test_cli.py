@@ -220,6 +220,8 @@ def test_help_lists_flags(capsys):
     for flag in ("--trace", "--cost", "--policies", "--batch-sizes", "--mode", "--out", "--plot", "--sweep",
                  "--selection-curve", "--calibrate"):
         assert flag in text
+    words = " ".join(text.split())  # argparse wraps to the terminal width
+    assert "--out FILE detail results, one row per (trace, policy, batch size) (--sweep: also per cost curve" in words
 
 
 def test_open_loop_table_shows_batch_goodput_and_percentiles(files, tmp_path, capsys):
