@@ -50,9 +50,12 @@ def build_parser() -> CliParser:
                         "in --out (without it, either of other settings is refused)")
     t.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default dcut_sched/data/traces/prompts.jsonl)")
-    t.add_argument("--seed", type=seed_type, default=d.seed)
-    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps)
-    t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers")
+    t.add_argument("--seed", type=seed_type, default=d.seed,
+                   help="seeds the prompt generator, the sampled continuations, the initial weights and the draws of "
+                        "sequences and anchors (default: %(default)s)")
+    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps,
+                   help="optimisation steps (default: %(default)s)")
+    t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers (default: %(default)s)")
     t.add_argument("--draft-vocab", type=int_at_least(0, 1_000_000), default=d.draft_vocab_size,
                    help="draft vocabulary size (0 = the target's whole vocabulary and LM head)")
     t.add_argument("--num-prompts", type=int_at_least(0, 100_000), default=d.num_generated_prompts,
@@ -77,9 +80,13 @@ def build_parser() -> CliParser:
     t.add_argument("--loss", choices=LOSSES, default=d.loss,
                    help="ce: the target's tokens; kl/tv: distillation against its top-k; lk: kl plus acceptance "
                         "(docs/drafters.md, Losses)")
-    t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
-    t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
-    t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every)
+    t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step,
+                   help="training sequences per optimisation step (default: %(default)s)")
+    t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq,
+                   help="draft blocks (anchors) drawn from each sequence per step (default: %(default)s)")
+    t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every,
+                   help="steps between held-out evaluations on a fixed subset of the eval sequences "
+                        "(default: %(default)s)")
     t.add_argument("--max-train-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the train prompts (smoke)")
     t.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the eval prompts (smoke)")
     t.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
