@@ -321,7 +321,8 @@ def _eval(args) -> int:
     with RunProgress(f"{PROG} eval {Path(args.folder).name}", len(prompts), "prompts") as bar:
         seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0,
                                 on_batch=lambda n: bar.update(advance=n, detail="target continuations"))
-        bar.note("target features and drafts")
+        bar.update(detail="target features and drafts")
+        bar.note(f"{bar.label}: {len(seqs)} target continuations done; next: the target's features and the drafts")
         sequence_features(target, seqs, model.config.target_layer_ids)
         embed = target.embed_tokens.weight
         out = {}
