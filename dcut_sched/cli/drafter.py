@@ -33,10 +33,11 @@ def build_parser() -> CliParser:
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
                   formatter_class=argparse.RawDescriptionHelpFormatter,
                   epilog=("examples:\n"
-                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data 30-35 min on 2 cores)\n"
+                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data: estimated 30-35 min "
+                          "on 2 free cores, 67 min measured on shared ones; docs/drafters.md, Budget)\n"
                           "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4 "
                           "--max-new-tokens 32 --eval-max-new-tokens 32\n"
-                          f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   # tau table, seconds\n"
+                          f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16 --threads 1   # tau table, seconds\n"
                           f"  dcut-drafter calibrate --draft {DEFAULT_OUT}   # its calibration.json\n"))
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="generate data from the target, train, write the drafter folder and its card")
@@ -97,7 +98,9 @@ def build_parser() -> CliParser:
                                    "bonus token included) per prompt category, at the drafter's block size and at "
                                    "B = 8. Prints a table (or JSON with --json -) and progress on stderr.",
                        epilog=(f"examples:\n  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16"
-                               f"   # seconds\n  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json   # all, tens of minutes\n"))
+                               f" --threads 1   # seconds\n  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json --threads 1"
+                               "   # all, tens of minutes\n(--threads 1 when other jobs share the cores: torch threads "
+                               "that wait on each other make it several times slower)\n"))
     e.add_argument("folder", help="the drafter folder (config.json, model.safetensors)")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default: the shipped prompt set, "
