@@ -43,7 +43,7 @@ BATCH_SIZES = (1, 2, 4, 8, 16)
 
 
 def goal_shape(table: pd.DataFrame) -> dict[str, object]:
-    """The issue's goal on a (policy x bs) table of decode tokens/s: each clause and whether it holds."""
+    """The floor benchmark's goal on a (policy x bs) table of decode tokens/s: each clause and whether it holds."""
     t = table
     bss = sorted(t.columns)
     full_over_ar_bs1 = float(t.loc["full", bss[0]] / t.loc["ar", bss[0]])

@@ -8,7 +8,7 @@ For every shipped trace (``dcut_sched/data/traces/*.parquet``) and every shipped
 of the same block size, at every batch size the curve has verification and plain-step cells for, one
 closed-loop run of ``ar`` and one of ``fine`` (default parameters), ``--steps`` steps each (20,000 by
 default), **no warm-up left out** (the first drafted step and every probe count), seed 0. The figure
-is ``fine``'s output tokens/s over ``ar``'s. The goal (issue 17): >= 0.99 everywhere; the script
+is ``fine``'s output tokens/s over ``ar``'s. The goal: >= 0.99 everywhere; the script
 prints every pair's lowest ratio, the overall lowest, and the machine load (``os.getloadavg``), and
 exits 1 if the goal is missed. A benchmark, not a test: it takes minutes.
 """

@@ -2,7 +2,7 @@
 
 Usage: python analysis/bench_policies.py [--batch-sizes 4,16,64] [--block-size 16] [--json out.json]
 
-Goal (issue: core library): one ``dcut`` and one ``fine`` decision at bs=64, B=16 in <= 50 us with
+Goal: one ``dcut`` and one ``fine`` decision at bs=64, B=16 in <= 50 us with
 numpy. The cost curve is a synthetic linear one built in memory (lookups are cached per shape, as in
 a serving loop); confidences are random Beta draws, fixed per run.
 """

@@ -124,7 +124,7 @@ def vllm_block(r: dict) -> str:
 
 def write_readme(r: dict) -> None:
     """Regenerate the blocks: a quiet run owns ``test-suite`` and the vLLM line, a ``--burn`` run owns
-    ``test-suite-loaded`` (the suite passing under load, issue 27's check)."""
+    ``test-suite-loaded`` (the suite passing under load)."""
     from readme_blocks import replace_block
 
     if r.get("burners"):

@@ -107,8 +107,9 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     # ---------------------------------------------------------------- speedup
     w("## 1. Speedup vs batch size\n")
     w("Cells: output tokens/s of the policy over `ar` (plain autoregressive decoding) at the same batch size; "
-      "**bold** = best non-oracle policy of the column (`oracle` knows the acceptance lengths: an upper bound, "
-      "not a policy one can deploy). Family tables pool their traces by geometric mean; `geomean` = over batch "
+      "**bold** = best non-oracle policy of the column (`oracle` knows the acceptance lengths and verifies "
+      "exactly the accepted prefix, but always drafts: not a policy one can deploy, and not an upper bound where "
+      "drafting loses to a plain step). Family tables pool their traces by geometric mean; `geomean` = over batch "
       "sizes. Per-trace rows: `analysis/results/speedup.csv`.\n")
     for fam in families:
         rows = speed[speed["family"] == fam.key]

@@ -8,8 +8,8 @@ default (published) parameters plus the references ``dcut`` and ``fine``:
 - ``cpu``: the two real SmolLM2-135M B=16 traces on their own measured CPU curve, bs 1, 2, 4, 8, 16
   (the CPU curve is measured at bs 1..16).
 
-A family's cell is the arithmetic **mean** over its traces of ``speedup_vs_ar`` (what the issue asks:
-"mean over the five DFlash presets"); the table adds the best peer per batch size and ``fine`` / best
+A family's cell is the arithmetic **mean** over its traces of ``speedup_vs_ar`` (as the
+published protocol: the mean over the five DFlash presets); the table adds the best peer per batch size and ``fine`` / best
 peer. :func:`peer_wins` lists every (family, bs) where a peer beats ``fine``, with the budget and
 drafting figures that explain it.
 

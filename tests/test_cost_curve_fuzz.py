@@ -134,7 +134,7 @@ def test_numpy_values_save_and_load_back(tmp_path):
                   verify=[{"batch_size": np.bool_(True), "num_tokens": 1, "median_ms": 1.0}])
 
 
-# ---------------------------------------------------------------- hardware fingerprint (issue 10 item 8)
+# ---------------------------------------------------------------- hardware fingerprint
 def _cpu_curve(**hw):
     hardware = {"device_name": "AMD EPYC 7B13", "backend": "cpu-eager", "torch_version": "2.5.0", "threads": 1, **hw}
     return CostCurve(hardware=hardware, model={"name": "smollm2-135m", "dtype": "float32"}, block_size=4,

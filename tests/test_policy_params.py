@@ -95,3 +95,34 @@ def test_controller_builds_its_policy_once(built, make_curve):
     with pytest.raises(ValueError, match="already built"):
         RatioController(curve, 4, policy, ratios=[1.0])
     assert built == Counter({"fine": 1, "dcut": 1})
+
+
+@pytest.mark.parametrize("raw, value", [("False", False), ("false", False), ("FALSE", False), ("True", True),
+                                        ("true", True), ("tRuE", True), ("None", None), ("null", None),
+                                        ("1", 1), ("0", 0), ("0.25", 0.25), ("[0.5,1.0]", [0.5, 1.0]),
+                                        ("ratio", "ratio")])
+def test_param_values_take_the_spellings_help_prints(raw, value):
+    """--param values: the booleans and None as --help prints the defaults (True, False, None) in any
+    case, JSON as before; 1 and 0 stay integers (a boolean parameter refuses them)."""
+    from dcut_sched.cli import engine, sim
+    from dcut_sched.cli.args import param_value
+
+    got = param_value(raw, "fine.feedback")
+    assert got == value and type(got) is type(value)
+    assert sim._param(f"fine.feedback={raw}") == ("fine", "feedback", got)
+    assert engine._param(f"feedback={raw}") == ("feedback", got)
+
+
+def test_boolean_param_from_the_command_line(tmp_path):
+    """dcut-sim --param fine.feedback=False runs fine without feedback, labelled as --help spells it;
+    1 is an integer, which a boolean parameter refuses."""
+    import pandas as pd
+
+    from dcut_sched.cli import sim
+
+    base = ["--trace", str(trace_path("dflash-qwen3-8b-gsm8k-b16.parquet")), "--policies", "fine",
+            "--batch-sizes", "4", "--steps", "30", "--warmup", "5", "--jobs", "1", "--quiet"]
+    out = tmp_path / "o.csv"
+    assert sim.main([*base, "--param", "fine.feedback=False", "--out", str(out)]) == 0
+    assert set(pd.read_csv(out)["policy"]) == {"ar", "fine(feedback=False)"}
+    assert sim.main([*base, "--param", "fine.feedback=1"]) == 2

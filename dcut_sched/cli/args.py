@@ -13,7 +13,8 @@
 - :func:`check_json_input`: a JSON input refused before any work unless it reads under
   :func:`dcut_sched.util.inputs.parse_json_strict` (no repeated key, no number longer than 64 digits,
   bounded nesting).
-- :func:`param_value`: the value of a ``--param`` flag, strict JSON or else a plain string.
+- :func:`param_value`: the value of a ``--param`` flag: strict JSON, ``True``/``False``/``None`` in any
+  case, or else a plain string.
 - :func:`comma_list`: the one comma-separated list type (batch sizes, layers, ratios, policy names),
   at most :data:`MAX_LIST_ITEMS` items.
 """
@@ -286,10 +287,18 @@ def check_json_input(path: str | os.PathLike | None, flag: str, what: str) -> No
         raise UsageError(f"{flag} {exc}; give {what}") from None
 
 
+#: ``--param`` spellings of the booleans and of ``None`` besides JSON's ``true``/``false``/``null``, in
+#: any case: the spellings ``--help`` prints the defaults in and a result's label holds
+#: (``fine(feedback=False)``). Numbers stay numbers: ``1``/``0`` are not booleans (a policy's
+#: parameter check keeps booleans and numbers apart).
+PARAM_WORDS = {"true": True, "false": False, "none": None, "null": None}
+
+
 def param_value(raw: str, where: str) -> Any:
     """The value of a ``--param KEY=VALUE`` flag: ``raw`` as strict JSON (numbers, booleans, lists,
-    objects; ``NaN``/``Infinity`` parse as floats for the policy's check, which names the key), or
-    ``raw`` itself when it is not JSON at all (``--param dcut.mode=fast``).
+    objects; ``NaN``/``Infinity`` parse as floats for the policy's check, which names the key), a
+    boolean or ``None`` for a word of :data:`PARAM_WORDS` in any case (``True``, ``false``, ``None``),
+    or ``raw`` itself when it is not JSON at all (``--param dcut.mode=fast``).
 
     Raises:
         argparse.ArgumentTypeError: JSON that breaks a rule of
@@ -298,6 +307,9 @@ def param_value(raw: str, where: str) -> Any:
     """
     from ..util.inputs import InputFileError, JSONSyntaxError, parse_json_strict
 
+    word = raw.strip().lower()
+    if word in PARAM_WORDS:
+        return PARAM_WORDS[word]
     try:
         return parse_json_strict(raw, where, allow_nonfinite=True)
     except JSONSyntaxError:

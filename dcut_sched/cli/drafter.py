@@ -33,10 +33,11 @@ def build_parser() -> CliParser:
     p = CliParser(prog=PROG, description="Train and evaluate the DFlash block drafter of SmolLM2-135M-Instruct.",
                   formatter_class=argparse.RawDescriptionHelpFormatter,
                   epilog=("examples:\n"
-                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data 30-35 min on 2 cores)\n"
+                          f"  dcut-drafter train --out {DEFAULT_OUT}            # the shipped drafter (data: estimated 30-35 min "
+                          "on 2 free cores, 67 min measured on shared ones; docs/drafters.md, Budget)\n"
                           "  dcut-drafter train --out /tmp/smoke --steps 20 --max-train-prompts 8 --max-eval-prompts 4 "
                           "--max-new-tokens 32 --eval-max-new-tokens 32\n"
-                          f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16   # tau table, seconds\n"
+                          f"  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16 --threads 1   # tau table, seconds\n"
                           f"  dcut-drafter calibrate --draft {DEFAULT_OUT} --out /tmp/prior.json   # refit its prior "
                           "(~7 min on 2 cores)\n"))
     sub = p.add_subparsers(dest="command", required=True)
@@ -51,9 +52,12 @@ def build_parser() -> CliParser:
                         "in --out (without it, either of other settings is refused)")
     t.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default dcut_sched/data/traces/prompts.jsonl)")
-    t.add_argument("--seed", type=seed_type, default=d.seed)
-    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps)
-    t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers")
+    t.add_argument("--seed", type=seed_type, default=d.seed,
+                   help="seeds the prompt generator, the sampled continuations, the initial weights and the draws of "
+                        "sequences and anchors (default: %(default)s)")
+    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps,
+                   help="optimisation steps (default: %(default)s)")
+    t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers (default: %(default)s)")
     t.add_argument("--draft-vocab", type=int_at_least(0, 1_000_000), default=d.draft_vocab_size,
                    help="draft vocabulary size (0 = the target's whole vocabulary and LM head)")
     t.add_argument("--num-prompts", type=int_at_least(0, 100_000), default=d.num_generated_prompts,
@@ -78,9 +82,13 @@ def build_parser() -> CliParser:
     t.add_argument("--loss", choices=LOSSES, default=d.loss,
                    help="ce: the target's tokens; kl/tv: distillation against its top-k; lk: kl plus acceptance "
                         "(docs/drafters.md, Losses)")
-    t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step)
-    t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq)
-    t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every)
+    t.add_argument("--seqs-per-step", type=int_at_least(1, 4096), default=d.seqs_per_step,
+                   help="training sequences per optimisation step (default: %(default)s)")
+    t.add_argument("--blocks-per-seq", type=int_at_least(1, 4096), default=d.blocks_per_seq,
+                   help="draft blocks (anchors) drawn from each sequence per step (default: %(default)s)")
+    t.add_argument("--eval-every", type=int_at_least(1, 1_000_000), default=d.eval_every,
+                   help="steps between held-out evaluations on a fixed subset of the eval sequences "
+                        "(default: %(default)s)")
     t.add_argument("--max-train-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the train prompts (smoke)")
     t.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, help="truncate the eval prompts (smoke)")
     t.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
@@ -91,7 +99,9 @@ def build_parser() -> CliParser:
                                    "bonus token included) per prompt category, at the drafter's block size and at "
                                    "B = 8. Prints a table (or JSON with --json -) and progress on stderr.",
                        epilog=(f"examples:\n  dcut-drafter eval {DEFAULT_OUT} --max-eval-prompts 4 --max-new-tokens 16"
-                               f"   # seconds\n  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json   # all, tens of minutes\n"))
+                               f" --threads 1   # seconds\n  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json --threads 1"
+                               "   # all, tens of minutes\n(--threads 1 when other jobs share the cores: torch threads "
+                               "that wait on each other make it several times slower)\n"))
     e.add_argument("folder", help="the drafter folder (config.json, model.safetensors)")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default: the shipped prompt set, "
@@ -318,7 +328,8 @@ def _eval(args) -> int:
     with RunProgress(f"{PROG} eval {Path(args.folder).name}", len(prompts), "prompts") as bar:
         seqs = continue_prompts(target, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0,
                                 on_batch=lambda n: bar.update(advance=n, detail="target continuations"))
-        bar.note("target features and drafts")
+        bar.update(detail="target features and drafts")
+        bar.note(f"{bar.label}: {len(seqs)} target continuations done; next: the target's features and the drafts")
         sequence_features(target, seqs, model.config.target_layer_ids)
         embed = target.embed_tokens.weight
         out = {}

@@ -38,8 +38,8 @@ ESTIMATE_AFTER_STEPS = 5
 
 
 def _param(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE``; VALUE is strict JSON when it parses (numbers, lists), else a string
-    (:func:`~dcut_sched.cli.args.param_value`)."""
+    """``KEY=VALUE``; VALUE is strict JSON when it parses (numbers, lists), a boolean or None for
+    ``True``/``False``/``None`` in any case, else a string (:func:`~dcut_sched.cli.args.param_value`)."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text[:80]!r}: expected KEY=VALUE, e.g. rho=0.25")
@@ -104,7 +104,8 @@ def build_parser() -> CliParser:
     g.add_argument("--policy", default=policies.DEFAULT_POLICY, choices=policies.names(),
                    help="verification policy (default: %(default)s, the project's default everywhere)")
     g.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
-                   help="policy parameter, repeatable (e.g. rho=0.5, tau=0.3, granularity=4)")
+                   help="policy parameter, repeatable (e.g. rho=0.5, tau=0.3, granularity=4, feedback=False; booleans: "
+                        "True/False or true/false)")
     g.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True,
                    help="score per-depth calibrated confidences, learnt online from the drafter's calibration.json "
                         "prior (dflash:PATH) or the identity (default: on; --no-calibrate scores raw confidences)")

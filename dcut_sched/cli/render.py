@@ -84,6 +84,21 @@ def render_open_benchmarks(df, console, num_benchmarks: int, prog: str) -> None:
                        "smaller batches (mean batch) and below saturation goodput is about the offered load.")
 
 
+def _values(column) -> str:
+    """The distinct values of an integer row column, in order: ``400`` or ``400/800``."""
+    return "/".join(str(int(v)) for v in sorted(set(column)))
+
+
+def open_runs_note(df) -> str:
+    """What each open-loop run ran, from the rows' own ``measured_requests``, ``warmup_requests`` and
+    ``steps``: the arrivals per run, those left out of the latencies, and the engine steps (these vary)."""
+    steps = df["steps"]
+    arrivals = df["measured_requests"] + df["warmup_requests"]
+    return (f"{_values(arrivals)} Poisson arrivals per run, first {_values(df['warmup_requests'])} left out "
+            f"of latencies (warm-up); {int(steps.min()):,}-{int(steps.max()):,} engine steps per run (until the "
+            f"last request finished)")
+
+
 def render_benchmarks(df, console, args, cost: str, prog: str) -> None:
     """The published protocol's table: mean speedup over the benchmarks per policy and batch size."""
     mean = benchmark_table(df)
@@ -111,8 +126,8 @@ def render_benchmarks(df, console, args, cost: str, prog: str) -> None:
         f"benchmarks: {', '.join(names)}",
         f"cost {cost}" + (f" (draft step x{args.draft_scale:g})" if args.draft_scale != 1.0 else "")
         + f"; plain step C_ar: {df['plain_step'].iat[0]}",
-        f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}; "
-        f"--out keeps one row per (trace, policy, batch size)",
+        (open_runs_note(df) if open_loop else f"{args.steps} steps per run, first {args.warmup} left out (warm-up)")
+        + f"; seed {args.seed}; --out keeps one row per (trace, policy, batch size)",
     ]
     cycles = int(df["trace_cycles"].max())
     if cycles:
@@ -141,8 +156,7 @@ def render_runs(df, console, args, traces, costs, prog: str) -> None:
         if args.mode == "closed":
             notes.append(f"{args.steps} steps per run, first {args.warmup} left out (warm-up); seed {args.seed}")
         else:
-            notes.append(f"{args.requests} Poisson arrivals per run, first {args.requests // 10} left out of "
-                         f"latencies; prefill: {part['prefill'].iat[0]}; seed {args.seed}")
+            notes.append(f"{open_runs_note(part)}; prefill: {part['prefill'].iat[0]}; seed {args.seed}")
         cycles = int(part["trace_cycles"].max())
         if cycles:
             notes.append(f"note: the trace ran out and was cycled {cycles} time(s) with a fresh offset "

@@ -57,8 +57,8 @@ def _int_list(item: str) -> "callable":
 
 
 def _param(text: str) -> tuple[str, str, Any]:
-    """``POLICY.KEY=VALUE``; VALUE is strict JSON when it parses (numbers, lists), else a string
-    (:func:`~dcut_sched.cli.args.param_value`)."""
+    """``POLICY.KEY=VALUE``; VALUE is strict JSON when it parses (numbers, lists), a boolean or None for
+    ``True``/``False``/``None`` in any case, else a string (:func:`~dcut_sched.cli.args.param_value`)."""
     head, sep, raw = text.partition("=")
     policy, dot, key = head.partition(".")
     if not sep or not dot or not policy or not key:
@@ -117,7 +117,8 @@ def _add_run_flags(p: CliParser, policies, defaults) -> None:
                         f"baseline (default: all for one --trace; {','.join(defaults.DEFAULT_BENCHMARK_POLICIES)} for "
                         "the five-benchmark main job)")
     g.add_argument("--param", type=_param, action="append", default=[], metavar="POLICY.KEY=VALUE",
-                   help="policy parameter, repeatable, e.g. --param uniform.rho=0.25 --param dcut.ratios=[0.5,1.0]")
+                   help="policy parameter, repeatable, e.g. --param uniform.rho=0.25 --param dcut.ratios=[0.5,1.0] "
+                        "--param fine.feedback=False (booleans: True/False or true/false)")
     g.add_argument("--batch-sizes", type=_int_list("batch size"), default=list(defaults.DEFAULT_BATCH_SIZES), metavar="LIST",
                    help="comma-separated batch sizes (open loop: maximum batch sizes) (default: %(default)s)")
     g.add_argument("--mode", choices=("closed", "open"), default="closed",
@@ -162,7 +163,8 @@ def _add_loop_and_output_flags(p: CliParser, defaults) -> None:
     g.add_argument("--prefill-ms", type=finite_float(0.0, MAX_MS), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
     g.add_argument("--slo-tpot-ms", type=finite_float(0.0, open_low=True), default=None, help="TPOT objective: goodput counts only requests that meet it")
     g = p.add_argument_group("output")
-    g.add_argument("--out", metavar="FILE", help="detail results, one row per (policy, batch size): .csv, .parquet or .json")
+    g.add_argument("--out", metavar="FILE", help="detail results, one row per (trace, policy, batch size) (--sweep: also "
+                   "per cost curve; --seeds: also per seed): .csv, .parquet or .json")
     g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no table (files only)")
     g = p.add_argument_group("selection curve (instead of the speedup table)")

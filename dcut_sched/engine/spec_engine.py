@@ -39,8 +39,8 @@ Greedy verification is lossless: every committed token is the target's argmax gi
 prefix, so the output equals plain greedy decoding (:func:`dcut_sched.model.generate.greedy_generate`)
 token for token, whatever the policy (up to floating-point near-ties between differently shaped
 forwards; see ``greedy_generate``'s note). ``oracle`` needs the true acceptance before planning: the
-engine verifies the whole block to learn it, then plans with it (an upper bound for comparisons, not
-a deployable policy; its step cost is that of ``full``).
+engine verifies the whole block to learn it, then plans with it (a reference for comparisons, not
+a deployable policy, and no upper bound: its step cost is that of ``full``).
 
 Code layout (after gpt-fast's ``speculative_decode()`` beside ``generate()``): one step is the free
 function :func:`~dcut_sched.engine.decode_step.speculative_step` (draft, plan, verify, commit, feedback),

@@ -44,7 +44,7 @@ DEFAULT_NUM_STEPS = 1500
 #: Closed loop: leading steps left out of the steady-state figures.
 DEFAULT_WARMUP_STEPS = 200
 #: The main job (several benchmarks): the published comparison (DFlash = full, D-Cut = dcut), the
-#: project's fine and the oracle bound; ``--policies all`` runs every registered policy.
+#: project's fine and oracle (knows the acceptance, always drafts); ``--policies all`` runs every registered policy.
 DEFAULT_BENCHMARK_POLICIES = ("ar", "full", "dcut", "fine", "oracle")
 #: The main job: steps per (benchmark, policy, batch size), warm-up included; shorter than a single
 #: trace's run so the five-benchmark table stays interactive (the mean over five benchmarks averages

@@ -32,6 +32,10 @@ def test_eval_table_and_json(tmp_path, capsys):
     assert "held-out tau (3 prompts x 8 greedy tokens)" in captured.out
     assert f"{tau['B16/greedy']['all']:.2f}" in captured.out and f"wrote {out}" in captured.out
     assert "dcut-drafter eval smollm2-135m-dflash: 3/3 prompts" in captured.err
+    # the phase change is a progress line like the others, not a bare line
+    assert ("dcut-drafter eval smollm2-135m-dflash: 3 target continuations done; next: the target's features and "
+            "the drafts\n") in captured.err
+    assert "target features and drafts" not in captured.err.splitlines()
 
 
 def test_eval_refuses_an_unknown_json_suffix_before_loading(tmp_path, capsys, monkeypatch):

@@ -220,6 +220,8 @@ def test_help_lists_flags(capsys):
     for flag in ("--trace", "--cost", "--policies", "--batch-sizes", "--mode", "--out", "--plot", "--sweep",
                  "--selection-curve", "--calibrate"):
         assert flag in text
+    words = " ".join(text.split())  # argparse wraps to the terminal width
+    assert "--out FILE detail results, one row per (trace, policy, batch size) (--sweep: also per cost curve" in words
 
 
 def test_open_loop_table_shows_batch_goodput_and_percentiles(files, tmp_path, capsys):
@@ -240,6 +242,25 @@ def test_open_loop_table_shows_batch_goodput_and_percentiles(files, tmp_path, ca
         cells = [c.strip() for c in row.strip("│ ").split("│")]
         assert cells[:4] == ["4", f"{r.rate_rps:.2f}", r.policy, f"{r.speedup_vs_ar:.2f}x"]
         assert cells[4:7] == [f"{r.mean_batch_size:.1f}", f"{r.goodput_tokens_per_s:,.0f}", f"{r.tpot_ms_p50:.2f}"]
+
+
+def test_open_loop_footer_states_the_arrivals_the_rows_ran(files, tmp_path, capsys, make_curve):
+    """Open loop, one trace and several (the benchmark table): the footer names the arrivals per run, the
+    warm-up arrivals and the engine steps the rows carry, never the closed loop's steps per run."""
+    trace, cost = files
+    other = random_trace(num_requests=5, block_size=4, max_len=16, seed=7)
+    other_path = tmp_path / "u.parquet"
+    other.save(other_path)
+    for traces in (["--trace", trace], ["--trace", trace, "--trace", other_path]):
+        out = tmp_path / "open.json"
+        rc, text, err = run([*traces, "--cost", cost, "--mode", "open", "--batch-sizes", "2,4",
+                             "--policies", "dcut", "--requests", "30", "--out", out], capsys)
+        assert rc == 0, err
+        df = pd.DataFrame(json.loads(out.read_text())["rows"])
+        assert set(df["requests"]) == {30} and set(df["warmup_requests"]) == {3}
+        steps = f"{df['steps'].min():,}-{df['steps'].max():,} engine steps per run"
+        assert "30 Poisson arrivals per run, first 3 left out of latencies (warm-up); " + steps in text
+        assert "steps per run, first" not in text
 
 
 def test_plot_names_its_inputs_and_is_deterministic(files, tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""SimConfig: one validated object of every simulation option (issue 16, item 7)."""
+"""SimConfig: one validated object of every simulation option."""
 
 from __future__ import annotations
 
