@@ -16,7 +16,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from .args import MAX_SEED, check_paths, finite_float, int_at_least, seed_type
 from .drafter_card import plot_curve, write_card, write_curve
@@ -114,6 +114,12 @@ def build_parser() -> CliParser:
                    help="also write tau as JSON to PATH (.json, written atomically), or print it instead of the "
                         "table with '-'")
     e.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
+    _add_calibrate(sub)
+    return p
+
+
+def _add_calibrate(sub) -> None:
+    """The ``calibrate`` subcommand's parser."""
     c = sub.add_parser("calibrate", help="fit the per-depth calibration prior on training prompts, write calibration.json",
                        description="Fit the drafter's per-depth calibration prior (sigmoid(a_t + b logit(c_t)), "
                                    "docs/design.md 2.7) by maximum likelihood on a split of its TRAINING prompts "
@@ -135,7 +141,6 @@ def build_parser() -> CliParser:
     c.add_argument("--eval-prompts", default=None,
                    help="the held-out prompt file the training split excludes (default: the shipped prompt set)")
     c.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
-    return p
 
 
 #: ``calibrate``'s defaults: training prompts and tokens per continuation.
@@ -348,14 +353,6 @@ def _eval(args) -> int:
     return 0
 
 
-def calibration_prompts(train, count: int) -> list:
-    """``count`` prompts spread evenly over the training list ``train`` (every category, the
-    HumanEval ones included), in list order."""
-    if count >= len(train):
-        return list(train)
-    return [train[round(i * (len(train) - 1) / (count - 1))] for i in range(count)]
-
-
 def calibration_blocks(model, target, seqs):
     """:func:`~dcut_sched.drafters.heldout.calibration_blocks` at the drafter's block size; no anchor
     is a usage error."""
@@ -369,56 +366,11 @@ def calibration_blocks(model, target, seqs):
         raise UsageError("no anchor to draft from: the continuations are empty (raise --max-new-tokens)") from None
 
 
-def calibration_training_list(trained: dict, seed: int, eval_prompts: str) -> Callable[[Any, Any], tuple[list, str]]:
-    """``make(target, tokenizer) -> (prompts, provenance line)``: the training prompt list of the
-    drafter whose ``heldout.json`` settings are ``trained``, with ``seed``. A drafter of the first
-    data pipeline (settings without ``num_gsm8k``: templated prompts and HumanEval) gets
-    :func:`~dcut_sched.drafters.data.legacy_prompt_split`'s list; any other the first turns of
-    :func:`~dcut_sched.drafters.datagen.training_list` of its data settings (the target writes the
-    self-instruct requests again, as in training).
-
-    Raises:
-        ValueError, TypeError, KeyError: ``trained`` is not a drafter's training settings (raised
-            here, before any model is loaded).
-    """
-    import dataclasses
-
-    from ..drafters import datagen
-    from ..drafters.data import legacy_prompt_split
-    from ..drafters.train import TrainSettings, in_calibration_split
-    from ..traces.prompts import Prompt
-
-    if "num_gsm8k" not in trained:
-        count = int(trained["num_generated_prompts"])
-        if count < 0:
-            raise ValueError(f"num_generated_prompts must be >= 0, not {count}")
-
-        def legacy(target, tokenizer) -> tuple[list, str]:
-            return (legacy_prompt_split(count, seed, eval_prompts)[0],
-                    f"training prompts of legacy_prompt_split({count}, seed {seed})")
-
-        return legacy
-    names = {f.name for f in dataclasses.fields(TrainSettings)}
-    fields = {k: tuple(v) if k == "block_sizes" else v for k, v in trained.items() if k in names}
-    data = datagen.DataSettings.from_train(dataclasses.replace(TrainSettings(**fields), seed=seed), eval_prompts, ())
-
-    every = int(trained.get("calibration_every", 0))
-
-    def current(target, tokenizer) -> tuple[list, str]:
-        convs, _ = datagen.training_list(data, target, tokenizer)
-        if every:  # a drafter trained with a calibration split: that split, never trained on
-            convs = [c for c in convs if in_calibration_split(c.id, every)]
-        return ([Prompt(c.id, c.category, c.turns[0]) for c in convs],
-                f"first turns of the {len(convs)} " + ("calibration-split" if every else "training")
-                + f" conversations of datagen.training_list (the data settings of the drafter's heldout.json, seed {seed})")
-
-    return current
-
-
 def _calibrate(args) -> int:
     import torch
 
     from ..calibration import PRIOR_NAME, calibration_report, fit_prior
+    from ..drafters.calibration_split import calibration_prompts, calibration_training_list
     from ..drafters.checkpoint import CONFIG_NAME, WEIGHTS_NAME, load_checkpoint
     from ..drafters.data import continue_prompts, sequence_features
     from ..drafters.sources import check_sources, sources_used

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dcut_sched.calibration import CalibrationPrior
-from dcut_sched.cli.drafter import calibration_blocks, calibration_prompts
+from dcut_sched.cli.drafter import calibration_blocks
+from dcut_sched.drafters.calibration_split import calibration_prompts, calibration_training_list
 from dcut_sched.drafters.checkpoint import DraftCheckpointError, load_checkpoint, save_checkpoint
 from dcut_sched.drafters.data import DraftSequence, sequence_features
 from dcut_sched.drafters.dflash import DFlashConfig, DFlashDraftModel
@@ -58,7 +59,6 @@ def test_calibration_prompts_spread_over_the_training_list():
 def test_calibration_list_is_the_list_the_drafter_was_trained_on():
     from dataclasses import replace
 
-    from dcut_sched.cli.drafter import calibration_training_list
     from dcut_sched.drafters import datagen
     from dcut_sched.drafters.data import generated_prompts, humaneval_prompts, load_prompt_records
     from dcut_sched.drafters.train import TrainSettings, in_calibration_split
