@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcut_sched.calibration import OnlineCalibrator, censored_outcomes, expected_calibration_error  # noqa: E402
 from dcut_sched.scores import slot_scores  # noqa: E402
 from dcut_sched.traces import Trace  # noqa: E402
-from dcut_sched.util.tables import write_table  # noqa: E402
+from dcut_sched.util.tables import show_table  # noqa: E402
 
 
 def evaluate(name, transform, conf, accept_len, block):
@@ -81,9 +81,7 @@ def main(argv=None) -> int:
     table.insert(0, "fit_rows", int(fit.sum()))
     print(f"trace {args.trace}: B={block}, {trace.num_requests} requests, {trace.num_rows} rows, "
           f"indexing={trace.indexing}, censored={trace.metadata.get('accept_len_censored', 'false')}")
-    print(table.to_string(index=False))
-    if args.out:
-        write_table(table, args.out)
+    show_table(table, args.out)
     return 0
 
 

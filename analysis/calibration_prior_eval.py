@@ -36,7 +36,7 @@ from dcut_sched.calibration import (  # noqa: E402
     reached_slots,
 )
 from dcut_sched.traces import Trace  # noqa: E402
-from dcut_sched.util.tables import write_table  # noqa: E402
+from dcut_sched.util.tables import show_table  # noqa: E402
 
 
 def slots_left(trace: Trace) -> np.ndarray:
@@ -96,9 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the table (.csv, .json or .parquet)")
     args = ap.parse_args(argv)
     table = evaluate(Trace.load(args.trace), CalibrationPrior.load(args.prior), args.batch_size)
-    print(table.to_string(index=False))
-    if args.out:
-        write_table(table, args.out)
+    show_table(table, args.out)
     return 0
 
 

@@ -55,8 +55,7 @@ def build_parser() -> CliParser:
     t.add_argument("--seed", type=seed_type, default=d.seed,
                    help="seeds the prompt generator, the sampled continuations, the initial weights and the draws of "
                         "sequences and anchors (default: %(default)s)")
-    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps,
-                   help="optimisation steps (default: %(default)s)")
+    t.add_argument("--steps", type=int_at_least(1, 1_000_000), default=d.steps, help="optimisation steps (default: %(default)s)")
     t.add_argument("--layers", type=int_at_least(1, 64), default=d.num_layers, help="drafter decoder layers (default: %(default)s)")
     t.add_argument("--draft-vocab", type=int_at_least(0, 1_000_000), default=d.draft_vocab_size,
                    help="draft vocabulary size (0 = the target's whole vocabulary and LM head)")

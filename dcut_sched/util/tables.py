@@ -25,7 +25,7 @@ import pandas as pd
 
 from .atomic import atomic_path
 
-__all__ = ["TABLE_SUFFIXES", "read_table", "table_suffix", "write_table"]
+__all__ = ["TABLE_SUFFIXES", "read_table", "show_table", "table_suffix", "write_table"]
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".json")
 
@@ -93,6 +93,13 @@ def write_table(frame: pd.DataFrame, path: str | os.PathLike, *, float_format: s
         else:
             doc = {"attrs": dict(frame.attrs), "rows": json.loads(frame.to_json(orient="records", default_handler=str))}
             tmp.write_text(json.dumps(doc, indent=1, default=_default) + "\n", encoding="utf-8")
+
+
+def show_table(frame: pd.DataFrame, out: str | os.PathLike | None = None) -> None:
+    """Print ``frame`` as plain text (no index) and, given ``out``, write it there (:func:`write_table`)."""
+    print(frame.to_string(index=False))
+    if out:
+        write_table(frame, out)
 
 
 def read_table(path: str | os.PathLike) -> pd.DataFrame:
