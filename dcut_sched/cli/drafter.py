@@ -273,6 +273,7 @@ def _check_out_folder(text: str | None) -> Path:
 def _eval(args) -> int:
     import torch
 
+    from ..drafters import drafter_files
     from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
         HUMANEVAL_EVAL_EVERY,
@@ -290,7 +291,8 @@ def _eval(args) -> int:
     from .render import render_tau
 
     json_out = None if args.json in (None, "-") else args.json
-    check_paths({"folder": args.folder, "--eval-prompts": args.eval_prompts},
+    check_paths({"folder": [*drafter_files(args.folder), str(Path(args.folder) / "heldout.json")],  # calibrate reads it
+                 "--eval-prompts": args.eval_prompts},
                 {"--json": (json_out, (".json",))} if json_out else {})
     cfg = read_config(args.folder)
     try:  # before the weights and the target are read
