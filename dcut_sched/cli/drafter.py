@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..util.inputs import read_text
 from .args import MAX_SEED, check_paths, finite_float, int_at_least, seed_type
 from .drafter_card import plot_curve, write_card, write_curve
 from .errors import CliParser, UsageError, run_cli
@@ -259,9 +260,8 @@ def _check_out_folder(text: str | None) -> Path:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder for the drafter")
     if out.is_dir() and any(out.iterdir()):
-        cfg = out / "config.json"
-        try:
-            ours = json.loads(cfg.read_text()).get("architectures") == ["DFlashDraftModel"]
+        try:  # read_text refuses a pipe or device by name: reading one would block
+            ours = json.loads(read_text(out / "config.json")).get("architectures") == ["DFlashDraftModel"]
         except (OSError, ValueError, AttributeError):
             ours = False
         if not ours:

@@ -25,6 +25,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from ..util.atomic import _signals_held, _umask, missing_folders, remove_empty_folders
+from ..util.inputs import read_text
 from .data import DraftSequence
 
 __all__ = ["TrainState", "TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
@@ -264,7 +265,7 @@ def check_drafter_folder(out: Path, settings: dict, *, fresh: bool, owned_files:
                            "replacing the folder would lose them: give a new or empty folder")
     card = out / "heldout.json"
     try:
-        saved = json.loads(card.read_text(encoding="utf-8"))
+        saved = json.loads(read_text(card, "a drafter's heldout.json"))  # a pipe refused, not read (it would block)
         saved_settings = saved["settings"]
         if not isinstance(saved_settings, dict) or not str(saved.get("command", "")).startswith("dcut-drafter train"):
             raise ValueError

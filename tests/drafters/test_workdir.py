@@ -354,3 +354,19 @@ def test_a_damaged_data_sidecar_is_rewritten_not_decoded(run, tmp_path):
     side.write_bytes(b"\xff\xfe\x00garbage")
     assert run("--steps", "2", out="e")[0] == 0
     assert side.read_bytes() == good
+
+
+@pytest.mark.parametrize("name", ["config.json", "heldout.json"])
+def test_a_pipe_in_out_is_refused_not_read(run, tmp_path, name):
+    """``--out``'s config.json and heldout.json were read with ``Path.read_text``: a named pipe there
+    blocked the run for ever before it started."""
+    import os
+
+    assert run("--steps", "2")[0] == 0
+    out = tmp_path / "d"
+    (out / name).unlink()
+    os.mkfifo(out / name)
+    needle = ("holds other files and no DFlash drafter" if name == "config.json"
+              else f"{out / name} is missing or unreadable")
+    _one_line(*run("--steps", "2"), f"--out {out}", needle)
+    assert (out / "model.safetensors").is_file()
