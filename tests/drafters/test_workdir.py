@@ -370,3 +370,12 @@ def test_a_pipe_in_out_is_refused_not_read(run, tmp_path, name):
               else f"{out / name} is missing or unreadable")
     _one_line(*run("--steps", "2"), f"--out {out}", needle)
     assert (out / "model.safetensors").is_file()
+
+
+def test_no_calibration_split_is_not_called_empty_continuations():
+    """A smoke run with no calibration split logged "no anchor to draft from (every continuation is
+    empty)", though no continuation was empty: there was none."""
+    from dcut_sched.drafters.heldout import calibration_blocks
+
+    with pytest.raises(ValueError, match=r"no anchor to draft from \(no sequence given\)"):
+        calibration_blocks(None, [], 16, None, None)
