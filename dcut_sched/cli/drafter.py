@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ..util.inputs import read_text
 from .args import MAX_SEED, check_paths, finite_float, int_at_least, seed_type
 from .drafter_card import plot_curve, write_card, write_curve
 from .errors import CliParser, UsageError, run_cli
@@ -277,9 +278,8 @@ def _check_out_folder(text: str | None) -> Path:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder for the drafter")
     if out.is_dir() and any(out.iterdir()):
-        cfg = out / "config.json"
-        try:
-            ours = json.loads(cfg.read_text()).get("architectures") == ["DFlashDraftModel"]
+        try:  # read_text refuses a pipe or device by name: reading one would block
+            ours = json.loads(read_text(out / "config.json")).get("architectures") == ["DFlashDraftModel"]
         except (OSError, ValueError, AttributeError):
             ours = False
         if not ours:
@@ -291,6 +291,7 @@ def _check_out_folder(text: str | None) -> Path:
 def _eval(args) -> int:
     import torch
 
+    from ..drafters import drafter_files
     from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
         HUMANEVAL_EVAL_EVERY,
@@ -308,7 +309,8 @@ def _eval(args) -> int:
     from .render import render_tau
 
     json_out = None if args.json in (None, "-") else args.json
-    check_paths({"folder": args.folder, "--eval-prompts": args.eval_prompts},
+    check_paths({"folder": [*drafter_files(args.folder), str(Path(args.folder) / "heldout.json")],  # calibrate reads it
+                 "--eval-prompts": args.eval_prompts},
                 {"--json": (json_out, (".json",))} if json_out else {})
     cfg = read_config(args.folder)
     try:  # before the weights and the target are read

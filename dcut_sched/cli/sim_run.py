@@ -279,7 +279,10 @@ def load_inputs(args):
         args.policies = list(d.DEFAULT_BENCHMARK_POLICIES)
     config = _sim_config(args, num_steps=args.steps, warmup_steps=args.warmup, policies=args.policies, costs=costs)
     if args.scheduler == "dask" and not (args.sweep and args.scheduler_address):
-        raise UsageError("--scheduler dask runs a --sweep on a cluster: add --sweep and --scheduler-address ADDR")
+        missing = " and ".join(([] if args.sweep else ["--sweep"])
+                               + ([] if args.scheduler_address else ["--scheduler-address ADDR"]))
+        empty = " (the address given is empty)" if args.scheduler_address is not None and args.sweep else ""
+        raise UsageError(f"--scheduler dask runs a --sweep on a cluster: add {missing}{empty}")
     if args.scheduler_address and args.scheduler != "dask":
         raise UsageError("--scheduler-address is for --scheduler dask")
     if args.scheduler_timeout is not None and args.scheduler != "dask":

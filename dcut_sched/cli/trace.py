@@ -182,11 +182,6 @@ def _cmd_record(args: argparse.Namespace) -> int:
         raise UsageError(f"--temperature/--top-p/--top-k/--seed: {exc}") from None
     if not sampling.is_greedy and args.backend == "hf":
         raise UsageError("--temperature > 0 needs --backend native (the hf backend records greedy traces only)")
-    if not args.fresh:
-        try:
-            load_partial(partial_path(args.out))  # a damaged partial file is refused before the model loads
-        except RecordError as exc:
-            raise UsageError(str(exc)) from None
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -195,6 +190,11 @@ def _cmd_record(args: argparse.Namespace) -> int:
         raise UsageError(f"--prompts: {exc}") from None
     if args.limit is not None:  # --limit >= 1 and --block-size >= 2: their argparse types
         prompts = prompts[: args.limit]
+    if not args.fresh:
+        try:
+            load_partial(partial_path(args.out), prompts)  # a damaged partial file is refused before the model loads
+        except RecordError as exc:
+            raise UsageError(str(exc)) from None
     t0 = time.perf_counter()
     try:
         if args.backend == "hf":

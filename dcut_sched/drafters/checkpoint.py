@@ -167,6 +167,9 @@ class HFDraftConfig(BaseModel):
     rms_norm_eps: float = Field(gt=0, allow_inf_nan=False)
     tie_word_embeddings: bool = False
     draft_vocab_size: int | None = Field(None, gt=0)
+    #: the top-level copy of ``dflash_config.block_size`` (:func:`hf_config` writes both): when both are
+    #: given they must agree; a config with only this one uses it
+    block_size: int | None = Field(None, ge=2, le=1024)
     dflash_config: _DFlashSection
     dcut_sched: _DcutSection | None = None
 
@@ -181,6 +184,11 @@ def _config_from_hf(path: Path, raw: dict) -> DFlashConfig:
         raise DraftCheckpointError(f"{path}: field architectures is {h.architectures!r}, expected "
                                    "['DFlashDraftModel'] (not a DFlash drafter checkpoint)")
     dc = h.dflash_config
+    if h.block_size is not None and "block_size" not in dc.model_fields_set:
+        dc = dc.model_copy(update={"block_size": h.block_size})
+    if h.block_size is not None and h.block_size != dc.block_size:
+        raise DraftCheckpointError(f"{path}: field block_size is {h.block_size}, field dflash_config.block_size is "
+                                   f"{dc.block_size}: the two copies must agree; {fix}")
     try:
         return DFlashConfig(
             hidden_size=h.hidden_size, num_layers=h.num_hidden_layers, num_heads=h.num_attention_heads,
@@ -264,6 +272,9 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
     if "d2t" in tensors and tensors["d2t"].dim() != 1:
         raise DraftCheckpointError(f"{w_path}: tensor d2t has shape {tuple(tensors['d2t'].shape)}, expected "
                                    f"[{cfg.draft_vocab_size}]")
+    if "d2t" in tensors and (tensors["d2t"].is_floating_point() or tensors["d2t"].dtype == torch.bool):
+        raise DraftCheckpointError(f"{w_path}: tensor d2t is {str(tensors['d2t'].dtype).removeprefix('torch.')}, "
+                                   "not integer token-id offsets (a fraction would be cut); re-save the drafter")
     sd = module_tensors(tensors)
     missing = sorted(_checkpoint_name(k) for k in set(own) - set(sd))
     extra = sorted(_checkpoint_name(k) for k in set(sd) - set(own))
@@ -275,6 +286,9 @@ def load_checkpoint(folder: str | os.PathLike, *, calibration: bool = True) -> D
         if tuple(v.shape) != tuple(own[k].shape):
             raise DraftCheckpointError(f"{w_path}: tensor {name} has shape {tuple(v.shape)}, the config says "
                                        f"{tuple(own[k].shape)}")
+        if own[k].is_floating_point() and not v.is_floating_point():
+            raise DraftCheckpointError(f"{w_path}: tensor {name} is {str(v.dtype).removeprefix('torch.')}, not a "
+                                       "floating type (its weights would be whole numbers); re-save the drafter")
         if v.is_floating_point() and not torch.isfinite(v.float()).all():
             raise DraftCheckpointError(f"{w_path}: tensor {name} holds non-finite values (in float32)")
     model = DFlashDraftModel(cfg)

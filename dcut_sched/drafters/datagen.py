@@ -398,8 +398,11 @@ def write_sidecar(path: Path, data: dict[str, Any]) -> None:
     side = path.with_suffix(".json")
     text = json.dumps({"sha256": data["sha256"], "key": data["key"], "stats": data["stats"]}, indent=2,
                       sort_keys=True) + "\n"
-    if side.is_file() and side.read_text() == text:
-        return
+    try:  # bytes: a damaged sidecar (not UTF-8) is replaced, never decoded
+        if side.is_file() and side.read_bytes() == text.encode():
+            return
+    except OSError:
+        pass
     tmp = side.with_name(side.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, side)

@@ -67,7 +67,8 @@ def calibration_blocks(model: DFlashDraftModel, seqs: Sequence[DraftSequence], b
             accept.append(row["accept_len"])
             slots.append(np.minimum(block_size - 1, s.length - s.prompt_len - 1 - row["pos"]))
     if not conf:
-        raise ValueError("calibration_blocks: no anchor to draft from (every continuation is empty)")
+        raise ValueError("calibration_blocks: no anchor to draft from ("
+                         + ("no sequence given)" if not seqs else "every continuation is empty)"))
     return np.concatenate(conf), np.concatenate(accept), np.concatenate(slots)
 
 

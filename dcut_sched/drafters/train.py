@@ -28,7 +28,7 @@ from .data import DraftSequence, token_counts
 from .datagen import DataSettings, generate_and_save, write_sidecar
 from .dflash import DFlashConfig, DFlashDraftModel, block_loss_weights, default_target_layer_ids
 from .heldout import acceptance, calibrate_on_split, depth_acceptance, tau_summary
-from .workdir import TrainState, WorkDir, WorkDirError, finite_or_raise, read_work_dir
+from .workdir import TrainState, WorkDir, WorkDirError, check_optimizer_state, finite_or_raise, read_work_dir
 
 __all__ = ["TrainSettings", "TrainState", "block_batch", "check_work_dir", "data_config", "data_settings",
            "in_calibration_split", "train_step", "run_training"]
@@ -397,6 +397,7 @@ def _start_model(settings: TrainSettings, cfg: DFlashConfig, target, train_seqs:
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise WorkDirError(f"{state_path}: its weights or optimizer state do not fit this drafter "
                            f"({type(exc).__name__}); pass --fresh to start over") from None
+    check_optimizer_state(opt, model, state_path)  # torch does not compare the moments with the weights
     state = saved["state"]
     log(f"resumed from {state_path} at step {state.step}")
     return model, opt, state

@@ -25,10 +25,11 @@ import torch
 from torch.torch_version import TorchVersion
 
 from ..util.atomic import _signals_held, _umask, missing_folders, remove_empty_folders
+from ..util.inputs import read_text
 from .data import DraftSequence
 
 __all__ = ["TrainState", "TrainingDivergedError", "WorkDir", "WorkDirError", "check_drafter_folder", "finite_or_raise",
-           "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder", "safe_types"]
+           "check_optimizer_state", "first_difference", "lock_work_dir", "read_data", "read_work_dir", "replace_folder", "safe_types"]
 
 FRESH = "pass --fresh to start over (it replaces the file)"
 
@@ -264,7 +265,7 @@ def check_drafter_folder(out: Path, settings: dict, *, fresh: bool, owned_files:
                            "replacing the folder would lose them: give a new or empty folder")
     card = out / "heldout.json"
     try:
-        saved = json.loads(card.read_text(encoding="utf-8"))
+        saved = json.loads(read_text(card, "a drafter's heldout.json"))  # a pipe refused, not read (it would block)
         saved_settings = saved["settings"]
         if not isinstance(saved_settings, dict) or not str(saved.get("command", "")).startswith("dcut-drafter train"):
             raise ValueError
@@ -316,6 +317,29 @@ def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
             remove_empty_folders(made)
+
+
+def check_optimizer_state(opt: torch.optim.Optimizer, model: torch.nn.Module, path: Path) -> None:
+    """Every tensor of the loaded optimizer state (AdamW's ``exp_avg``, ``exp_avg_sq``) has its weight's
+    shape and finite values, its ``step`` one finite number: ``load_state_dict`` checks none of it,
+    and a moment of another shape failed only at the first resumed step.
+
+    Raises:
+        WorkDirError: a moment of another shape, or a non-finite value (names ``path`` and the weight).
+    """
+    names = {id(p): name for name, p in model.named_parameters()}
+    for param, slots in opt.state.items():
+        for slot, value in slots.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            where = f"{path}: optimizer state {slot} of {names.get(id(param), 'a weight')}"
+            if slot == "step":
+                if value.numel() != 1 or not bool(torch.isfinite(value.float()).all()):
+                    raise WorkDirError(f"{where} is not one finite step count; {FRESH}")
+            elif tuple(value.shape) != tuple(param.shape):
+                raise WorkDirError(f"{where} has shape {tuple(value.shape)}, the weight {tuple(param.shape)}; {FRESH}")
+            elif value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise WorkDirError(f"{where} holds non-finite values; {FRESH}")
 
 
 class TrainingDivergedError(ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..util.inputs import InputFileError, parse_json, read_text
+from ..util.inputs import InputFileError, parse_json_strict, read_text
 
 __all__ = ["DEFAULT_PROMPTS", "PromptFileError", "load_prompt_texts"]
 
@@ -60,6 +60,8 @@ def load_prompt_texts(path: str | os.PathLike) -> list[str]:
         lines = read_text(path, "a prompt file (JSON lines or one prompt per line)").splitlines()
     except InputFileError as exc:
         raise PromptFileError(f"prompt file {exc}") from None
+    if lines and lines[0].startswith("\ufeff"):  # else a JSON-lines file read as text: its JSON the prompts
+        raise PromptFileError(f"prompt file {name}: starts with a UTF-8 byte-order mark; save it as UTF-8 without one")
     numbered = [(n + 1, line.strip()) for n, line in enumerate(lines) if line.strip()]
     if not numbered:
         raise PromptFileError(f"prompt file {name}: no prompts (empty file)")
@@ -67,7 +69,7 @@ def load_prompt_texts(path: str | os.PathLike) -> list[str]:
     if numbered[0][1][0] in '{"':
         for lineno, line in numbered:
             try:
-                item = parse_json(line, f"prompt file {name}, line {lineno}")
+                item = parse_json_strict(line, f"prompt file {name}, line {lineno}")  # a key given twice: refused
             except InputFileError as exc:
                 raise PromptFileError(str(exc)) from None
             if isinstance(item, dict):

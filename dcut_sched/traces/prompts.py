@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..util.inputs import InputFileError, parse_json, read_text
+from ..util.inputs import InputFileError, parse_json_strict, read_text
 
 __all__ = ["Prompt", "PromptError", "load_prompt_records", "prompts_digest"]
 
@@ -55,7 +55,7 @@ def load_prompt_records(path: str | os.PathLike) -> list[Prompt]:
         if not line.strip():
             continue
         try:
-            obj = parse_json(line, f"{path}, line {lineno}")
+            obj = parse_json_strict(line, f"{path}, line {lineno}")  # a key given twice: refused
         except InputFileError as exc:
             raise PromptError(str(exc)) from None
         if not isinstance(obj, dict):

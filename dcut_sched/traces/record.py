@@ -170,7 +170,7 @@ def record_trace(backend: RecordBackend, prompts: Sequence[Prompt], out_path: st
     part = partial_path(out_path)
     state = _Recording(_Rows([], [], [], [], None if sampling.is_greedy else []))
     if resume and part.is_file():
-        _resume_from(part, metadata, settings, state)
+        _resume_from(part, metadata, settings, state, prompts)
     _record_requests(backend, prompts, out_path, part, state, metadata, block_size=block_size,
                      max_new_tokens=max_new_tokens, sampling=sampling, keys=keys, max_positions=max_positions,
                      progress=progress)
@@ -234,10 +234,11 @@ def _run_metadata(backend: RecordBackend, prompts: Sequence[Prompt], block_size:
     return settings, metadata
 
 
-def load_partial(part: Path) -> Trace | None:
+def load_partial(part: Path, prompts: Sequence[Prompt] | None = None) -> Trace | None:
     """The partial file ``part`` (:func:`partial_path`) loaded and validated, its ``requests``,
-    ``recorder`` and ``record_seconds`` metadata included; None when there is none. The CLI calls it
-    before any model loads.
+    ``recorder`` and ``record_seconds`` metadata included; None when there is none. Its ``requests``
+    list must name exactly the requests its rows hold, each once, and (given the run's ``prompts``)
+    each as the prompt of that index. The CLI calls it before any model loads.
 
     Raises:
         RecordError: the partial file is damaged (the fault named, with the fix: delete it or --fresh).
@@ -245,16 +246,46 @@ def load_partial(part: Path) -> Trace | None:
     if not part.exists():
         return None
     try:
-        return Trace.load(part)
+        old = Trace.load(part)
     except TraceError as exc:
         raise RecordError(f"cannot resume from the partial recording: {exc}; or delete {part} (or rerun with "
                           f"--fresh) to start over") from None
+    fault = _requests_fault(json.loads(old.metadata.get("requests", "[]")), old, prompts)
+    if fault is not None:  # resumed, it lost a request's rows or wrote a trace with a request twice
+        raise RecordError(f"cannot resume from the partial recording: {part}: field requests: {fault}; delete "
+                          f"{part} (or rerun with --fresh) to start over")
+    return old
 
 
-def _resume_from(part: Path, metadata: dict[str, Any], settings: dict[str, Any], state: _Recording) -> None:
+def _requests_fault(done: list[Any], old: Trace, prompts: Sequence[Prompt] | None) -> str | None:
+    """What is wrong with a partial file's finished-request list ``done`` (``[id, prompt id, category,
+    prompt tokens]`` each), or None."""
+    ids: list[int] = []
+    for entry in done:
+        if (not isinstance(entry, list) or len(entry) != 4 or isinstance(entry[0], bool)
+                or not isinstance(entry[0], int) or entry[0] < 0):
+            return f"{str(entry)[:80]} is not a finished request [id, prompt id, category, prompt tokens]"
+        if entry[0] in ids:
+            return f"request {entry[0]} is listed twice"
+        ids.append(entry[0])
+        if prompts is not None and (entry[0] >= len(prompts) or entry[1:3] != [prompts[entry[0]].id,
+                                                                              prompts[entry[0]].category]):
+            here = (f"prompt {entry[0]} of this run is {prompts[entry[0]].id!r} ({prompts[entry[0]].category})"
+                    if entry[0] < len(prompts) else f"this run has {len(prompts)} prompts")
+            return f"request {entry[0]} is {entry[1]!r} ({entry[2]}), but {here}"
+    rows = {int(r) for r in np.unique(old.request_id)}
+    if rows - set(ids):
+        return f"request {min(rows - set(ids))} has rows but is not listed as finished"
+    if set(ids) - rows:
+        return f"request {min(set(ids) - rows)} is listed as finished but has no rows"
+    return None
+
+
+def _resume_from(part: Path, metadata: dict[str, Any], settings: dict[str, Any], state: _Recording,
+                 prompts: Sequence[Prompt]) -> None:
     """Load the partial file ``part`` into ``state`` when it was recorded with the same metadata and
     settings (else :class:`RecordError`, naming the key and ``--fresh``)."""
-    old = load_partial(part)
+    old = load_partial(part, prompts)
     if old is None:
         return
     old_settings = json.loads(old.metadata.get("recorder", "{}"))

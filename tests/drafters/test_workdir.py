@@ -323,3 +323,59 @@ def test_a_live_run_in_another_process_holds_the_work_dir(run, tmp_path):
     finally:
         holder.communicate("", timeout=60)  # the holder ends: its lock goes with it
     assert run("--steps", "2")[0] == 0
+
+
+@pytest.mark.parametrize("damage", ["shape", "nan"])
+def test_a_checkpoint_whose_optimizer_moments_do_not_fit_is_one_line(run, tmp_path, damage):
+    """torch's ``load_state_dict`` does not compare AdamW's moments with the weights: a moment of
+    another shape was a RuntimeError traceback at the first resumed step."""
+    assert run("--steps", "3")[0] == 0
+    path = tmp_path / "wd" / STATE_NAME
+    saved = torch.load(path, weights_only=False)
+    saved["state"].step, saved["state"].history = 1, saved["state"].history[:1]
+    moments = saved["optimizer"]["state"][0]
+    if damage == "shape":
+        moments["exp_avg"] = torch.zeros(3)
+    else:
+        moments["exp_avg_sq"][0] = float("nan")
+    torch.save(saved, path)
+    before = _digest(tmp_path / "wd")
+    needle = "has shape (3,), the weight" if damage == "shape" else "holds non-finite values"
+    _one_line(*run("--steps", "3", out="e"), f"{path}: optimizer state", needle, "--fresh")
+    assert _digest(tmp_path / "wd") == before and not (tmp_path / "e").exists()
+
+
+def test_a_damaged_data_sidecar_is_rewritten_not_decoded(run, tmp_path):
+    """``data.json`` is the data's sidecar (an output): bytes that are not UTF-8 were decoded to
+    compare them, and the run ended on "'utf-8' codec can't decode byte 0xff"."""
+    assert run("--steps", "2")[0] == 0
+    side = tmp_path / "wd" / "data.json"
+    good = side.read_bytes()
+    side.write_bytes(b"\xff\xfe\x00garbage")
+    assert run("--steps", "2", out="e")[0] == 0
+    assert side.read_bytes() == good
+
+
+@pytest.mark.parametrize("name", ["config.json", "heldout.json"])
+def test_a_pipe_in_out_is_refused_not_read(run, tmp_path, name):
+    """``--out``'s config.json and heldout.json were read with ``Path.read_text``: a named pipe there
+    blocked the run for ever before it started."""
+    import os
+
+    assert run("--steps", "2")[0] == 0
+    out = tmp_path / "d"
+    (out / name).unlink()
+    os.mkfifo(out / name)
+    needle = ("holds other files and no DFlash drafter" if name == "config.json"
+              else f"{out / name} is missing or unreadable")
+    _one_line(*run("--steps", "2"), f"--out {out}", needle)
+    assert (out / "model.safetensors").is_file()
+
+
+def test_no_calibration_split_is_not_called_empty_continuations():
+    """A smoke run with no calibration split logged "no anchor to draft from (every continuation is
+    empty)", though no continuation was empty: there was none."""
+    from dcut_sched.drafters.heldout import calibration_blocks
+
+    with pytest.raises(ValueError, match=r"no anchor to draft from \(no sequence given\)"):
+        calibration_blocks(None, [], 16, None, None)

@@ -165,6 +165,23 @@ def test_load_prompt_texts_formats(tmp_path):
         load_prompt_texts(tmp_path / "missing.txt")
 
 
+def test_prompt_files_with_a_repeated_key_or_a_byte_order_mark_are_refused(tmp_path):
+    """A key given twice kept its last value silently; a BOM before a JSON-lines file made every
+    line, JSON and all, a prompt text."""
+    from dcut_sched.traces.prompts import PromptError, load_prompt_records
+
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"id": "a", "category": "x", "prompt": "first", "prompt": "second"}\n')
+    with pytest.raises(PromptFileError, match="twice.jsonl, line 1: key 'prompt' appears twice"):
+        load_prompt_texts(twice)
+    with pytest.raises(PromptError, match="twice.jsonl, line 1: key 'prompt' appears twice"):
+        load_prompt_records(twice)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n{"prompt": "b"}\n')
+    with pytest.raises(PromptFileError, match="bom.jsonl: starts with a UTF-8 byte-order mark"):
+        load_prompt_texts(bom)
+
+
 def test_builtin_cpu_curve():
     curve = builtin_cpu_curve(8, 4)
     assert curve.block_size == 8 and curve.batch_sizes == [1, 2, 3, 4]

@@ -246,3 +246,29 @@ def test_uses_dcut_scheduler():
     assert not uses_dcut_scheduler("vllm.v1.core.sched.scheduler.Scheduler") and not uses_dcut_scheduler(None)
     fake = type("DCutScheduler", (), {"__module__": "dcut_sched.integrations.vllm.scheduler"})
     assert uses_dcut_scheduler(type("Mine", (fake,), {})) and not uses_dcut_scheduler(int)
+
+
+@pytest.mark.parametrize("where, name", [("drafter", "calibration.json"), ("drafter", "model.safetensors"),
+                                         ("target", "config.json")])
+def test_check_engine_config_refuses_a_record_path_onto_a_file_the_engine_loads(tmp_path, where, name):
+    """``record_path`` is opened for appending: pointed at the drafter's calibration.json or weights, or
+    the target's config.json, it damaged them at the first step."""
+    from types import SimpleNamespace
+
+    from dcut_sched.integrations.vllm import check_engine_config
+
+    drafter, target = tmp_path / "drafter", tmp_path / "target"
+    for folder in (drafter, target):
+        folder.mkdir()
+        for f in ("config.json", "model.safetensors", "calibration.json"):
+            (folder / f).write_text("{}\n")
+    path = (drafter if where == "drafter" else target) / name
+    engine = _engine_config({"dcut": {"policy": "full", "record_path": str(path)}}, method="dflash", model=str(drafter))
+    engine.model_config = SimpleNamespace(model=str(target))
+    flag = "speculative_config.model" if where == "drafter" else "model_config.model"
+    with pytest.raises(DCutConfigError, match=f"key record_path {path} is the {flag} input file"):
+        check_engine_config(engine, environ={})
+    assert path.read_text() == "{}\n"
+    ok = _engine_config({"dcut": {"policy": "full", "record_path": str(tmp_path / "steps.jsonl")}}, method="dflash",
+                        model=str(drafter))
+    assert check_engine_config(ok, environ={}).record_path == str(tmp_path / "steps.jsonl")

@@ -200,7 +200,7 @@ CASES = [
      ["--params", "params-5000-digits.json", "at most 64 digits", "!88888888888"]),
     ("record-prompts-5000-digits", 6, "trace", ["record", "--prompts", "{B}/prompts-5000-digits.jsonl", "--out",
                                                 "{T}/o.parquet"],
-     ["--prompts", "prompts-5000-digits.jsonl, line 1", "a number too long to read", "!77777777777"]),
+     ["--prompts", "prompts-5000-digits.jsonl, line 1", "at most 64 digits", "!77777777777"]),
     ("sim-param-5000-digits", 6, "sim", [*SIM, "--param", f"uniform.rho={DIGITS}", *FAST],
      ["argument --param: uniform.rho: a number with 5000 characters; at most 64 digits are read", "!11111111111"]),
     ("sim-param-5000-fraction-digits", 6, "sim", [*SIM, "--param", f"uniform.rho=0.{DIGITS}", *FAST],

@@ -95,6 +95,11 @@ CASES = [
     ("sim-jobs-huge", "sim", [*SIM, "--jobs", "9" * 30], ["--jobs", "above the limit 1,024"]),
     ("sim-address-without-dask", "sim", [*SIM, "--scheduler-address", "tcp://127.0.0.1:1"],
      ["--scheduler-address is for --scheduler dask"]),
+    # an empty address beside --sweep was told to "add --sweep and --scheduler-address"
+    ("sim-dask-empty-address", "sim", [*SIM, "--sweep", "--scheduler", "dask", "--scheduler-address", ""],
+     ["add --scheduler-address ADDR (the address given is empty)"]),
+    ("sim-dask-without-sweep", "sim", [*SIM, "--scheduler", "dask", "--scheduler-address", "tcp://127.0.0.1:1"],
+     ["--scheduler dask runs a --sweep on a cluster: add --sweep"]),
     ("profile-rounds-above-repeats", "profile",
      ["--cpu", "--model", "tiny", "--repeats", "2", "--rounds", "3", "--out", "{T}/c.json"],
      ["--rounds 3 is more than --repeats 2"]),

@@ -96,3 +96,69 @@ def test_the_drafter_files_are_its_config_weights_and_prior(tmp_path):
     from dcut_sched.drafters import drafter_files
 
     assert [Path(p).name for p in drafter_files(tmp_path)] == ["config.json", "model.safetensors", "calibration.json"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "calibration.json", "heldout.json"])
+def test_eval_json_never_overwrites_a_file_of_the_drafter(tmp_path, capsys, monkeypatch, name):
+    """``dcut-drafter eval DIR --json DIR/config.json`` replaced the drafter's config with the tau table."""
+    from dcut_sched.cli import drafter as cli
+
+    folder = _drafter(tmp_path / "d")
+    (folder / "heldout.json").write_text('{"settings": {"seed": 0}}\n')
+    before = _digests(folder)
+    monkeypatch.setattr("dcut_sched.drafters.checkpoint.load_checkpoint", lambda *a, **k: pytest.fail("loaded"))
+    status = cli.main(["eval", str(folder), "--json", str(folder / name)])
+    _one_line(status, capsys.readouterr().err, f"--json {folder / name} is the folder input file")
+    assert _digests(folder) == before
+
+
+def _tensors(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("block_size", "field block_size is 4, field dflash_config.block_size is 8: the two copies must agree"),
+    ("d2t", "tensor d2t is float32, not integer token-id offsets"),
+    ("int_weights", "is int8, not a floating type"),
+])
+def test_a_drafter_whose_files_disagree_is_refused_not_loaded_silently(tmp_path, damage, needle):
+    """Each used to load: the top-level block size ignored, d2t's fractions cut, int8 weights taken as
+    whole-number weights."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dcut_sched.drafters.checkpoint import DraftCheckpointError, load_checkpoint
+
+    cfg = DFlashConfig.for_target(TINY, num_layers=1, block_size=8, num_target_features=1, draft_vocab_size=16)
+    folder = tmp_path / "d"
+    save_checkpoint(DFlashDraftModel.random_init(cfg, seed=0), folder)
+    tensors = _tensors(folder)
+    if damage == "block_size":
+        raw = json.loads((folder / "config.json").read_text())
+        raw["block_size"] = 4
+        (folder / "config.json").write_text(json.dumps(raw))
+    elif damage == "d2t":
+        tensors["d2t"] = tensors["d2t"].float() + 0.5
+        save_file(tensors, folder / "model.safetensors")
+    else:
+        tensors = {k: v.to(torch.int8) if v.is_floating_point() else v for k, v in tensors.items()}
+        save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(DraftCheckpointError, match=needle):
+        load_checkpoint(folder)
+
+
+def test_a_config_with_only_the_top_level_block_size_uses_it(tmp_path):
+    import json
+
+    from dcut_sched.drafters.checkpoint import load_checkpoint
+
+    folder = _drafter(tmp_path / "d")
+    raw = json.loads((folder / "config.json").read_text())
+    del raw["dflash_config"]["block_size"]
+    raw["block_size"] = 4
+    (folder / "config.json").write_text(json.dumps(raw))
+    assert load_checkpoint(folder).config.block_size == 4

@@ -108,3 +108,39 @@ def test_record_refuses_a_damaged_partial_before_the_model_loads(tmp_path, good,
     assert f"cannot resume from the partial recording: {part}: field {key!r}" in err[0]
     assert err[0].endswith(f"or delete {part} (or rerun with --fresh) to start over")
     assert part.read_bytes() == before and not out.exists()
+
+
+@pytest.mark.parametrize("requests, needle", [
+    ([[0, "q0", "c", 3], [1, "q1", "c", 3], [2, "q2", "c", 3]], "request 2 is listed as finished but has no rows"),
+    ([[0, "q0", "c", 3]], "request 1 has rows but is not listed as finished"),
+    ([[0, "q0", "c", 3], [0, "q0", "c", 3], [1, "q1", "c", 3]], "request 0 is listed twice"),
+    ([[0, "q1", "c", 3], [1, "q0", "c", 3]], "request 0 is 'q1' (c), but prompt 0 of this run is 'q0' (c)"),
+    ([[0, "q0", "c", 3], [1, "q1"]], "[1, 'q1'] is not a finished request"),
+], ids=["listed-without-rows", "rows-not-listed", "listed-twice", "another-prompt", "short-entry"])
+def test_record_refuses_a_partial_whose_requests_do_not_match_its_rows(tmp_path, good, capsys, monkeypatch,
+                                                                       requests, needle):
+    """Resumed, the first lost request 2 (its rows absent, never re-recorded: a 2-request trace listing
+    3), the second and third wrote a trace with request rows twice (exit 0, then unreadable), the
+    fourth kept another prompt's labels."""
+    import json
+
+    from dcut_sched.engine import trace_backends
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the partial file was checked")
+
+    for name in ("NativeBackend", "HFBackend", "DFlashBackend"):
+        monkeypatch.setattr(trace_backends, name, no_model)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "category": "c", "prompt": f"p {i}"}) + "\n"
+                               for i in range(3)))
+    df, metadata = good
+    out = tmp_path / "t.parquet"
+    part = _write(tmp_path / "t.partial.parquet", df, {**metadata, "requests": json.dumps(requests)})
+    before = part.read_bytes()
+    assert main(["record", "--prompts", str(prompts), "--out", str(out), "--block-size", "4", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"cannot resume from the partial recording: {part}: field requests: {needle}" in err[0], err[0]
+    assert err[0].endswith(f"delete {part} (or rerun with --fresh) to start over")
+    assert part.read_bytes() == before and not out.exists()

@@ -216,11 +216,36 @@ def check_engine_config(vllm_config: Any, environ: Mapping[str, str] | None = No
         if getattr(spec, flag, False):
             raise DCutConfigError(f"{cfg.source}: speculative_config.{flag}=True drafts without the full draft "
                                   f"logits D-Cut reads its confidences from; turn {flag} off")
+    _check_record_outputs(cfg, spec, getattr(vllm_config, "model_config", None))
     sched = getattr(vllm_config, "scheduler_config", None)
     if getattr(sched, "async_scheduling", False):
         raise DCutConfigError(f"{cfg.source}: DCutScheduler does not support async scheduling "
                               "(drafts reach the scheduler one step late); pass async_scheduling=False")
     return cfg
+
+
+def _check_record_outputs(cfg: DCutVllmConfig, spec: Any, model_config: Any) -> None:
+    """``record_path`` and its two sibling files are appended to: none may be a file the engine loads,
+    the drafter's (``speculative_config.model``: config.json, weights, calibration.json) or the
+    target's (``model_config.model``: config.json, model.safetensors), which they would damage."""
+    if not cfg.record_path:
+        return
+    from pathlib import Path
+
+    from ...drafters import drafter_files
+
+    inputs: dict[str, list[str]] = {}
+    for flag, folder, files in (("speculative_config.model", getattr(spec, "model", None), None),
+                                ("model_config.model", getattr(model_config, "model", None),
+                                 ("config.json", "model.safetensors"))):
+        if isinstance(folder, str) and Path(folder).is_dir():
+            inputs[flag] = drafter_files(folder) if files is None else [str(Path(folder) / f) for f in files]
+    try:
+        check_paths(inputs, {"record_path": (cfg.record_path, None),
+                             "record_path's worker records": (cfg.record_path + ".worker.jsonl", None),
+                             "record_path's drafter records": (cfg.record_path + ".drafter.jsonl", None)})
+    except ValueError as exc:
+        raise DCutConfigError(f"{cfg.source}: key {exc}") from None
 
 
 class DCutConfigModel(BaseModel):
