@@ -102,7 +102,8 @@ def build_parser() -> CliParser:
                                f" --threads 1   # seconds\n  dcut-drafter eval {DEFAULT_OUT} --json out/tau.json --threads 1"
                                "   # all, tens of minutes\n(--threads 1 when other jobs share the cores: torch threads "
                                "that wait on each other make it several times slower)\n"))
-    e.add_argument("folder", help="the drafter folder (config.json, model.safetensors)")
+    e.add_argument("folder", help="the drafter folder (config.json, model.safetensors), or a drafter's name as "
+                                  "--draft dflash:NAME takes it")
     e.add_argument("--eval-prompts", default=None,
                    help="held-out prompt file (JSON lines id, category, prompt; default: the shipped prompt set, "
                         "dcut_sched/data/traces/prompts.jsonl, plus the held-out HumanEval problems: docs/drafters.md, Data)")
@@ -291,7 +292,7 @@ def _check_out_folder(text: str | None) -> Path:
 def _eval(args) -> int:
     import torch
 
-    from ..drafters import drafter_files
+    from ..drafters import drafter_files, parse_draft_spec
     from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
         HUMANEVAL_EVAL_EVERY,
@@ -308,6 +309,10 @@ def _eval(args) -> int:
     from ..util.progress import RunProgress
     from .render import render_tau
 
+    try:  # a bare drafter name resolves as --draft dflash:NAME does
+        args.folder = str(parse_draft_spec(f"dflash:{args.folder}").path)
+    except ValueError:
+        pass  # no drafter there: the checks below name the missing file
     json_out = None if args.json in (None, "-") else args.json
     check_paths({"folder": [*drafter_files(args.folder), str(Path(args.folder) / "heldout.json")],  # calibrate reads it
                  "--eval-prompts": args.eval_prompts},

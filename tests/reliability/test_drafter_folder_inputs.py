@@ -162,3 +162,16 @@ def test_a_config_with_only_the_top_level_block_size_uses_it(tmp_path):
     raw["block_size"] = 4
     (folder / "config.json").write_text(json.dumps(raw))
     assert load_checkpoint(folder).config.block_size == 4
+
+
+def test_eval_resolves_a_bare_drafter_name_as_draft_does(tmp_path, monkeypatch, capsys):
+    """``dcut-drafter eval NAME`` finds the drafter under $DCUT_DRAFTERS (as ``--draft dflash:NAME``);
+    this one is for the tiny target, so the width check names the resolved folder."""
+    from dcut_sched.cli import drafter
+
+    _drafter(tmp_path / "store" / "tiny-dflash")
+    monkeypatch.setenv("DCUT_DRAFTERS", str(tmp_path / "store"))
+    monkeypatch.chdir(tmp_path)
+    _one_line(drafter.main(["eval", "tiny-dflash"]), capsys.readouterr().err,
+              f"{tmp_path / 'store' / 'tiny-dflash'}: ", "dcut-drafter eval measures drafters of SmolLM2-135M-Instruct")
+    _one_line(drafter.main(["eval", "no-such-drafter"]), capsys.readouterr().err, "no-such-drafter")
