@@ -289,10 +289,21 @@ def _check_out_folder(text: str | None) -> Path:
     return out
 
 
+def _resolve_drafter(text: str) -> Path:
+    """A drafter folder, or a bare drafter name resolved as ``--draft dflash:NAME`` does; a name
+    with no drafter is kept as given, so the checks that follow name its missing file."""
+    from ..drafters import parse_draft_spec
+
+    try:
+        return Path(parse_draft_spec(f"dflash:{text}").path)
+    except ValueError:
+        return Path(text)
+
+
 def _eval(args) -> int:
     import torch
 
-    from ..drafters import drafter_files, parse_draft_spec
+    from ..drafters import drafter_files
     from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
         HUMANEVAL_EVAL_EVERY,
@@ -309,10 +320,7 @@ def _eval(args) -> int:
     from ..util.progress import RunProgress
     from .render import render_tau
 
-    try:  # a bare drafter name resolves as --draft dflash:NAME does
-        args.folder = str(parse_draft_spec(f"dflash:{args.folder}").path)
-    except ValueError:
-        pass  # no drafter there: the checks below name the missing file
+    args.folder = str(_resolve_drafter(args.folder))
     json_out = None if args.json in (None, "-") else args.json
     check_paths({"folder": [*drafter_files(args.folder), str(Path(args.folder) / "heldout.json")],  # calibrate reads it
                  "--eval-prompts": args.eval_prompts},
@@ -386,10 +394,14 @@ def _calibrate(args) -> int:
     from ..traces.prompts import PromptError, load_prompt_records
     from ..util.inputs import InputFileError, parse_json_strict, read_text
 
-    folder = Path(args.draft)
+    folder = _resolve_drafter(args.draft)
+    if args.out is not None and not args.out.strip():
+        raise UsageError("--out is empty; give a .json path for the prior, or leave --out out to write "
+                         f"{folder / PRIOR_NAME}")
     out = folder / PRIOR_NAME if args.out is None else Path(args.out)
-    check_paths({"--draft": [str(folder / CONFIG_NAME), str(folder / WEIGHTS_NAME)], "--eval-prompts": args.eval_prompts},
-                {"--out" if args.out else "calibration.json": (str(out), (".json",))})
+    check_paths({"--draft": [str(folder / name) for name in (CONFIG_NAME, WEIGHTS_NAME, "heldout.json")],  # read here
+                 "--eval-prompts": args.eval_prompts},
+                {"--out" if args.out is not None else "calibration.json": (str(out), (".json",))})
     if args.out is None and out.exists():
         raise UsageError(f"--draft {folder} already holds {PRIOR_NAME} (the drafter's prior); name it to replace it "
                          f"(--out {out}) or write the new prior elsewhere (--out PATH.json)")

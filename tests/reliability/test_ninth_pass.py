@@ -1,0 +1,78 @@
+"""Cases of the ninth hostile pass (docs/reliability.md): ``dcut-drafter calibrate --out`` onto the
+drafter's training report, an empty ``--out``, a bare drafter name for ``--draft``; the open-loop
+footer naming the rate that ran."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dcut_sched.cli import drafter as drafter_cli
+from dcut_sched.cli import sim as sim_cli
+from dcut_sched.model import llama
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "drafters" / "smollm2-135m-dflash"
+TRACE = ROOT / "dcut_sched" / "data" / "traces" / "dflash-qwen3-8b-gsm8k-b16.parquet"
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """The target may not load: every refusal here comes before it."""
+    def fail(*_a, **_k):
+        raise AssertionError("the target model was loaded")
+    monkeypatch.setattr(llama.LlamaModel, "from_smollm2", staticmethod(fail))
+
+
+def _folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "d"
+    folder.mkdir()
+    for name in ("config.json", "heldout.json"):
+        shutil.copy(SHIPPED / name, folder / name)
+    (folder / "model.safetensors").write_bytes(b"weights")  # not read before the refusal
+    return folder
+
+
+def _refused(capsys, argv, *needles):
+    assert drafter_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_calibrate_out_onto_the_training_report_is_refused(tmp_path, capsys, no_model):
+    folder = _folder(tmp_path)
+    before = (folder / "heldout.json").read_bytes()
+    _refused(capsys, ["calibrate", "--draft", str(folder), "--out", str(folder / "heldout.json")],
+             "is the --draft input file", "heldout.json")
+    link = tmp_path / "report.json"
+    link.symlink_to(folder / "heldout.json")
+    _refused(capsys, ["calibrate", "--draft", str(folder), "--out", str(link)], "is the --draft input file")
+    assert (folder / "heldout.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_calibrate_empty_out_names_out(tmp_path, capsys, no_model, out):
+    folder = _folder(tmp_path)
+    _refused(capsys, ["calibrate", "--draft", str(folder), "--out", out], "--out is empty",
+             str(folder / "calibration.json"))
+
+
+def test_calibrate_resolves_a_bare_drafter_name_as_eval_does(capsys, no_model):
+    _refused(capsys, ["calibrate", "--draft", SHIPPED.name],
+             f"--draft {SHIPPED} already holds calibration.json")
+
+
+@pytest.mark.parametrize(("flag", "expected"), [
+    (["--rate", "5"], "(the rate is --rate 5 req/s at every max bs)"),
+    (["--load", "0.3"], "(the rate is --load 0.3 x ar's capacity at each max bs)"),
+])
+def test_open_loop_footer_names_the_rate_that_ran(capsys, flag, expected):
+    argv = ["--trace", str(TRACE), "--mode", "open", "--requests", "3", "--batch-sizes", "4", "--jobs", "1",
+            "--policies", "ar,uniform", *flag]
+    assert sim_cli.main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert expected in out
