@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..util.inputs import read_text
-from .args import MAX_SEED, check_paths, finite_float, int_at_least, seed_type
+from .args import MAX_SEED, check_paths, finite_float, int_at_least, path_arg, seed_type
 from .drafter_card import plot_curve, write_card, write_curve
 from .errors import CliParser, UsageError, run_cli
 
@@ -111,7 +111,7 @@ def build_parser() -> CliParser:
                    help=f"tokens generated per held-out prompt (default {d.eval_max_new_tokens})")
     e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, metavar="N",
                    help="the first N held-out prompts only (default: all)")
-    e.add_argument("--json", default=None, metavar="PATH",
+    e.add_argument("--json", default=None, metavar="PATH", type=path_arg,
                    help="also write tau as JSON to PATH (.json, written atomically), or print it instead of the "
                         "table with '-'")
     e.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
@@ -129,7 +129,7 @@ def _add_calibrate(sub) -> None:
                                    "drafter run at every anchor. Writes DIR/calibration.json atomically, with the "
                                    "log-loss and the ECE by depth before and after on that split.")
     c.add_argument("--draft", required=True, metavar="DIR", help="the drafter folder")
-    c.add_argument("--out", default=None, metavar="PATH",
+    c.add_argument("--out", default=None, metavar="PATH", type=path_arg,
                    help="where to write the prior (.json; default DIR/calibration.json, which must then be absent: "
                         "a drafter's prior is replaced only when --out names it)")
     c.add_argument("--prompts", type=int_at_least(2, 100_000), default=CALIBRATION_PROMPTS, metavar="N",
@@ -395,9 +395,6 @@ def _calibrate(args) -> int:
     from ..util.inputs import InputFileError, parse_json_strict, read_text
 
     folder = _resolve_drafter(args.draft)
-    if args.out is not None and not args.out.strip():
-        raise UsageError("--out is empty; give a .json path for the prior, or leave --out out to write "
-                         f"{folder / PRIOR_NAME}")
     out = folder / PRIOR_NAME if args.out is None else Path(args.out)
     check_paths({"--draft": [str(folder / name) for name in (CONFIG_NAME, WEIGHTS_NAME, "heldout.json")],  # read here
                  "--eval-prompts": args.eval_prompts},

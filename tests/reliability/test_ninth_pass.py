@@ -54,11 +54,28 @@ def test_calibrate_out_onto_the_training_report_is_refused(tmp_path, capsys, no_
     assert (folder / "heldout.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("out", ["", "  "])
-def test_calibrate_empty_out_names_out(tmp_path, capsys, no_model, out):
+@pytest.mark.parametrize("argv", [["calibrate", "--draft", "{folder}", "--out", ""],
+                                  ["calibrate", "--draft", "{folder}", "--out", "  "],
+                                  ["eval", "{folder}", "--json", ""]])
+def test_an_empty_output_path_is_refused_not_read_as_absent(tmp_path, capsys, no_model, argv):
+    """``eval --json ''`` ran the whole evaluation and wrote nothing (the empty path read as no flag)."""
     folder = _folder(tmp_path)
-    _refused(capsys, ["calibrate", "--draft", str(folder), "--out", out], "--out is empty",
-             str(folder / "calibration.json"))
+    flag = argv[-2]
+    _refused(capsys, [a.format(folder=folder) for a in argv], f"argument {flag}: the path is empty")
+
+
+def test_sim_empty_selection_curve_is_refused(capsys):
+    """``--selection-curve ''`` ran the speedup simulation instead, exit 0."""
+    assert sim_cli.main(["--trace", str(TRACE), "--selection-curve", ""]) == 2
+    assert "argument --selection-curve: the path is empty" in capsys.readouterr().err
+
+
+def test_profile_empty_out_names_the_flag(capsys):
+    """``dcut-profile --out ''`` said "PosixPath('.') has an empty name"."""
+    from dcut_sched.cli import profile as profile_cli
+
+    assert profile_cli.main(["--analytic", "--model", "qwen3-8b", "--device", "h20", "--out", ""]) == 2
+    assert "argument --out: the path is empty" in capsys.readouterr().err
 
 
 def test_calibrate_resolves_a_bare_drafter_name_as_eval_does(capsys, no_model):
