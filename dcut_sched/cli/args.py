@@ -124,8 +124,8 @@ def finite_float(minimum: float | None = None, maximum: float | None = None, *, 
 
 
 def path_arg(text: str) -> str:
-    """An output path flag's value: any text but an empty one (``--json ''`` would otherwise be read
-    as the flag not given, and the run would write nothing)."""
+    """A path flag's value: any text but an empty one (``--json ''`` would otherwise be read as the
+    flag not given: the run wrote nothing, or read its default input instead)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty; give a file name")
     return text

@@ -46,7 +46,7 @@ def build_parser() -> CliParser:
     t.add_argument("--out", default=None,
                    help=f"drafter folder to write (default {DEFAULT_OUT}, which must then be new or empty: a drafter "
                         "already there is replaced only when --out names it)")
-    t.add_argument("--work-dir", default=None,
+    t.add_argument("--work-dir", default=None, type=path_arg,
                    help="generated data and resumable checkpoint (default .cache/dcut-drafter/<out folder name>)")
     t.add_argument("--fresh", action="store_true",
                    help="ignore a checkpoint and cached data in --work-dir, and replace a drafter of other settings "

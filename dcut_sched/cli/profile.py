@@ -117,7 +117,7 @@ def build_parser() -> CliParser:
                     help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
                          "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4)) (default: auto)")
-    ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
+    ap.add_argument("--draft-config", type=path_arg, help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
     ap.add_argument("--warmups", type=int_at_least(0, MAX_REPEATS), help="untimed calls per cell [gpu: 5, cpu: 1]")
     ap.add_argument("--repeats", type=int_at_least(1, MAX_REPEATS), help="timed calls per cell [gpu: 20, cpu: 5]")
     ap.add_argument("--rounds", type=int_at_least(1, MAX_REPEATS),

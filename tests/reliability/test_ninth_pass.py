@@ -93,3 +93,23 @@ def test_open_loop_footer_names_the_rate_that_ran(capsys, flag, expected):
     assert sim_cli.main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert expected in out
+
+
+@pytest.mark.parametrize(("module", "argv", "flag"), [
+    ("engine", ["--prompts", "", "--policy", "uniform"], "--prompts"),  # ran the default prompts
+    ("trace", ["record", "--out", "", "--limit", "1"], "--out"),  # "PosixPath('.') has an empty name"
+    ("trace", ["record", "--out", "r.parquet", "--prompts", " ", "--limit", "1"], "--prompts"),
+    ("trace", ["stats", str(TRACE), "--out", ""], "--out"),
+    ("trace", ["fit", str(TRACE), "--out", ""], "--out"),
+    ("profile", ["--cpu", "--model", "tiny", "--out", "a.json", "--draft-config", ""], "--draft-config"),  # ignored
+    ("drafter", ["train", "--out", "x", "--work-dir", ""], "--work-dir"),  # the default work dir used
+])
+def test_an_empty_path_flag_is_refused_by_name(tmp_path, monkeypatch, capsys, module, argv, flag):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    cli = importlib.import_module(f"dcut_sched.cli.{module}")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: the path is empty" in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
