@@ -113,3 +113,20 @@ def test_an_empty_path_flag_is_refused_by_name(tmp_path, monkeypatch, capsys, mo
     err = capsys.readouterr().err
     assert f"argument {flag}: the path is empty" in err and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_local_drafter_folder_is_not_swapped_for_the_shipped_one(tmp_path, monkeypatch, capsys, no_model):
+    """``./smollm2-135m-dflash`` without its config.json was read as the shipped drafter's name: eval and
+    calibrate measured another drafter than the folder given."""
+    from dcut_sched.drafters import parse_draft_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / SHIPPED.name).mkdir()
+    (tmp_path / SHIPPED.name / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ValueError, match="no DFlash drafter folder there"):
+        parse_draft_spec(f"dflash:{SHIPPED.name}")
+    for argv in (["eval", SHIPPED.name], ["calibrate", "--draft", SHIPPED.name, "--out", "p.json"]):
+        _refused(capsys, argv, f"{SHIPPED.name}/config.json: not found")
+    (tmp_path / SHIPPED.name / "model.safetensors").unlink()
+    (tmp_path / SHIPPED.name).rmdir()
+    assert parse_draft_spec(f"dflash:{SHIPPED.name}").path == SHIPPED  # no folder here: the name
