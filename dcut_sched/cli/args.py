@@ -123,6 +123,14 @@ def finite_float(minimum: float | None = None, maximum: float | None = None, *, 
     return parse
 
 
+def path_arg(text: str) -> str:
+    """A path flag's value: any text but an empty one (``--json ''`` would otherwise be read as the
+    flag not given: the run wrote nothing, or read its default input instead)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a file name")
+    return text
+
+
 def flag_of(dest: str) -> str:
     """The command-line flag of an ``argparse`` dest (``selection_bs`` -> ``--selection-bs``)."""
     return "--" + dest.replace("_", "-")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..util.inputs import read_text
-from .args import MAX_SEED, check_paths, finite_float, int_at_least, seed_type
+from .args import MAX_SEED, check_paths, finite_float, int_at_least, path_arg, seed_type
 from .drafter_card import plot_curve, write_card, write_curve
 from .errors import CliParser, UsageError, run_cli
 
@@ -46,7 +46,7 @@ def build_parser() -> CliParser:
     t.add_argument("--out", default=None,
                    help=f"drafter folder to write (default {DEFAULT_OUT}, which must then be new or empty: a drafter "
                         "already there is replaced only when --out names it)")
-    t.add_argument("--work-dir", default=None,
+    t.add_argument("--work-dir", default=None, type=path_arg,
                    help="generated data and resumable checkpoint (default .cache/dcut-drafter/<out folder name>)")
     t.add_argument("--fresh", action="store_true",
                    help="ignore a checkpoint and cached data in --work-dir, and replace a drafter of other settings "
@@ -111,7 +111,7 @@ def build_parser() -> CliParser:
                    help=f"tokens generated per held-out prompt (default {d.eval_max_new_tokens})")
     e.add_argument("--max-eval-prompts", type=int_at_least(1, 100_000), default=None, metavar="N",
                    help="the first N held-out prompts only (default: all)")
-    e.add_argument("--json", default=None, metavar="PATH",
+    e.add_argument("--json", default=None, metavar="PATH", type=path_arg,
                    help="also write tau as JSON to PATH (.json, written atomically), or print it instead of the "
                         "table with '-'")
     e.add_argument("--threads", type=int_at_least(1, 1024), default=None, help="torch threads (default: torch's)")
@@ -129,7 +129,7 @@ def _add_calibrate(sub) -> None:
                                    "drafter run at every anchor. Writes DIR/calibration.json atomically, with the "
                                    "log-loss and the ECE by depth before and after on that split.")
     c.add_argument("--draft", required=True, metavar="DIR", help="the drafter folder")
-    c.add_argument("--out", default=None, metavar="PATH",
+    c.add_argument("--out", default=None, metavar="PATH", type=path_arg,
                    help="where to write the prior (.json; default DIR/calibration.json, which must then be absent: "
                         "a drafter's prior is replaced only when --out names it)")
     c.add_argument("--prompts", type=int_at_least(2, 100_000), default=CALIBRATION_PROMPTS, metavar="N",
@@ -289,10 +289,21 @@ def _check_out_folder(text: str | None) -> Path:
     return out
 
 
+def _resolve_drafter(text: str) -> Path:
+    """A drafter folder, or a bare drafter name resolved as ``--draft dflash:NAME`` does; a name
+    with no drafter is kept as given, so the checks that follow name its missing file."""
+    from ..drafters import parse_draft_spec
+
+    try:
+        return Path(parse_draft_spec(f"dflash:{text}").path)
+    except ValueError:
+        return Path(text)
+
+
 def _eval(args) -> int:
     import torch
 
-    from ..drafters import drafter_files, parse_draft_spec
+    from ..drafters import drafter_files
     from ..drafters.checkpoint import DraftTargetError, check_target, load_checkpoint, read_config
     from ..drafters.data import (
         HUMANEVAL_EVAL_EVERY,
@@ -309,10 +320,7 @@ def _eval(args) -> int:
     from ..util.progress import RunProgress
     from .render import render_tau
 
-    try:  # a bare drafter name resolves as --draft dflash:NAME does
-        args.folder = str(parse_draft_spec(f"dflash:{args.folder}").path)
-    except ValueError:
-        pass  # no drafter there: the checks below name the missing file
+    args.folder = str(_resolve_drafter(args.folder))
     json_out = None if args.json in (None, "-") else args.json
     check_paths({"folder": [*drafter_files(args.folder), str(Path(args.folder) / "heldout.json")],  # calibrate reads it
                  "--eval-prompts": args.eval_prompts},
@@ -386,10 +394,11 @@ def _calibrate(args) -> int:
     from ..traces.prompts import PromptError, load_prompt_records
     from ..util.inputs import InputFileError, parse_json_strict, read_text
 
-    folder = Path(args.draft)
+    folder = _resolve_drafter(args.draft)
     out = folder / PRIOR_NAME if args.out is None else Path(args.out)
-    check_paths({"--draft": [str(folder / CONFIG_NAME), str(folder / WEIGHTS_NAME)], "--eval-prompts": args.eval_prompts},
-                {"--out" if args.out else "calibration.json": (str(out), (".json",))})
+    check_paths({"--draft": [str(folder / name) for name in (CONFIG_NAME, WEIGHTS_NAME, "heldout.json")],  # read here
+                 "--eval-prompts": args.eval_prompts},
+                {"--out" if args.out is not None else "calibration.json": (str(out), (".json",))})
     if args.out is None and out.exists():
         raise UsageError(f"--draft {folder} already holds {PRIOR_NAME} (the drafter's prior); name it to replace it "
                          f"(--out {out}) or write the new prior elsewhere (--out PATH.json)")

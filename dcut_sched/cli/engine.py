@@ -19,6 +19,7 @@ from .args import (
     comma_list,
     int_at_least,
     param_value,
+    path_arg,
     seed_type,
     short_value,
     torch_device,
@@ -126,7 +127,7 @@ def build_parser() -> CliParser:
                         "dflash:PATH, the DFlash block drafter in that folder (greedy drafts, one forward per step; "
                         "the shipped one: dflash:drafters/smollm2-135m-dflash, docs/drafters.md)")
     g = p.add_argument_group("inputs")
-    g.add_argument("--prompts", metavar="FILE",
+    g.add_argument("--prompts", metavar="FILE", type=path_arg,
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
     g.add_argument("--num-prompts", type=int_at_least(1), metavar="N", help="use the first N prompts only")
     g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")

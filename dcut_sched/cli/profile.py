@@ -24,6 +24,7 @@ from dcut_sched.cli.args import (
     flag_of,
     given_flags,
     int_at_least,
+    path_arg,
     seed_type,
 )
 from dcut_sched.cli.errors import CliParser, UsageError, run_cli
@@ -94,7 +95,7 @@ def build_parser() -> CliParser:
                     help="vllm with --vllm-draft: also time real engine steps on held-out prompts (dcut_sched/data/traces/prompts.jsonl "
                          "rows 32..), TOKENS new tokens per request, for the step_overhead, draft_first and real draft "
                          "rows (docs/vllm.md); 0 = dummy batches only (default: %(default)s)")
-    ap.add_argument("--out", required=True, help="output cost-curve JSON (written atomically)")
+    ap.add_argument("--out", required=True, type=path_arg, help="output cost-curve JSON (written atomically)")
     ap.add_argument("--model", help="preset (tiny, smollm2-135m, qwen3-8b, llama-3.1-8b, qwen3.5-27b, "
                                     "qwen3.5-35b-a3b, qwen3-30b-a3b), a config.json or a checkpoint directory "
                                     "[gpu/analytic: qwen3-8b, cpu: tiny]")
@@ -116,7 +117,7 @@ def build_parser() -> CliParser:
                     help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
                          "dflash:N (N layers of the target width, one block forward) or dflash:CONFIG; "
                          "auto = self-skip:14,15 for smollm2-135m, else dflash:min(5, max(1, layers/4)) (default: auto)")
-    ap.add_argument("--draft-config", help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
+    ap.add_argument("--draft-config", type=path_arg, help="shorthand for --draft dflash:CONFIG (a layer count, preset or config.json)")
     ap.add_argument("--warmups", type=int_at_least(0, MAX_REPEATS), help="untimed calls per cell [gpu: 5, cpu: 1]")
     ap.add_argument("--repeats", type=int_at_least(1, MAX_REPEATS), help="timed calls per cell [gpu: 20, cpu: 5]")
     ap.add_argument("--rounds", type=int_at_least(1, MAX_REPEATS),

@@ -136,6 +136,13 @@ def render_benchmarks(df, console, args, cost: str, prog: str) -> None:
     console.print("\n".join(notes), highlight=False, soft_wrap=True)
 
 
+def rate_source(args) -> str:
+    """Where an open-loop run's arrival rate came from: ``--rate`` when given, else ``--load``."""
+    if getattr(args, "rate", None) is not None:
+        return f"--rate {args.rate:g} req/s at every max bs"
+    return f"--load {args.load:g} x ar's capacity at each max bs"
+
+
 def render_runs(df, console, args, traces, costs, prog: str) -> None:
     """One trace and curve per table (one per (trace, cost) of a sweep): closed or open loop."""
     approx = "  [bold yellow]APPROXIMATE (step-indexed trace)[/bold yellow]" if df.attrs.get("approximate") else ""
@@ -146,7 +153,7 @@ def render_runs(df, console, args, traces, costs, prog: str) -> None:
         part.attrs = dict(df.attrs, approximate=bool(part["approximate"].any()))
         what = ("cells: speedup over ar (output tokens/s ratio), tokens/s below" if args.mode == "closed"
                 else "TPOT speedup = ar's mean TPOT / the policy's mean TPOT at the same arrivals (the rate "
-                     "is --load x ar's capacity at each max bs): how much faster each request decodes, not "
+                     f"is {rate_source(args)}): how much faster each request decodes, not "
                      "more throughput. Faster policies finish requests sooner, so they run smaller batches "
                      "(mean batch), and below saturation every policy's goodput is about the offered load "
                      "(goodput: output tokens/s of measured requests that meet --slo-tpot-ms, all without "

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .args import comma_list, finite_float, flag_of, given_flags, int_at_least, param_value, seed_type
+from .args import comma_list, finite_float, flag_of, given_flags, int_at_least, param_value, path_arg, seed_type
 from .errors import CliParser, UsageError, run_cli
 from .sim_output import PROG, report_tables, write_outputs
 from .sim_run import (
@@ -168,7 +168,7 @@ def _add_loop_and_output_flags(p: CliParser, defaults) -> None:
     g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no table (files only)")
     g = p.add_argument_group("selection curve (instead of the speedup table)")
-    g.add_argument("--selection-curve", metavar="FILE",
+    g.add_argument("--selection-curve", metavar="FILE", type=path_arg,
                    help="accepted tokens vs verification budget for uniform and topk; FILE: .csv/.parquet/.json "
                         "(data) or .png/.svg/.pdf (plot). Needs only the trace")
     g.add_argument("--selection-bs", type=int_at_least(1, MAX_SELECTION_BS), default=defaults.DEFAULT_SELECTION_BATCH_SIZE,

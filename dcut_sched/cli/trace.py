@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, comma_list, finite_float, flag_of, int_at_least, seed_type, torch_device
+from .args import check_paths, comma_list, finite_float, flag_of, int_at_least, path_arg, seed_type, torch_device
 from .errors import CliParser, UsageError, run_cli
 
 __all__ = ["build_parser", "main"]
@@ -80,9 +80,9 @@ def build_parser() -> CliParser:
                                      "layer-skip draft far longer; the run prints its size, an "
                                      "estimate after the first request, and progress (use --threads 1 when the "
                                      "cores are shared).")
-    rec.add_argument("--prompts", default=None, help="prompt file (JSON lines: id, category, prompt); default: the "
+    rec.add_argument("--prompts", default=None, type=path_arg, help="prompt file (JSON lines: id, category, prompt); default: the "
                      "shipped prompt set (dcut_sched/data/traces/prompts.jsonl)")
-    rec.add_argument("--out", required=True, help="output trace (.parquet)")
+    rec.add_argument("--out", required=True, type=path_arg, help="output trace (.parquet)")
     rec.add_argument("--backend", choices=("native", "hf"), default="native",
                      help="native: SmolLM2-135M-Instruct + self-speculative drafter (default); "
                           "hf: a local Hugging Face checkpoint pair (--target, --draft)")
@@ -120,7 +120,7 @@ def build_parser() -> CliParser:
     src.add_argument("--preset", help="preset name (see --list)")
     src.add_argument("--params", help="JSON file of generator parameters (as written by `fit --out`)")
     src.add_argument("--list", action="store_true", help="list presets with their source figures and exit")
-    syn.add_argument("--out", help="output trace (.parquet)")
+    syn.add_argument("--out", type=path_arg, help="output trace (.parquet)")
     syn.add_argument("--num-requests", type=int_at_least(1, MAX_SYNTH_REQUESTS), default=32, help="requests to generate (default 32)")
     syn.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), help="override B (default: the preset's)")
     syn.add_argument("--seed", type=seed_type, default=0, help="random seed (default 0)")
@@ -145,7 +145,7 @@ def build_parser() -> CliParser:
     st.add_argument("file", help="trace file (.parquet)")
     st.add_argument("--json", action="store_true", help="print JSON instead of tables")
     st.add_argument("--bins", type=int_at_least(1, MAX_BINS), default=10, help="confidence bins of the reliability table (default 10)")
-    st.add_argument("--out", help="also write the JSON to this file")
+    st.add_argument("--out", type=path_arg, help="also write the JSON to this file")
 
     # ---------------------------------------------------------------- fit
     ft = sub.add_parser("fit", help="fit the synthetic generator to a trace",
@@ -153,7 +153,7 @@ def build_parser() -> CliParser:
                                     "confidence separation, calibration) so that a synthetic trace matches the "
                                     "given trace's statistics (scipy.optimize); report the fit error.")
     ft.add_argument("file", help="trace file (.parquet)")
-    ft.add_argument("--out", help="write the fitted parameters as JSON (usable with `synth --params`)")
+    ft.add_argument("--out", type=path_arg, help="write the fitted parameters as JSON (usable with `synth --params`)")
     ft.add_argument("--json", action="store_true", help="print the result as JSON")
     ft.add_argument("--seed", type=seed_type, default=0, help="random seed of the simulated moments (default 0)")
     ft.add_argument("--max-evals", type=int_at_least(1, MAX_FIT_EVALS), default=400, help="objective evaluations (default 400)")

@@ -44,7 +44,7 @@ def parse_draft_spec(text: str) -> DraftSpec:
     kind, sep, path = text.partition(":")
     if kind == "dflash" and sep and path:
         p = Path(path)
-        if not (p / "config.json").is_file() and len(p.parts) == 1:
+        if not p.exists() and len(p.parts) == 1:  # a folder here, even a damaged one, is the one meant
             from ..paths import drafter_dir
 
             if (drafter_dir(path) / "config.json").is_file():  # a drafter's name, under $DCUT_DRAFTERS & co
