@@ -156,7 +156,8 @@ def build_parser() -> CliParser:
     ft.add_argument("--out", type=path_arg, help="write the fitted parameters as JSON (usable with `synth --params`)")
     ft.add_argument("--json", action="store_true", help="print the result as JSON")
     ft.add_argument("--seed", type=seed_type, default=0, help="random seed of the simulated moments (default 0)")
-    ft.add_argument("--max-evals", type=int_at_least(1, MAX_FIT_EVALS), default=400, help="objective evaluations (default 400)")
+    ft.add_argument("--max-evals", type=int_at_least(1, MAX_FIT_EVALS), default=400,
+                    help="objective evaluations (default 400, at least 84: the first two generations)")
     return parser
 
 
@@ -330,8 +331,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 # ============================================================================ fit
 def _cmd_fit(args: argparse.Namespace) -> int:
     from dcut_sched.traces import Trace, TraceError
-    from dcut_sched.traces.fit import fit_trace, print_fit
+    from dcut_sched.traces.fit import FIT_BOUNDS, fit_trace, min_evals, print_fit
 
+    least = min_evals(len(FIT_BOUNDS))
+    if args.max_evals < least:
+        raise UsageError(f"--max-evals {args.max_evals}: a fit runs at least {least} evaluations (the first two "
+                         f"generations); give --max-evals {least} or more")
     check_paths({"FILE": args.file}, {"--out": (args.out, (".json",))})
     try:
         trace = Trace.load(args.file)

@@ -43,6 +43,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "calibration_slope": (0.2, 3.0),
     "calibration_bias": (-3.0, 3.0),
 }
+POPSIZE = 6  # differential evolution's population per fitted parameter
 CURVE_RATIOS = (0.25, 0.5, 0.75, 1.0)
 CURVE_BATCH = 32
 
@@ -122,6 +123,11 @@ def _objective_terms(sim: dict[str, np.ndarray], target: dict[str, np.ndarray]) 
     return total
 
 
+def min_evals(num_names: int) -> int:
+    """The fewest evaluations a fit of ``num_names`` parameters runs: the initial population and one generation."""
+    return 2 * POPSIZE * num_names
+
+
 def fit_moments(target: dict[str, np.ndarray], base: SynthParams, fit_names: Sequence[str], *,
                 num_requests: int = 96, num_batches: int = 100, seed: int = 0, max_evals: int = 400,
                 bounds: dict[str, tuple[float, float]] | None = None) -> FitResult:
@@ -134,7 +140,8 @@ def fit_moments(target: dict[str, np.ndarray], base: SynthParams, fit_names: Seq
         num_requests: requests per synthetic trace at each evaluation.
         num_batches: selection-curve batches per evaluation.
         seed: seed of the synthetic traces and the batch sampling (common random numbers).
-        max_evals: evaluation budget (differential evolution gets ~75%, the polish the rest).
+        max_evals: evaluation budget (differential evolution gets ~75%, the polish the rest); at least
+            :func:`min_evals` of the fitted names, else ``ValueError`` (the budget would be exceeded).
 
     Returns:
         :class:`FitResult`.
@@ -144,6 +151,9 @@ def fit_moments(target: dict[str, np.ndarray], base: SynthParams, fit_names: Seq
     unknown = [n for n in names if n not in bounds]
     if unknown:
         raise ValueError(f"cannot fit {unknown}; fittable parameters: {sorted(bounds)}")
+    if max_evals < min_evals(len(names)):
+        raise ValueError(f"max_evals={max_evals} is below the {min_evals(len(names))} evaluations a fit of "
+                         f"{len(names)} parameters runs at least")
     box = [bounds[n] for n in names]
     evals = 0
 
@@ -159,7 +169,7 @@ def fit_moments(target: dict[str, np.ndarray], base: SynthParams, fit_names: Seq
         evals += 1
         return _objective_terms(sim(params_of(x)), target)
 
-    popsize = 6
+    popsize = POPSIZE
     per_gen = popsize * len(names)
     maxiter = max(1, int(0.75 * max_evals) // per_gen - 1)
     x0 = np.array([np.clip(getattr(base, n), lo, hi) for n, (lo, hi) in zip(names, box)])

@@ -105,7 +105,7 @@ def test_fit_writes_params_that_synth_reads(tmp_path, capsys):
     src = tmp_path / "src.parquet"
     generate(SynthParams(block_size=6, accept_logit=1.0, separation=1.0), num_requests=16, seed=2).save(src)
     params = tmp_path / "p.json"
-    assert main(["fit", str(src), "--max-evals", "30", "--out", str(params), "--json"]) == 0
+    assert main(["fit", str(src), "--max-evals", "84", "--out", str(params), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["params"]["block_size"] == 6 and "tau" in result["rel_errors"]
     assert main(["synth", "--params", str(params), "--num-requests", "3", "--out", str(tmp_path / "o.parquet")]) == 0
