@@ -42,7 +42,7 @@ class SampledDraftsError(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target samples: ``temperature`` T >= 0 (0: greedy), ``top_p`` in (0, 1] (1: off; applied
-    after ``top_k``), ``top_k`` (ties at the k-th logit kept; 0: off), ``seed`` (the run's, for
+    after ``top_k``), ``top_k`` (ties at the k-th logit kept; 0: off; both only at T > 0), ``seed`` (the run's, for
     :func:`request_keys`), ``draft`` (``greedy``; ``sampled`` raises :class:`SampledDraftsError` at
     T > 0). A value out of range raises ``ValueError`` naming the field.
     """
@@ -63,6 +63,10 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
         if not 0 <= int(self.seed) < 2**64:
             raise ValueError(f"seed={self.seed!r} must be in [0, 2**64)")
+        if t == 0 and (float(self.top_p) < 1.0 or int(self.top_k) > 0):
+            field_ = f"top_p={self.top_p!r}" if float(self.top_p) < 1.0 else f"top_k={self.top_k!r}"
+            raise ValueError(f"{field_} has no effect at temperature=0 (greedy decoding takes the argmax); "
+                             f"give a temperature > 0 to sample, or leave top_p=1 and top_k=0")
         if self.draft not in DRAFT_MODES:
             raise ValueError(f"draft={self.draft!r} must be one of {DRAFT_MODES}")
         if self.draft == "sampled" and t > 0:

@@ -1,12 +1,19 @@
-"""Tenth hostile pass: a fit budget below what a fit runs (docs/reliability.md, "Tenth pass")."""
+"""Cases of the tenth hostile pass (docs/reliability.md): a fit budget below what a fit runs; top-p/top-k
+at greedy decoding and --skip-layers with a DFlash drafter, settings that changed nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from dcut_sched.cli import engine as engine_cli
 from dcut_sched.cli.trace import main
+from dcut_sched.sampling import SamplingParams
 from dcut_sched.traces.fit import FIT_BOUNDS, fit_moments, min_evals, moments
 from dcut_sched.traces.synth import SynthParams, generate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fit_budget_below_two_generations_is_refused(tmp_path, capsys):
@@ -29,3 +36,24 @@ def test_fit_moments_runs_no_more_than_its_budget(budget):
     assert result.evaluations == budget
     with pytest.raises(ValueError, match="below the 24 evaluations"):
         fit_moments(target, base, ["accept_logit", "separation"], max_evals=23)
+
+
+@pytest.mark.parametrize("kwargs, field", [({"top_p": 0.5}, "top_p=0.5"), ({"top_k": 3}, "top_k=3")])
+def test_top_p_and_top_k_at_greedy_are_refused(kwargs, field):
+    with pytest.raises(ValueError, match=f"{field} has no effect at temperature=0"):
+        SamplingParams(temperature=0.0, **kwargs)
+    assert SamplingParams(temperature=0.7, **kwargs).describe().startswith("T=0.7")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--top-p", "0.5"], "top_p=0.5 has no effect at temperature=0"),
+    (["--top-k", "3"], "top_k=3 has no effect at temperature=0"),
+    (["--draft", "dflash:drafters/smollm2-135m-dflash", "--skip-layers", "3,4"], "--skip-layers has no effect"),
+])
+def test_engine_settings_without_effect_are_refused(argv, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "s.json"
+    assert engine_cli.main([*argv, "--num-prompts", "1", "--threads", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and words in err
+    assert not out.exists()
