@@ -190,6 +190,9 @@ def _load_inputs(args: argparse.Namespace):
             check_target(dflash.config, LlamaConfig.preset("smollm2-135m"))  # before the model is loaded
         except DraftCheckpointError as exc:
             raise UsageError(f"--draft {args.draft} ({draft_spec.path}): {exc}") from None
+        if list(args.skip_layers) != [14, 15]:  # not the default: the DFlash drafter skips no target layer
+            raise UsageError(f"--skip-layers has no effect with --draft {args.draft} (it sets the self-speculative "
+                             f"drafter's layers; the DFlash drafter is its own model): drop --skip-layers")
         if args.block_size > dflash.config.block_size:
             raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {draft_spec.path} drafts blocks "
                              f"of at most {dflash.config.block_size}")
