@@ -124,7 +124,7 @@ def build_parser() -> CliParser:
                     help="passes over the shuffled cells, each taking repeats/rounds samples per cell; "
                          "rounds = repeats spreads each cell's samples over the whole run, so load drift on a "
                          "shared machine hits all cells alike [gpu: 1, cpu: repeats]")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32]")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="[gpu: bfloat16, cpu: float32; analytic: bfloat16 only]")
     ap.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=1,
                     help="cpu: torch threads; 1 keeps timings stable on a shared machine (several threads "
                          "spin-wait on each other when cores are busy) (default: %(default)s)")
@@ -164,7 +164,7 @@ MODE_FLAGS = {
     "cpu": _MEASURED_FLAGS | {"threads"},
     "gpu": _MEASURED_FLAGS | {"eager"},
     "analytic": frozenset({"mode", "model", "device", "fit", "batch_sizes", "block_size", "context_len", "ratios",
-                           "grid_step", "draft", "draft_config", "dtype", "out", "report", "quiet", "no_progress"}),
+                           "grid_step", "draft", "draft_config", "out", "report", "quiet", "no_progress"}),  # bf16 only
     # --quiet and --no-progress only quieten output: accepted by every profile
     "vllm": frozenset({"vllm", "vllm_draft", "vllm_engine_steps", "block_size", "batch_sizes", "context_len",
                        "warmups", "repeats", "dtype", "out", "quiet", "no_progress"}),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dcut_sched.cli import engine as engine_cli
+from dcut_sched.cli import profile as profile_cli
 from dcut_sched.cli.trace import main
 from dcut_sched.sampling import SamplingParams
 from dcut_sched.traces.fit import FIT_BOUNDS, fit_moments, min_evals, moments
@@ -56,4 +57,14 @@ def test_engine_settings_without_effect_are_refused(argv, words, tmp_path, capsy
     assert engine_cli.main([*argv, "--num-prompts", "1", "--threads", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and words in err
+    assert not out.exists()
+
+
+def test_analytic_profile_refuses_dtype(tmp_path, capsys):
+    # the roofline is bf16 only: --dtype float32 wrote a curve identical to bf16's, labelled bfloat16
+    out = tmp_path / "c.json"
+    assert profile_cli.main(["--analytic", "--device", "h200", "--model", "tiny", "--dtype", "float32",
+                             "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--dtype has no effect on a --analytic profile" in err
     assert not out.exists()
