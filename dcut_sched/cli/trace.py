@@ -94,7 +94,7 @@ def build_parser() -> CliParser:
     rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model; native: dflash:PATH records "
                                      "the DFlash block drafter in that folder instead of the self-speculative one "
                                      "(e.g. dflash:drafters/smollm2-135m-dflash)")
-    rec.add_argument("--dtype", default="float32", help="hf: torch dtype (float32, bfloat16, float16)")
+    rec.add_argument("--dtype", help="hf: torch dtype (float32 (default), bfloat16, float16)")
     rec.add_argument("--device", type=torch_device, default="cpu", help="cpu or cuda[:i] (default cpu)")
     rec.add_argument("--threads", type=int_at_least(1, MAX_THREADS), help="torch CPU threads (use 1 on a busy shared machine)")
     rec.add_argument("--limit", type=int_at_least(1), help="use only the first N prompts")
@@ -204,8 +204,12 @@ def _cmd_record(args: argparse.Namespace) -> int:
             for p in (args.target, args.draft):
                 if not Path(p).exists():
                     raise UsageError(f"{p}: no such checkpoint directory")
-            backend = HFBackend(args.target, args.draft, device=args.device, dtype=args.dtype)
+            backend = HFBackend(args.target, args.draft, device=args.device, dtype=args.dtype or "float32")
             extra = {}
+        elif args.target or args.dtype:  # read by --backend hf only
+            flag = "--target" if args.target else "--dtype"
+            raise UsageError(f"{flag} has no effect with --backend native (only --backend hf reads it); drop "
+                             f"{flag}, or record with --backend hf")
         elif args.draft:
             from dcut_sched.drafters import load_dflash, parse_draft_spec
             from dcut_sched.drafters.checkpoint import DraftCheckpointError, check_target
@@ -224,6 +228,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
                 check_target(model.config, LlamaConfig.preset("smollm2-135m"))  # before the target is loaded
             except DraftCheckpointError as exc:
                 raise UsageError(f"--draft {args.draft} ({spec.path}): {exc}") from None
+            if tuple(args.skip_layers) != (14, 15):  # not the default: the DFlash drafter is its own model
+                raise UsageError(f"--skip-layers has no effect with --draft {args.draft} (it sets the self-speculative "
+                                 f"drafter's layers): drop --skip-layers")
             if args.block_size > model.config.block_size:
                 raise UsageError(f"--block-size {args.block_size}: the DFlash drafter in {spec.path} (--draft) drafts "
                                  f"blocks of at most {model.config.block_size}")

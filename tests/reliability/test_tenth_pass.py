@@ -68,3 +68,18 @@ def test_analytic_profile_refuses_dtype(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--dtype has no effect on a --analytic profile" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--dtype", "float16"], "--dtype has no effect with --backend native"),
+    (["--target", "."], "--target has no effect with --backend native"),
+    (["--draft", "dflash:drafters/smollm2-135m-dflash", "--skip-layers", "1,2"], "--skip-layers has no effect"),
+])
+def test_record_settings_without_effect_are_refused(argv, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "r.parquet"
+    assert main(["record", *argv, "--limit", "1", "--max-new-tokens", "2", "--threads", "1", "--block-size", "4",
+                 "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and words in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
