@@ -39,6 +39,13 @@ def test_fit_moments_runs_no_more_than_its_budget(budget):
         fit_moments(target, base, ["accept_logit", "separation"], max_evals=23)
 
 
+def _refused(status: int, capsys, words: str, out) -> None:
+    """Exit 2, one error line holding ``words``, and no output written."""
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.count("\n") == 0 and words in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("kwargs, field", [({"top_p": 0.5}, "top_p=0.5"), ({"top_k": 3}, "top_k=3")])
 def test_top_p_and_top_k_at_greedy_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=f"{field} has no effect at temperature=0"):
@@ -54,20 +61,14 @@ def test_top_p_and_top_k_at_greedy_are_refused(kwargs, field):
 def test_engine_settings_without_effect_are_refused(argv, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "s.json"
-    assert engine_cli.main([*argv, "--num-prompts", "1", "--threads", "1", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and words in err
-    assert not out.exists()
+    _refused(engine_cli.main([*argv, "--num-prompts", "1", "--threads", "1", "--out", str(out)]), capsys, words, out)
 
 
 def test_analytic_profile_refuses_dtype(tmp_path, capsys):
     # the roofline is bf16 only: --dtype float32 wrote a curve identical to bf16's, labelled bfloat16
     out = tmp_path / "c.json"
-    assert profile_cli.main(["--analytic", "--device", "h200", "--model", "tiny", "--dtype", "float32",
-                             "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--dtype has no effect on a --analytic profile" in err
-    assert not out.exists()
+    _refused(profile_cli.main(["--analytic", "--device", "h200", "--model", "tiny", "--dtype", "float32",
+                               "--out", str(out)]), capsys, "--dtype has no effect on a --analytic profile", out)
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -78,8 +79,6 @@ def test_analytic_profile_refuses_dtype(tmp_path, capsys):
 def test_record_settings_without_effect_are_refused(argv, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "r.parquet"
-    assert main(["record", *argv, "--limit", "1", "--max-new-tokens", "2", "--threads", "1", "--block-size", "4",
-                 "--no-progress", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and words in err
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+    _refused(main(["record", *argv, "--limit", "1", "--max-new-tokens", "2", "--threads", "1", "--block-size", "4",
+                   "--no-progress", "--out", str(out)]), capsys, words, out)
+    assert list(tmp_path.iterdir()) == []
