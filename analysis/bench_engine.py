@@ -199,7 +199,7 @@ def run_rounds(args) -> int:
           f"cpu_share per run: min {frame.cpu_share.min():.2f}, median {frame.cpu_share.median():.2f}; 1-min load "
           f"{frame.load_start.min():.2f}-{frame.load_end.max():.2f}; every run lossless: {bool(frame.lossless.all())}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `python analysis/bench_engine.py --rounds "
-          f"{args.rounds}` regenerates this file."]
+          f"{args.rounds} --max-new-tokens {args.max_new_tokens}` regenerates this file."]
     with all_or_none():
         atomic_write_text(out / "bench_engine_rounds_runs.csv", frame.to_csv(index=False))
         atomic_write_text(out / "bench_engine_rounds.csv", summary.to_csv(index=False))
