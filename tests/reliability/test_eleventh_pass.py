@@ -1,9 +1,16 @@
-"""Cases of the eleventh hostile pass (docs/reliability.md): a flag one recording backend reads and
-another would ignore."""
+"""Cases of the eleventh hostile pass (docs/reliability.md): a flag one recording backend or one policy
+reads and another would ignore."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from dcut_sched.cli import engine as engine_cli
 from dcut_sched.cli.trace import main
+
+DFLASH = "dflash:drafters/smollm2-135m-dflash"
 
 
 def test_record_hf_refuses_skip_layers_before_loading(tmp_path, capsys):
@@ -18,3 +25,26 @@ def test_record_hf_refuses_skip_layers_before_loading(tmp_path, capsys):
     assert err.count("\n") == 0
     assert "--skip-layers has no effect with --backend hf" in err and "drop --skip-layers" in err
     assert sorted(tmp_path.iterdir()) == [draft, target]  # no trace, no partial recording
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    (["--skip-layers", "3,4"], "--skip-layers"),
+    (["--block-size", "4"], "--block-size"),
+    (["--no-calibrate"], "--no-calibrate"),
+    (["--draft", "sampled"], "--draft"),
+    (["--draft", DFLASH], "--draft"),
+])
+def test_engine_plain_decoding_refuses_drafter_flags(tmp_path, capsys, monkeypatch, extra, flag):
+    from dcut_sched import model
+
+    def never(*a, **k):  # the refusal comes before the model loads
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.setattr(model.LlamaModel, "from_smollm2", classmethod(never))
+    out = tmp_path / "s.json"
+    assert engine_cli.main(["--policy", "ar", *extra, "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert f"{flag} has no effect with --policy ar" in err and f"drop {flag}" in err
+    assert not out.exists()
