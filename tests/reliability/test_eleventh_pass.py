@@ -48,3 +48,17 @@ def test_engine_plain_decoding_refuses_drafter_flags(tmp_path, capsys, monkeypat
     assert err.count("\n") == 0
     assert f"{flag} has no effect with --policy ar" in err and f"drop {flag}" in err
     assert not out.exists()
+
+
+def test_analytic_fit_refuses_context_len(tmp_path, capsys):
+    from dcut_sched.cli import profile as profile_cli
+
+    src = Path(__file__).resolve().parents[2] / "dcut_sched/profiler/profiles/h20-qwen3-8b-published.json"
+    before = src.read_bytes()
+    out = tmp_path / "c.json"
+    code = profile_cli.main(["--analytic", "--device", "h20", "--model", "qwen3-8b", "--fit", str(src),
+                             "--context-len", "4096", "--out", str(out), "--quiet"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--context-len has no effect with --fit" in err
+    assert not out.exists() and src.read_bytes() == before
