@@ -62,3 +62,20 @@ def test_analytic_fit_refuses_context_len(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--context-len has no effect with --fit" in err
     assert not out.exists() and src.read_bytes() == before
+
+
+@pytest.mark.parametrize(("doc", "words"), [
+    ({"policy": "full", "cost_curve": "{tmp}/c.json"}, "key 'cost_curve' has no effect with policy 'full'"),
+    ({"policy": "fine", "cost_curve": "{tmp}/c.json", "profile_cache_dir": "{tmp}/p"},
+     "key 'profile_cache_dir' has no effect: 'cost_curve' is given"),
+    ({"policy": "uniform", "profile_cache_dir": "{tmp}/p"},
+     "key 'profile_cache_dir' has no effect: policy 'uniform' needs no cost curve"),
+])
+def test_vllm_config_refuses_keys_its_policy_never_reads(tmp_path, doc, words):
+    from dcut_sched.integrations.vllm.config import DCutConfigError, DCutVllmConfig
+
+    doc = {k: v.replace("{tmp}", str(tmp_path)) for k, v in doc.items()}
+    with pytest.raises(DCutConfigError) as info:
+        DCutVllmConfig.from_mapping(doc, "additional_config['dcut']")
+    assert words in str(info.value) and "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
