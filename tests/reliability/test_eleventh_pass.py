@@ -70,11 +70,12 @@ def test_analytic_fit_refuses_context_len(tmp_path, capsys):
      "key 'profile_cache_dir' has no effect: 'cost_curve' is given"),
     ({"policy": "uniform", "profile_cache_dir": "{tmp}/p"},
      "key 'profile_cache_dir' has no effect: policy 'uniform' needs no cost curve"),
+    ({"policy": "ar", "calibrate": False}, "key 'calibrate' has no effect with policy 'ar'"),
 ])
 def test_vllm_config_refuses_keys_its_policy_never_reads(tmp_path, doc, words):
     from dcut_sched.integrations.vllm.config import DCutConfigError, DCutVllmConfig
 
-    doc = {k: v.replace("{tmp}", str(tmp_path)) for k, v in doc.items()}
+    doc = {k: v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) else v for k, v in doc.items()}
     with pytest.raises(DCutConfigError) as info:
         DCutVllmConfig.from_mapping(doc, "additional_config['dcut']")
     assert words in str(info.value) and "\n" not in str(info.value)
