@@ -166,6 +166,21 @@ def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
                  "--trace": (args.trace, (".parquet",))})
 
 
+#: The flags only a drafting run reads (argparse dests and the flag that changes each from its default).
+_DRAFT_FLAGS = (("draft", "--draft"), ("skip_layers", "--skip-layers"), ("block_size", "--block-size"),
+                ("calibrate", "--no-calibrate"))
+
+
+def _check_no_draft_flags(args: argparse.Namespace) -> None:
+    """``--policy ar`` decodes without drafts: a drafter, its layers, the block size or the calibration
+    given away from its default would change nothing, so it is refused before any file or model loads."""
+    bare = build_parser().parse_args([])
+    for dest, flag in _DRAFT_FLAGS:
+        if getattr(args, dest) != getattr(bare, dest):
+            raise UsageError(f"{flag} has no effect with --policy ar (plain decoding: no drafter runs and no block "
+                             f"is drafted); drop {flag} or choose a policy that drafts (full, dcut, fine, ...)")
+
+
 def _load_inputs(args: argparse.Namespace):
     """Load: the drafter, the sampling settings, the policy parameters and the prompt texts, each refused
     with a :class:`UsageError` naming its flag. Returns ``(draft_spec, dflash, sampling, params, texts)``."""
@@ -178,6 +193,8 @@ def _load_inputs(args: argparse.Namespace):
     from ..model.config import LlamaConfig
     from ..sampling import SamplingParams
 
+    if args.policy == "ar":
+        _check_no_draft_flags(args)
     try:
         draft_spec = parse_draft_spec(args.draft)
     except ValueError as exc:

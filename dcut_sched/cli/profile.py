@@ -184,6 +184,9 @@ def check_flags_used(args: argparse.Namespace, given) -> None:
             flag = flag_of(dest)
             raise UsageError(f"{flag} has no effect on a --{mode} profile; drop {flag} (see dcut-profile --help for "
                              f"which profile reads it)")
+    if mode == "analytic" and args.fit and "context_len" in given:  # fill_curve keeps the file's context length
+        raise UsageError("--context-len has no effect with --fit (the filled curve keeps the context length the --fit "
+                         "file was measured at); drop --context-len, or measure a curve at that context length")
     if "vllm_engine_steps" in given and not args.vllm_draft:
         raise UsageError("--vllm-engine-steps times drafted engine steps: add --vllm-draft DIR or drop it")
     if "draft" in given and "draft_config" in given:

@@ -201,6 +201,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
         if args.backend == "hf":
             if not args.target or not args.draft:
                 raise UsageError("--backend hf needs --target DIR and --draft DIR (local checkpoints)")
+            if tuple(args.skip_layers) != (14, 15):  # not the default: the hf draft is its own checkpoint
+                raise UsageError("--skip-layers has no effect with --backend hf (it sets the native self-speculative "
+                                 "drafter's layers; --draft DIR is the draft model): drop --skip-layers")
             for p in (args.target, args.draft):
                 if not Path(p).exists():
                     raise UsageError(f"{p}: no such checkpoint directory")

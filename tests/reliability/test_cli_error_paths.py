@@ -162,7 +162,7 @@ def test_engine_refused_by_the_engine(files, capsys, monkeypatch):
         raise ValueError("skip_layers [99] outside the model's 30 layers")
 
     monkeypatch.setattr(engine, "SpecEngine", refuse)
-    err = _run("engine", ["--policy", "ar", "--skip-layers", "99"], files, capsys)
+    err = _run("engine", ["--policy", "full", "--skip-layers", "99"], files, capsys)
     assert "skip_layers [99] outside" in err
 
 

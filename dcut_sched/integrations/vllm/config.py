@@ -14,11 +14,13 @@ Keys (all optional):
 ``policy_params``    keyword arguments of the policy (e.g. ``{"granularity": 4}`` for ``fine``)
 ``cost_curve``       path of a ``dcut.cost-curve`` JSON measured for the served block size
                      B = ``num_speculative_tokens + 1``; without one a policy that needs a curve
-                     profiles vLLM at start-up and caches the file (``profile_cache_dir``)
-``profile_cache_dir``  folder of start-up profiles [``$DCUT_SCHED_CACHE/vllm-profiles``]
+                     profiles vLLM at start-up and caches the file (``profile_cache_dir``);
+                     refused with a policy that plans without one
+``profile_cache_dir``  folder of start-up profiles [``$DCUT_SCHED_CACHE/vllm-profiles``]; refused
+                     where nothing is profiled (``cost_curve`` given, or a policy without a curve)
 ``calibrate``        score per-depth calibrated confidences, learnt online from the drafter's
                      ``calibration.json`` prior (``speculative_config.model``/calibration.json when
-                     that is a local folder) or the identity [true]
+                     that is a local folder) or the identity [true]; false is refused with ``ar``
 ``record_path``      write one JSON line per engine step (plan, verified lengths, accepted
                      tokens, plan time, each planned request's confidences, draft token ids
                      and output tokens so far) to this file, the worker's verified lengths to
@@ -135,6 +137,16 @@ class DCutVllmConfig:
         for key in ("cost_curve", "profile_cache_dir", "record_path"):
             if getattr(typed, key) is not None and not getattr(typed, key).strip():
                 raise DCutConfigError(f"{source}: key {key!r} is empty; give a path or leave the key out")
+        if typed.cost_curve is not None and not built.needs_cost:  # the controller would never read it
+            raise DCutConfigError(f"{source}: key 'cost_curve' has no effect with policy {policy!r} (it plans without "
+                                  f"a cost curve); leave the key out or choose a policy that reads it (dcut, fine, ...)")
+        if policy == "ar" and not typed.calibrate:  # plain decoding scores no confidence
+            raise DCutConfigError(f"{source}: key 'calibrate' has no effect with policy 'ar' (no request drafts, so no "
+                                  f"confidence is scored); leave the key out")
+        if typed.profile_cache_dir is not None and (typed.cost_curve is not None or not built.needs_cost):
+            why = "'cost_curve' is given" if typed.cost_curve is not None else f"policy {policy!r} needs no cost curve"
+            raise DCutConfigError(f"{source}: key 'profile_cache_dir' has no effect: {why}, so nothing is profiled at "
+                                  f"start-up; leave the key out")
         if typed.record_path is not None:  # the record files are outputs: never the curve, never a folder
 
             try:
