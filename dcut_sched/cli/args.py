@@ -31,9 +31,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..util.atomic import check_writable
 from .errors import UsageError
 
-__all__ = ["MAX_LIST_ITEMS", "MAX_SEED", "check_json_input", "check_paths", "comma_list", "finite_float", "flag_of",
+__all__ = ["MAX_LIST_ITEMS", "MAX_SEED", "SELF_SPEC_SKIP_LAYERS", "check_json_input", "check_paths", "comma_list", "finite_float", "flag_of",
            "given_flags", "int_at_least", "param_value",
            "read_text_input", "same_file", "seed_type", "short_value", "torch_device"]
+
+#: ``--skip-layers`` unless given: the SmolLM2 layers the self-speculative drafter skips. A run with another
+#: drafter (DFlash, an hf draft model) refuses any other value, since it would not read it.
+SELF_SPEC_SKIP_LAYERS: tuple[int, ...] = (14, 15)
 
 #: The largest ``--seed`` any tool takes: seeds are stored as int64 in result files.
 MAX_SEED = 2**63 - 1

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .args import (
+    SELF_SPEC_SKIP_LAYERS,
     check_json_input,
     check_paths,
     comma_list,
@@ -113,7 +114,7 @@ def build_parser() -> CliParser:
     g.add_argument("--batch-size", type=int_at_least(1, MAX_BATCH_SIZE), default=8, help="requests decoded at a time (default: 8)")
     g.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: slots per block, B-1 drafts (default: 16)")
     g.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=32, help="tokens generated per request (default: 32)")
-    g.add_argument("--skip-layers", type=_layer_list, default=[14, 15], metavar="I,J",
+    g.add_argument("--skip-layers", type=_layer_list, default=list(SELF_SPEC_SKIP_LAYERS), metavar="I,J",
                    help="layers the self-speculative drafter skips (default: 14,15)")
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -207,7 +208,7 @@ def _load_inputs(args: argparse.Namespace):
             check_target(dflash.config, LlamaConfig.preset("smollm2-135m"))  # before the model is loaded
         except DraftCheckpointError as exc:
             raise UsageError(f"--draft {args.draft} ({draft_spec.path}): {exc}") from None
-        if list(args.skip_layers) != [14, 15]:  # not the default: the DFlash drafter skips no target layer
+        if tuple(args.skip_layers) != SELF_SPEC_SKIP_LAYERS:  # not the default: the DFlash drafter skips no target layer
             raise UsageError(f"--skip-layers has no effect with --draft {args.draft} (it sets the self-speculative "
                              f"drafter's layers; the DFlash drafter is its own model): drop --skip-layers")
         if args.block_size > dflash.config.block_size:

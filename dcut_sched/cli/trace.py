@@ -21,7 +21,17 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .args import check_paths, comma_list, finite_float, flag_of, int_at_least, path_arg, seed_type, torch_device
+from .args import (
+    SELF_SPEC_SKIP_LAYERS,
+    check_paths,
+    comma_list,
+    finite_float,
+    flag_of,
+    int_at_least,
+    path_arg,
+    seed_type,
+    torch_device,
+)
 from .errors import CliParser, UsageError, run_cli
 
 __all__ = ["build_parser", "main"]
@@ -88,7 +98,7 @@ def build_parser() -> CliParser:
                           "hf: a local Hugging Face checkpoint pair (--target, --draft)")
     rec.add_argument("--block-size", type=int_at_least(2, MAX_BLOCK_SIZE), default=16, help="B: draft slots per block incl. anchor (default 16)")
     rec.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=256, help="longest target output per prompt (default 256)")
-    rec.add_argument("--skip-layers", type=_ints, default=(14, 15),
+    rec.add_argument("--skip-layers", type=_ints, default=SELF_SPEC_SKIP_LAYERS,
                      help="native: decoder layers the self-speculative drafter skips, e.g. 14,15 (default)")
     rec.add_argument("--target", help="hf: local checkpoint directory of the target model")
     rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model; native: dflash:PATH records "
@@ -201,7 +211,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
         if args.backend == "hf":
             if not args.target or not args.draft:
                 raise UsageError("--backend hf needs --target DIR and --draft DIR (local checkpoints)")
-            if tuple(args.skip_layers) != (14, 15):  # not the default: the hf draft is its own checkpoint
+            if tuple(args.skip_layers) != SELF_SPEC_SKIP_LAYERS:  # not the default: the hf draft is its own checkpoint
                 raise UsageError("--skip-layers has no effect with --backend hf (it sets the native self-speculative "
                                  "drafter's layers; --draft DIR is the draft model): drop --skip-layers")
             for p in (args.target, args.draft):
@@ -231,7 +241,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
                 check_target(model.config, LlamaConfig.preset("smollm2-135m"))  # before the target is loaded
             except DraftCheckpointError as exc:
                 raise UsageError(f"--draft {args.draft} ({spec.path}): {exc}") from None
-            if tuple(args.skip_layers) != (14, 15):  # not the default: the DFlash drafter is its own model
+            if tuple(args.skip_layers) != SELF_SPEC_SKIP_LAYERS:  # not the default: the DFlash drafter is its own model
                 raise UsageError(f"--skip-layers has no effect with --draft {args.draft} (it sets the self-speculative "
                                  f"drafter's layers): drop --skip-layers")
             if args.block_size > model.config.block_size:
