@@ -238,15 +238,18 @@ def _round_run(name: str, bs: int, r: int, out: Path, schedule: dict[int, int]) 
                 else {"num_speculative_tokens": int(name.removeprefix("vllm-k"))})
         return {"name": f"{name}#{r}", "dcut": None, "vllm_spec": spec}
     dcut = {"policy": name, "log_interval_s": 600.0}
-    if policies_need_curve(name):
+    built = _built_policy(name)
+    if built.needs_cost:
         dcut["cost_curve"] = _rel(out / _curve_name())
+    if built.reads_remaining:  # a wave is a finite batch: LLM.generate over its prompts
+        dcut["finite_batch"] = True
     return {"name": f"{name}#{r}", "dcut": dcut}
 
 
-def policies_need_curve(name: str) -> bool:
+def _built_policy(name: str):
     from dcut_sched import policies
 
-    return policies.get(name).needs_cost
+    return policies.get(name)
 
 
 def stage_rounds(args, out: Path) -> None:

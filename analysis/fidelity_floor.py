@@ -36,7 +36,7 @@ cause (:func:`cause`). Writes ``analysis/results/fidelity_floor/fidelity_floor.{
 
 ``record`` writes, under ``analysis/results/fidelity_floor/``, one position-indexed trace per
 (prompt set, block size) the benchmarks run, recorded in the project's engine with the shipped
-DFlash drafter: the first 16 prompts of each set, 32 greedy tokens, **EOS ignored** (the vLLM runs
+DFlash drafter: the first 16 prompts of each set, 64 greedy tokens (the longest run of either benchmark), **EOS ignored** (the vLLM runs
 set ``ignore_eos`` and the project's engine runs without ``eos_id``, so a request decodes past
 ``<|im_end|>``). Greedy, so the target's outputs are the engines'.
 """
@@ -79,7 +79,7 @@ TOLERANCE = 0.10
 #: what the benchmarks run: block size per engine, new tokens per request (the first from prefill),
 #: and the largest wave (the first ``bs`` prompts of a set)
 BLOCK = {"vllm": 8, "own": 16}
-MAX_TOKENS = 32
+MAX_TOKENS = 64
 NUM_PROMPTS = 16
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "ScoreRanking",
     "check_confidences",
     "check_scores",
+    "drain_progress",
+    "drain_slots",
     "expected_tokens",
     "global_topk",
     "is_tensor",
@@ -292,6 +294,23 @@ class ScoreRanking:
             return np.bincount(chosen, minlength=self.batch_size).astype(np.int64)
         return self._threshold_lengths(k)
 
+    def lengths_at(self, ks: Any) -> np.ndarray:
+        """The top-K lengths for each K in ``ks`` at once: ``[len(ks), bs]`` int64 on the host (one sort;
+        row c equals :meth:`lengths` ``(ks[c])``). ``ValueError`` unless ``bs <= K <= bs*B``.
+        """
+        ks_arr = np.atleast_1d(np.asarray(ks, dtype=np.int64))
+        self.check_budget(int(ks_arr.min()))
+        self.check_budget(int(ks_arr.max()))
+        if self._torch:
+            order = self._order.cpu().numpy()
+        else:
+            self._sort()
+            order = self._order
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        rank = rank.reshape(self.block_size, self.batch_size)  # slot-major: [B, bs]
+        return (rank[None, :, :] < ks_arr[:, None, None]).sum(axis=1, dtype=np.int64)
+
     def _threshold_lengths(self, k: int) -> np.ndarray:
         """Top-``k`` lengths without a sort: every score above the k-th largest ``v`` (a prefix per row),
         then the slots still needed from the scores equal to ``v`` in tie order.
@@ -335,6 +354,37 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
     mask = np.arange(block)[None, :] < np.asarray(lengths)[:, None]
     per = (scores * mask).sum(axis=1)
     return per if per_request else float(per.sum())
+
+
+def drain_slots(remaining: np.ndarray, block_size: int) -> np.ndarray:
+    """``[bs, B]`` bool: the slots of a draining batch (no request waits) whose acceptance can bring its
+    end closer this step, for ``remaining [bs]`` (>= 1) tokens each request still generates at most:
+    slot ``a`` of request i when ``a < R_i - R_max + min(B, R_max)``, and every anchor (docs/design.md
+    §2.1, "A draining batch").
+    """
+    r = np.asarray(remaining, dtype=np.int64)
+    r_max = int(r.max())
+    room = r - r_max + min(block_size, r_max)
+    slot = np.arange(block_size)[None, :]
+    return (slot == 0) | (slot < room[:, None])
+
+
+def drain_progress(scores: np.ndarray, lengths: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    """Expected steps one step takes off a draining batch's end, per candidate: ``R_max - E[max_i
+    max(R_i - 1 - A_i, 0)]`` for ``lengths [n, bs]``, independent requests with ``P(A_i >= a) =
+    scores[i, a]`` for ``a < lengths[c, i]`` (0 beyond) and ``remaining [bs]`` (>= 1) tokens each
+    still generates at most. ``[n]`` float64, each in ``[1, min(B, R_max)]``; host numpy (docs/design.md
+    §2.1, "A draining batch"). One request: the expected tokens, capped at ``R``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    bs, block = scores.shape
+    r = np.asarray(remaining, dtype=np.int64)
+    r_max = int(r.max())
+    # a[i, d]: request i is within R_max - d - 1 tokens of its end after this step iff A_i >= a[i, d]
+    a = r[:, None] - r_max + np.arange(min(block, r_max))[None, :]
+    p = np.where(a <= 0, 1.0, scores[np.arange(bs)[:, None], np.clip(a, 0, block - 1)])
+    within = a[None, :, :] < np.asarray(lengths, dtype=np.int64)[:, :, None]  # [n, bs, D]
+    return np.where(within, p[None, :, :], 0.0).prod(axis=1).sum(axis=1)
 
 
 def verified_prefix_tokens(accept_len: Array, lengths: Array) -> Array:

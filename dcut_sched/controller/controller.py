@@ -237,17 +237,22 @@ class RatioController:
         return ControllerPlan(vp.lengths, vp.num_tokens, self.block_size, vp.expected_tokens, vp.draft_next,
                               vp.drafted, cell, vp)
 
-    def plan(self, conf: Array, *, accept_len: Array | None = None) -> ControllerPlan:
+    def plan(self, conf: Array, *, accept_len: Array | None = None, remaining: Any = None) -> ControllerPlan:
         """Plan one drafted step from ``conf [bs, B-1]`` (torch on any device, or numpy; bad rows:
         :meth:`StepDriver.sanitize <dcut_sched.controller.step_driver.StepDriver.sanitize>`).
-        ``accept_len`` only for ``oracle``. Tensors of the plan are on ``conf``'s device.
+        ``accept_len`` only for ``oracle``. ``remaining [bs]`` (integers; values below 1 count as 1): pass
+        it while no request waits and none will arrive (a finite batch draining), each request's tokens
+        still to generate at most; ``fine`` then values a step by how much closer it brings the batch's
+        end (docs/design.md §2.1, "A draining batch"). Tensors of the plan are on ``conf``'s device.
 
         Raises:
-            TypeError: ``conf`` is not a floating array.
-            ValueError: ``conf`` is not ``[bs, B-1]``.
+            TypeError: ``conf`` is not a floating array; ``remaining`` is not integers.
+            ValueError: ``conf`` is not ``[bs, B-1]``; ``remaining`` is not ``[bs]``.
             CostCurveRangeError: the batch size is outside the cost curve.
         """
         self._check_shape(conf)
+        if remaining is not None:
+            remaining = self._host_remaining(remaining, int(conf.shape[0]))
         if isinstance(conf, torch.Tensor) and conf.device.type == "cpu":
             # CPU tensors share memory with numpy arrays: plan on the numpy views (the same policy
             # code, numpy kind; cheaper than many tiny torch CPU ops, docs/controller.md) and hand
@@ -257,8 +262,22 @@ class RatioController:
                 arr = arr.to(torch.float32)
             if accept_len is not None and isinstance(accept_len, torch.Tensor):
                 accept_len = accept_len.cpu().numpy()
-            return _to_torch(self._finish(self.driver.plan(arr.numpy(), accept_len)))
-        return self._finish(self.driver.plan(conf, accept_len))
+            return _to_torch(self._finish(self.driver.plan(arr.numpy(), accept_len, remaining)))
+        return self._finish(self.driver.plan(conf, accept_len, remaining))
+
+    @staticmethod
+    def _host_remaining(remaining: Any, batch_size: int) -> np.ndarray:
+        """``remaining`` as host int64 ``[bs]``, each at least 1."""
+        if isinstance(remaining, torch.Tensor):
+            remaining = remaining.cpu().numpy()
+        arr = np.asarray(remaining)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"RatioController.plan: remaining must be integers (tokens each request still "
+                            f"generates at most); got dtype {arr.dtype}")
+        if arr.shape != (batch_size,):
+            raise ValueError(f"RatioController.plan: remaining must have shape [{batch_size}] (one per request "
+                             f"of conf); got {arr.shape}")
+        return np.maximum(arr.astype(np.int64), 1)
 
     def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
         """Plan a plain step (every request verifies its anchor) of ``batch_size >= 1`` requests

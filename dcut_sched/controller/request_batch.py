@@ -159,7 +159,8 @@ class MetricsWindow:
 class StepPlan:
     """One plan by request id (:meth:`RequestBatch.plan`): ``req_ids`` in the confidence rows' order,
     ``lengths`` clipped to ``1 + len(drafts[i])``, ``kept`` the first ``L[i] - 1`` drafts of each, the
-    controller's unclipped ``plan``, ``plan_ms``; ``conf``/``drafts``/``num_output`` only when recording.
+    controller's unclipped ``plan``, ``plan_ms``, ``draining`` (planned with the requests' remaining
+    tokens: no request waited); ``conf``/``drafts``/``num_output`` only when recording.
     """
 
     req_ids: list[Hashable]
@@ -171,6 +172,7 @@ class StepPlan:
     conf: list[list[float]] | None = None
     drafts: list[list[int]] | None = None
     num_output: list[int] | None = None
+    draining: bool = False
 
     @property
     def draft_next(self) -> bool:
@@ -246,18 +248,25 @@ class RequestBatch:
 
     # ------------------------------------------------------------------ plan
     def plan(self, req_ids: Sequence[Hashable], drafts: Sequence[Sequence[int]], conf: Any, *,
-             accept_len: Any = None, num_output: Sequence[int] | None = None,
+             accept_len: Any = None, remaining: Sequence[int] | None = None, num_output: Sequence[int] | None = None,
              started: float | None = None) -> StepPlan:
         """Plan ``req_ids`` (at least one) from their ``drafts`` and ``[n, B-1]`` ``conf`` (numpy or torch;
         :func:`confidence_matrix` builds it from ragged rows). ``accept_len``: ``oracle`` only;
+        ``remaining``: each request's tokens still to generate at most, given while no request waits and
+        none will arrive (:meth:`RatioController.plan <dcut_sched.controller.RatioController.plan>`);
         ``num_output``: tokens so far (recorded); ``started``: when the engine began the plan (``plan_ms``).
         """
         t0 = self.timer() if started is None else started
-        plan = self.controller.plan(conf) if accept_len is None else self.controller.plan(conf, accept_len=accept_len)
+        extra: dict[str, Any] = {}
+        if accept_len is not None:
+            extra["accept_len"] = accept_len
+        if remaining is not None:
+            extra["remaining"] = np.asarray(remaining)
+        plan = self.controller.plan(conf, **extra)
         lengths = [min(int(n), 1 + len(d)) for n, d in zip(plan.lengths.tolist(), drafts)]
         kept = [list(d[: n - 1]) for d, n in zip(drafts, lengths)]
         plan_ms = (self.timer() - t0) * 1e3
-        step = StepPlan(list(req_ids), lengths, kept, True, plan, plan_ms)
+        step = StepPlan(list(req_ids), lengths, kept, True, plan, plan_ms, draining=remaining is not None)
         if self._record is not None:  # the traces a benchmark replays (step- or position-indexed)
             step.conf = [[round(float(x), 6) for x in c] for c in conf.tolist()]
             step.drafts = [[int(t) for t in d] for d in drafts]
@@ -303,6 +312,7 @@ class RequestBatch:
             record.update({
                 "planned": dict(zip(plan.req_ids, plan.lengths)), "verified": flight.verified,
                 "dropped": flight.dropped, "drafted": plan.drafted, "draft_next": plan.draft_next,
+                "draining": plan.draining,
                 "ratio": float(plan.plan.ratio) if plan.drafted else None,
                 "num_tokens": plan.num_tokens if plan.drafted else 0, "plan_ms": plan.plan_ms,
                 "expected_tokens": float(plan.plan.expected_tokens) if plan.drafted else None,

@@ -192,10 +192,11 @@ class StepDriver:
         self._count("bad_conf_requests", int((~ok).sum()))
         return np.where(ok[:, None], conf, conf.dtype.type(0))
 
-    def plan(self, conf: Array, accept_len: Array | None = None) -> VerifyPlan:
+    def plan(self, conf: Array, accept_len: Array | None = None, remaining: np.ndarray | None = None) -> VerifyPlan:
         """Plan one drafted step from ``conf [bs, B-1]`` (shape checked by the caller): sanitise, calibrate,
         then the policy's :class:`~dcut_sched.policies.VerifyPlan` (lengths of ``conf``'s kind).
-        ``accept_len`` only reaches a policy that needs it (``oracle``).
+        ``accept_len`` only reaches a policy that needs it (``oracle``); ``remaining`` (host ``[bs]``
+        ints, given while no request waits) one that reads it (``fine``).
 
         Raises:
             CostCurveRangeError: the batch size or a budget is outside the cost curve.
@@ -203,10 +204,12 @@ class StepDriver:
         """
         conf = self.sanitize(conf)
         scored = conf if self.calibrator is None else self.calibrator.transform(conf)
+        extra: dict[str, Any] = {}
         if self._needs_accept_len:
-            vp = self.policy.plan(scored, self.costs, accept_len=accept_len, validate=self.validate_scored)
-        else:
-            vp = self.policy.plan(scored, self.costs, validate=self.validate_scored)
+            extra["accept_len"] = accept_len
+        if remaining is not None and self.policy.reads_remaining:
+            extra["remaining"] = remaining
+        vp = self.policy.plan(scored, self.costs, validate=self.validate_scored, **extra)
         self._last = (conf, vp.lengths)
         self.pending_batch_size = vp.batch_size
         self._count_plan(vp)

@@ -94,6 +94,14 @@ class DecodeBatch:
                 break
         return done
 
+    def remaining(self, rows: Sequence[int]) -> list[int] | None:
+        """Tokens each request of ``rows`` still generates at most (``max_new_tokens`` less its output so
+        far), while no request waits (the batch drains: nothing else will arrive); ``None`` otherwise."""
+        if self.queue:
+            return None
+        return [self.max_new_tokens - (len(self.seqs[q]) - len(self.prompts[q]))
+                for q in (self.row_request[r] for r in rows)]
+
     def outputs(self) -> list[list[int]]:
         """Generated tokens per prompt (prompt excluded), in input order; ``[]`` for unfinished ones."""
         return [o if o is not None else [] for o in self._outputs]
@@ -345,7 +353,7 @@ def speculative_step(ctx: DecodeContext, batch: DecodeBatch, step: int, draft: b
         planned = requests.plan(reqs, drafts, conf, accept_len=torch.tensor(true_accept, device=conf.device))
     else:
         obs.phase_started(step, "plan")
-        planned = requests.plan(reqs, drafts, conf)
+        planned = requests.plan(reqs, drafts, conf, remaining=batch.remaining(rows))
     plan = planned.plan
     lengths = planned.lengths if planned.drafted else plan.lengths.tolist()
     t2 = time.perf_counter()

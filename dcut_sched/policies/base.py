@@ -72,7 +72,8 @@ class Policy(ABC):
 
     Class attributes: ``needs_cost`` (:meth:`plan` needs step costs), ``cost_terms`` (what it reads
     from them, which the controller prices up front: ``"budgets"``, ``"drafted"``, ``"undrafted"``),
-    ``needs_accept_len`` (the oracle), ``drafts_first_step``, ``speculative`` (False only for ``ar``,
+    ``needs_accept_len`` (the oracle), ``reads_remaining`` (:meth:`plan` takes ``remaining``, each
+    request's tokens still to generate, while the batch drains: ``fine``), ``drafts_first_step``, ``speculative`` (False only for ``ar``,
     whose steps are plain steps rather than a speculative engine's undrafted ones).
     """
 
@@ -80,6 +81,7 @@ class Policy(ABC):
     needs_cost: ClassVar[bool] = False
     cost_terms: ClassVar[frozenset[str]] = frozenset()
     needs_accept_len: ClassVar[bool] = False
+    reads_remaining: ClassVar[bool] = False
     drafts_first_step: ClassVar[bool] = True
     speculative: ClassVar[bool] = True
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..scores import Array, ScoreRanking
+from ..scores import Array, ScoreRanking, drain_progress, drain_slots, is_tensor, tensor_module
 from ..step_costs import StepCosts
 from .base import Policy, VerifyPlan, check_conf_shape, register
 
@@ -56,7 +56,9 @@ class Booked:
     booked_tokens: float = 0.0
     plain_rate: float = 0.0
     sets_probe_loss: bool = False
+    remaining: np.ndarray | None = None
     accepted: Any = None
+    realized_tokens: float | None = None
     measured_ms: float | None = None
 
 
@@ -181,7 +183,7 @@ class FineState:
         tokens = b.booked_tokens
         if b.accepted is not None:
             accepted = float(b.accepted)
-            tokens = b.batch_size + accepted
+            tokens = b.batch_size + accepted if b.realized_tokens is None else b.realized_tokens
             if self.realization is not None:
                 self.realization.add_drafts(b.expected_drafts, accepted)
         booked_loss = b.booked_ms - b.booked_tokens / b.plain_rate
@@ -199,11 +201,13 @@ class Fine(Policy):
     candidate budgets), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
     utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
     share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
-    ``feedback`` and ``feedback_decay`` (plan with realized outcomes).
+    ``feedback`` and ``feedback_decay`` (plan with realized outcomes). Given ``remaining`` (a draining
+    batch), a step is valued by how much closer it brings the batch's end (:func:`drain_progress`).
     """
 
     name = "fine"
     needs_cost = True
+    reads_remaining = True
     cost_terms = frozenset({"drafted", "undrafted"})
 
     def __init__(
@@ -275,8 +279,13 @@ class Fine(Policy):
         return ks
 
     def plan(
-        self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, validate: bool = True
+        self, conf: Array, cost: StepCosts | None = None, *, accept_len=None, remaining=None, validate: bool = True
     ) -> VerifyPlan:
+        """See :meth:`Policy.plan`. ``remaining [bs]`` (host ints >= 1, or ``None``): given while no request
+        waits, each request's tokens still to generate at most; the step is then valued by its expected
+        progress on the batch's end (``bs * drain_progress``, in tokens), over the slots that can bring
+        it closer (:func:`drain_slots`; docs/design.md §2.1, "A draining batch").
+        """
         bs, block = check_conf_shape(conf, validate)
         costs = self._check_costs(cost, block)
         ks = self._candidates(bs, block, *costs.token_range(bs))
@@ -287,9 +296,19 @@ class Fine(Policy):
         verify_ms = costs.budget_ms_at(bs, ks)  # C_verify(K) (+ the drafter's first pass beyond anchors)
         plain_rate = costs.undrafted_tokens_per_ms(bs) / t_plain  # the step it would run instead of drafting
         scores = self._scores(conf, validate=False)
-        ranking = ScoreRanking(scores)
-        expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
-        counted = expected if rho == 1.0 else bs + rho * (expected - bs)  # the anchors are sure
+        drain = None
+        if remaining is None:
+            ranking = ScoreRanking(scores)
+            expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
+            counted = expected if rho == 1.0 else bs + rho * (expected - bs)  # the anchors are sure
+        else:  # a draining batch: host scores (one copy), the useful slots ranked
+            drain = np.maximum(np.asarray(remaining, dtype=np.int64), 1)
+            host = scores.double().cpu().numpy() if is_tensor(scores) else np.asarray(scores, dtype=np.float64)
+            ranking = ScoreRanking(np.where(drain_slots(drain, block), host, 0.0))
+            lengths_at = ranking.lengths_at(ks)
+            expected = (host[None, :, :] * (np.arange(block)[None, None, :] < lengths_at[:, :, None])).sum(axis=(1, 2))
+            scaled = host if rho == 1.0 else np.concatenate([host[:, :1], np.minimum(rho * host[:, 1:], 1.0)], axis=1)
+            counted = bs * drain_progress(scaled, lengths_at, drain)
         fixed_ms = costs.drafted_fixed_ms(bs)
         j, per_ms = choose_budget(counted, verify_ms * t_drafted, fixed_ms * t_drafted, self.objective, st.rate)
         priced_ms = fixed_ms + float(verify_ms[j])
@@ -299,17 +318,26 @@ class Fine(Policy):
                                                  self.speculate_margin, self.probe_budget)
         if rz is not None:
             st.booked = Booked(True, bs, priced_ms, step_ms, float(expected[j]) - bs, float(counted[j]), plain_rate,
-                               sets_probe_loss)
+                               sets_probe_loss, drain)
         k = int(ks[j])
-        return self._make_plan(
-            scores, ranking.lengths(k), num_tokens=k, expected=float(expected[j]), draft_next=draft_next
-        )
+        if drain is None:
+            lengths = ranking.lengths(k)
+        else:
+            lengths = lengths_at[j]
+            if is_tensor(scores):
+                lengths = tensor_module().as_tensor(lengths, device=scores.device)
+        return self._make_plan(scores, lengths, num_tokens=k, expected=float(expected[j]), draft_next=draft_next)
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:
-        """Keep the drafts accepted in the booked step (summed; read when the next plan settles it)."""
+        """Keep the drafts accepted in the booked step (summed; read when the next plan settles it) and, for
+        a draining step, its realized progress on the batch's end, in tokens (``bs`` per step)."""
         b = self.state.booked
         if b is not None and b.drafted:
             b.accepted = num_accepted.sum()
+            if b.remaining is not None:
+                a = num_accepted.cpu().numpy() if is_tensor(num_accepted) else np.asarray(num_accepted)
+                r = b.remaining
+                b.realized_tokens = float(b.batch_size * (r.max() - np.maximum(r - 1 - a, 0).max()))
 
     def observe_time(self, step_ms: float) -> None:
         """Keep the engine's measured time of the booked step."""

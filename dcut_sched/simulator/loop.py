@@ -181,6 +181,7 @@ class _Stepper:
         self.drafting = bool(policy.drafts_first_step)
         self.speculative = bool(policy.speculative)  # ar: the engine without speculation (plain steps)
         self.record = record
+        self.draining = False  # no request waits and none will arrive: plans read the remaining tokens
         self.log: list[dict] = []
         self.lists: dict[str, list] = {k: [] for k in
                                        ("step_ms", "batch_size", "tokens", "num_tokens", "drafted", "expected_tokens")}
@@ -195,7 +196,7 @@ class _Stepper:
         cursor = batch.cursor.copy() if self.record else None
         if self.drafting:
             conf, accept = batch.gather()
-            plan = driver.plan(conf, accept)
+            plan = driver.plan(conf, accept, batch.target - batch.produced if self.draining else None)
             lengths = np.asarray(plan.lengths, dtype=np.int64)
             verified = verified_prefix_tokens(accept, lengths)
             tokens, finished = batch.advance_by(verified)
@@ -438,6 +439,7 @@ class _OpenLoopServer:
         self.finish_ms = np.full(n, np.nan)
         self.output_tokens = np.zeros(n, dtype=np.int64)
         self.prefill_ms_total = 0.0
+        self.arrived = 0
 
     def arrivals(self):
         env, arrival_ms = self.env, self.arrival_ms
@@ -445,6 +447,7 @@ class _OpenLoopServer:
             if arrival_ms[j] > env.now:  # simultaneous arrivals are queued together, so the engine
                 yield env.timeout(arrival_ms[j] - env.now)  # admits them all at the same boundary
             self.queue.put(j)
+            self.arrived = j + 1
 
     def _admit(self):
         """Move waiting requests into the batch (FIFO, up to ``max_batch_size``) and run their prefill."""
@@ -468,6 +471,8 @@ class _OpenLoopServer:
         done, n = 0, len(self.arrival_ms)
         while done < n:
             yield from self._admit()
+            # the last arrival is in and none waits: the batch drains (docs/design.md §2.1)
+            self.stepper.draining = self.arrived == n and not self.queue.items
             step_ms, _tokens, finished = self.stepper.step()
             yield env.timeout(step_ms)
             uid = batch.uid

@@ -17,7 +17,7 @@ B = 4
 
 #: The step record's keys, in the order the vLLM scheduler has always written them (docs/vllm.md).
 RECORD_KEYS = ["step", "batch_size", "num_spec_tokens_to_schedule", "planned", "verified", "dropped", "drafted",
-               "draft_next", "ratio", "num_tokens", "plan_ms", "expected_tokens", "conf", "drafts", "num_output",
+               "draft_next", "draining", "ratio", "num_tokens", "plan_ms", "expected_tokens", "conf", "drafts", "num_output",
                "unplanned", "accepted"]
 
 
@@ -122,7 +122,7 @@ def test_plan_without_draft_and_a_step_without_plan():
     rec = rb.observe(rb.schedule(plain, ["a", "b", "c"], {}), {})
     assert ctrl.observed == [[0, 0, 0]]  # observed once per plan, at the plan's batch size
     assert rec == {"step": 0, "batch_size": 3, "planned": {}, "verified": {}, "dropped": [], "drafted": False,
-                   "draft_next": False, "ratio": None, "num_tokens": 0, "plan_ms": rec["plan_ms"],
+                   "draft_next": False, "draining": False, "ratio": None, "num_tokens": 0, "plan_ms": rec["plan_ms"],
                    "expected_tokens": None, "unplanned": {}, "accepted": {}}
     # vLLM resumed a preempted request with drafts but there was no plan: no feedback, no plan fields
     rec = rb.observe(rb.schedule(None, ["a"], {"a": 3}), {"a": 1})
@@ -185,7 +185,8 @@ def test_records_written_in_todays_format(tmp_path):
     assert rec == {
         "step": 0, "batch_size": 2, "num_spec_tokens_to_schedule": 3,
         "planned": {"0-x": 2, "1-y": 3}, "verified": {"0-x": 2, "1-y": 3}, "dropped": [], "drafted": True,
-        "draft_next": True, "ratio": 6 / 8, "num_tokens": 5, "plan_ms": pytest.approx(0.5), "expected_tokens": 1.5,
+        "draft_next": True, "draining": False, "ratio": 6 / 8, "num_tokens": 5, "plan_ms": pytest.approx(0.5),
+        "expected_tokens": 1.5,
         "conf": {"0-x": [0.123457, 0.5, 0.25], "1-y": [0.9, 1.0, 0.0]},  # float32, 6 decimals, padded
         "drafts": {"0-x": [11, 12, 13], "1-y": [21, 22]},  # every draft, not only the kept ones
         "num_output": {"0-x": 5, "1-y": 7},

@@ -54,6 +54,8 @@ def test_additional_config_wins_over_env():
     ({"policy": "tetris", "policy_params": {"draft_capacity": True}}, r"parameter draft_capacity: expects an integer"),
     ({"policy": "fine", "policy_params": {"granularity": "x"}}, r"parameter granularity: expects an integer"),
     ([1, 2], r"must be a JSON object"),
+    ({"policy": "dcut", "finite_batch": True}, r"key 'finite_batch' has no effect with policy 'dcut'"),
+    ({"finite_batch": "yes"}, r"key 'finite_batch': Input should be a valid boolean"),
 ])
 def test_bad_config_is_named(doc, match):
     with pytest.raises(DCutConfigError, match=match):

@@ -54,6 +54,8 @@ def dflash_runs(tmp_path_factory):
         dcut = {"policy": policy, "record_path": str(tmp / f"{policy}.jsonl"), "log_interval_s": 1e-6}
         if policy in ("dcut", "fine"):
             dcut["cost_curve"] = str(CURVE_B8)
+        if policy == "fine":  # LLM.generate over a list is a finite batch: the draining plan is lossless too
+            dcut["finite_batch"] = True
         runs.append({"name": policy, "dcut": dcut})
     for name, skip in SWITCH_RUNS.items():
         runs.append({"name": name, "dcut": {"policy": "fine", "policy_params": SWITCHING, "cost_curve": str(CURVE_B8),
@@ -112,6 +114,14 @@ def test_dflash_confidences_and_exactly_the_plan(dflash_runs, policy):
         # the trained drafter's drafts are kept as often in vLLM as in the project's engine (0.35-0.46
         # accepted per block there, docs/drafters.md): far above chance, so the confidences and drafts are real
         assert metrics["keep_ratio"] == 1.0 and metrics["accepted_per_request_step"] > 0.2
+
+
+def test_fine_plans_a_finite_batch_with_the_remaining_tokens(dflash_runs):
+    """``finite_batch``: once no request waits, ``fine``'s drafted steps are planned draining (each
+    request's ``max_tokens`` less its output); a policy without the key never is."""
+    fine = [s for s in _records(dflash_runs["dir"] / "fine.jsonl") if s.get("drafted")]
+    assert fine and any(s["draining"] for s in fine)
+    assert not any(s.get("draining") for s in _records(dflash_runs["dir"] / "dcut.jsonl"))
 
 
 def test_undrafted_steps_run_the_context_only_pass(dflash_runs):

@@ -30,6 +30,12 @@ Keys (all optional):
 ``skip_undrafted_block``  on a step after which no request drafts (the plan's ``draft_next`` is
                      false), a DFlash drafter runs only its context K/V update, not its block
                      forward (:mod:`.hooks`); false runs vLLM's own pass [true]
+``finite_batch``     the engine serves a finite batch (``LLM.generate`` over a list of prompts):
+                     once no request waits, none will arrive, so ``fine`` plans each step with
+                     the requests' remaining tokens (``max_tokens`` less the output so far) and
+                     values it by how much closer it brings the batch's end (docs/design.md
+                     §2.1, "A draining batch"); leave it false for a server, where requests keep
+                     arriving [false]; refused with a policy that does not read it
 ===================  ==========================================================================
 
 Types are strict (pydantic v2 in strict mode, chosen because vLLM itself depends on it: one
@@ -100,6 +106,7 @@ class DCutVllmConfig:
     record_path: str | None = None
     log_interval_s: float = 10.0
     skip_undrafted_block: bool = True
+    finite_batch: bool = False
     source: str = "defaults"
     #: the policy built from ``policy`` and ``policy_params`` when the config was checked (None for a
     #: config built in code): the scheduler's controller runs this instance, so it is built once
@@ -143,6 +150,9 @@ class DCutVllmConfig:
         if policy == "ar" and not typed.calibrate:  # plain decoding scores no confidence
             raise DCutConfigError(f"{source}: key 'calibrate' has no effect with policy 'ar' (no request drafts, so no "
                                   f"confidence is scored); leave the key out")
+        if typed.finite_batch and not built.reads_remaining:
+            raise DCutConfigError(f"{source}: key 'finite_batch' has no effect with policy {policy!r} (it plans without "
+                                  f"the requests' remaining tokens); leave the key out or use policy 'fine'")
         if typed.profile_cache_dir is not None and (typed.cost_curve is not None or not built.needs_cost):
             why = "'cost_curve' is given" if typed.cost_curve is not None else f"policy {policy!r} needs no cost curve"
             raise DCutConfigError(f"{source}: key 'profile_cache_dir' has no effect: {why}, so nothing is profiled at "
@@ -159,7 +169,7 @@ class DCutVllmConfig:
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
                    record_path=typed.record_path, log_interval_s=typed.log_interval_s,
-                   skip_undrafted_block=typed.skip_undrafted_block, source=source,
+                   skip_undrafted_block=typed.skip_undrafted_block, finite_batch=typed.finite_batch, source=source,
                    policy_object=built)
 
     @classmethod
@@ -272,3 +282,4 @@ class DCutConfigModel(BaseModel):
     record_path: str | None = None
     log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     skip_undrafted_block: bool = True
+    finite_batch: bool = False

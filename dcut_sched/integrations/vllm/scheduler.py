@@ -80,12 +80,19 @@ class DCutScheduler(Scheduler):
             num_output = [len(self.requests[r].output_token_ids) for r in req_ids] if self.dcut.recording else None
             plan = self.dcut.plan(req_ids, [d for _, _, d in rows],
                                   confidence_matrix([conf[i] for i, _, _ in rows], self.dcut_block_size - 1),
-                                  num_output=num_output, started=t0)
+                                  remaining=self._dcut_remaining(req_ids), num_output=num_output, started=t0)
         else:
             plan = self.dcut.plan_without_draft(max(1, len(self.running)), started=t0)
         # vLLM's own bookkeeping (structured-output validation, prefill chunks) on the kept drafts.
         super().update_draft_token_ids(DraftTokenIds(req_ids, plan.kept))
         self._dcut_pending = plan
+
+    def _dcut_remaining(self, req_ids: list[str]) -> list[int] | None:
+        """With ``finite_batch``, while no request waits: each request's ``max_tokens`` less its output so
+        far (the batch drains); ``None`` otherwise."""
+        if not self.dcut_config.finite_batch or len(self.waiting) or len(self.kv_holding_waiting):
+            return None
+        return [self.requests[r].max_tokens - self.requests[r].num_output_tokens for r in req_ids]
 
     def schedule(self, *args: Any, **kwargs: Any):
         self._dcut_scheduled_at = time.perf_counter()
