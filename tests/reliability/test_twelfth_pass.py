@@ -112,3 +112,59 @@ def test_profile_resume_refuses_a_cost_curve_as_its_partial(tmp_path, monkeypatc
     assert (tmp_path / "c.json.partial").read_bytes() == old
     assert not (tmp_path / "c.json").exists()
     assert json.loads(old)["schema"].startswith("dcut.cost-curve")
+
+
+SHIPPED = ROOT / "drafters" / "smollm2-135m-dflash"
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("hidden_act", "gelu", "field hidden_act: Input should be 'silu' (got 'gelu')"),
+    ("attention_bias", True, "field attention_bias: Input should be False (got True)"),
+    ("rope_scaling", {"type": "linear", "factor": 4.0}, "field rope_scaling.type: Input should be 'default'"),
+])
+def test_a_drafter_config_the_forward_would_not_apply_is_refused(tmp_path, key, value, expected):
+    """``hidden_act``, ``attention_bias`` and ``rope_scaling`` were ignored: a config saying GELU, biases
+    or a linear RoPE scaling ran (``dcut-engine``, ``dcut-profile``) as SiLU, no bias, no scaling."""
+    from dcut_sched.drafters.checkpoint import DraftCheckpointError, read_config
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "model.safetensors").symlink_to(SHIPPED / "model.safetensors")
+    config = json.loads((SHIPPED / "config.json").read_text())
+    config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    old = (folder / "config.json").read_bytes()
+    with pytest.raises(DraftCheckpointError) as info:
+        read_config(folder)
+    assert str(folder / "config.json") in str(info.value) and expected in str(info.value), info.value
+    assert (folder / "config.json").read_bytes() == old
+
+
+def test_a_default_rope_scaling_and_the_shipped_config_still_load(tmp_path):
+    from dcut_sched.drafters.checkpoint import read_config
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "model.safetensors").symlink_to(SHIPPED / "model.safetensors")
+    config = json.loads((SHIPPED / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "default"}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert read_config(folder) == read_config(SHIPPED)
+
+
+def test_engine_refuses_a_gelu_drafter_before_decoding(tmp_path, monkeypatch, capsys):
+    from dcut_sched.cli import engine as engine_cli
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "model.safetensors").symlink_to(SHIPPED / "model.safetensors")
+    config = json.loads((SHIPPED / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (folder / "config.json").write_text(json.dumps(config))
+    argv = ["--draft", "dflash:d", "--policy", "dcut", "--num-prompts", "1", "--batch-size", "1",
+            "--max-new-tokens", "4", "--quiet", "--out", "e.json"]
+    assert engine_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--draft dflash:d" in err and "hidden_act" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "e.json").exists()
