@@ -128,7 +128,7 @@ def _add_calibrate(sub) -> None:
                                    "training list, continued greedily (and every other one also at T = 0.7), the "
                                    "drafter run at every anchor. Writes DIR/calibration.json atomically, with the "
                                    "log-loss and the ECE by depth before and after on that split.")
-    c.add_argument("--draft", required=True, metavar="DIR", help="the drafter folder")
+    c.add_argument("--draft", required=True, metavar="DIR", type=path_arg, help="the drafter folder")
     c.add_argument("--out", default=None, metavar="PATH", type=path_arg,
                    help="where to write the prior (.json; default DIR/calibration.json, which must then be absent: "
                         "a drafter's prior is replaced only when --out names it)")

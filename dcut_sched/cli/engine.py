@@ -131,16 +131,16 @@ def build_parser() -> CliParser:
     g.add_argument("--prompts", metavar="FILE", type=path_arg,
                    help="JSONL ({\"prompt\": ...} per line) or text (one prompt per line); default: 24 built-in prompts")
     g.add_argument("--num-prompts", type=int_at_least(1), metavar="N", help="use the first N prompts only")
-    g.add_argument("--cost", metavar="FILE", help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")
+    g.add_argument("--cost", metavar="FILE", type=path_arg, help="cost curve JSON (dcut.cost-curve/2, docs/design.md §4) for the block size")
     g.add_argument("--threads", type=int_at_least(1, MAX_THREADS), metavar="N",
                    help="torch CPU threads (default: torch's choice; use 1 on a busy shared machine)")
     g.add_argument("--device", type=torch_device, default="cpu", help="torch device of the model (default: cpu)")
     g = p.add_argument_group("outputs")
     g.add_argument("--check", action="store_true",
                    help="also run plain greedy (or, at T > 0, sampled, same keys) decoding and compare token for token")
-    g.add_argument("--out", metavar="FILE", help="summary (.json) or summary table (.csv/.parquet)")
-    g.add_argument("--steps", metavar="FILE", help="one row per step with its plan (.csv/.json/.parquet)")
-    g.add_argument("--trace", metavar="FILE", help="record a step-indexed acceptance trace (.parquet)")
+    g.add_argument("--out", metavar="FILE", type=path_arg, help="summary (.json) or summary table (.csv/.parquet)")
+    g.add_argument("--steps", metavar="FILE", type=path_arg, help="one row per step with its plan (.csv/.json/.parquet)")
+    g.add_argument("--trace", metavar="FILE", type=path_arg, help="record a step-indexed acceptance trace (.parquet)")
     g.add_argument("--show-steps", type=int_at_least(0), default=8, metavar="N", help="print the first N step plans (default: 8)")
     g.add_argument("--show-outputs", type=int_at_least(0), default=2, metavar="N", help="print the first N decoded outputs (default: 2)")
     g.add_argument("--quiet", action="store_true", help="no progress (bar or status lines) and no up-front estimate")

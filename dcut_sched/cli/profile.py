@@ -100,7 +100,7 @@ def build_parser() -> CliParser:
                                     "qwen3.5-35b-a3b, qwen3-30b-a3b), a config.json or a checkpoint directory "
                                     "[gpu/analytic: qwen3-8b, cpu: tiny]")
     ap.add_argument("--device", help="analytic: h200, h100, h20 or a100")
-    ap.add_argument("--fit", metavar="FILE", help="analytic: fit the efficiency factors of the verify and the "
+    ap.add_argument("--fit", metavar="FILE", type=path_arg, help="analytic: fit the efficiency factors of the verify and the "
                                                   "plain-decode paths to this measured or published curve of the "
                                                   "same device (both families together, residuals per family) and "
                                                   "fill its gaps; with a smaller --block-size derive that block "
@@ -136,7 +136,7 @@ def build_parser() -> CliParser:
     ap.add_argument("--fresh", action="store_true",
                     help="ignore an existing OUT.partial and replace it with this run's (the way out of a refused "
                          "or unwanted partial)")
-    ap.add_argument("--report", metavar="FILE", help="write the coarse-vs-dense interpolation error table "
+    ap.add_argument("--report", metavar="FILE", type=path_arg, help="write the coarse-vs-dense interpolation error table "
                                                      "(.csv, .json or .parquet)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--quiet", action="store_true", help="no tables, only the final line")

@@ -106,10 +106,10 @@ def build_parser() -> CliParser:
 def _add_run_flags(p: CliParser, policies, defaults) -> None:
     """The inputs and what to simulate: traces, curves, policies, batch sizes, seeds, what-ifs."""
     g = p.add_argument_group("inputs")
-    g.add_argument("--trace", action="append", metavar="FILE",
+    g.add_argument("--trace", action="append", metavar="FILE", type=path_arg,
                    help="acceptance trace (Parquet, docs/design.md §3); repeat it for the mean over several benchmarks, "
                         "or with --sweep (default: the five DFlash benchmark traces)")
-    g.add_argument("--cost", action="append", metavar="FILE",
+    g.add_argument("--cost", action="append", metavar="FILE", type=path_arg,
                    help=f"cost curve (JSON, dcut.cost-curve/2, docs/design.md §4; /1 still loads); repeat with --sweep (default: {defaults.DEFAULT_COST})")
     g = p.add_argument_group("what to simulate")
     g.add_argument("--policies", type=_policy_list, default=None, metavar="LIST",
@@ -163,9 +163,9 @@ def _add_loop_and_output_flags(p: CliParser, defaults) -> None:
     g.add_argument("--prefill-ms", type=finite_float(0.0, MAX_MS), default=None, help="prefill time per admitted request, ms (instead of --prompt-len)")
     g.add_argument("--slo-tpot-ms", type=finite_float(0.0, open_low=True), default=None, help="TPOT objective: goodput counts only requests that meet it")
     g = p.add_argument_group("output")
-    g.add_argument("--out", metavar="FILE", help="detail results, one row per (trace, policy, batch size) (--sweep: also "
+    g.add_argument("--out", metavar="FILE", type=path_arg, help="detail results, one row per (trace, policy, batch size) (--sweep: also "
                    "per cost curve; --seeds: also per seed): .csv, .parquet or .json")
-    g.add_argument("--plot", metavar="FILE", help="speedup vs batch size plot (.png, .svg or .pdf)")
+    g.add_argument("--plot", metavar="FILE", type=path_arg, help="speedup vs batch size plot (.png, .svg or .pdf)")
     g.add_argument("--quiet", action="store_true", help="no progress bar and no table (files only)")
     g = p.add_argument_group("selection curve (instead of the speedup table)")
     g.add_argument("--selection-curve", metavar="FILE", type=path_arg,

@@ -100,8 +100,8 @@ def build_parser() -> CliParser:
     rec.add_argument("--max-new-tokens", type=int_at_least(1, MAX_NEW_TOKENS), default=256, help="longest target output per prompt (default 256)")
     rec.add_argument("--skip-layers", type=_ints, default=SELF_SPEC_SKIP_LAYERS,
                      help="native: decoder layers the self-speculative drafter skips, e.g. 14,15 (default)")
-    rec.add_argument("--target", help="hf: local checkpoint directory of the target model")
-    rec.add_argument("--draft", help="hf: local checkpoint directory of the draft model; native: dflash:PATH records "
+    rec.add_argument("--target", type=path_arg, help="hf: local checkpoint directory of the target model")
+    rec.add_argument("--draft", type=path_arg, help="hf: local checkpoint directory of the draft model; native: dflash:PATH records "
                                      "the DFlash block drafter in that folder instead of the self-speculative one "
                                      "(e.g. dflash:drafters/smollm2-135m-dflash)")
     rec.add_argument("--dtype", help="hf: torch dtype (float32 (default), bfloat16, float16)")
@@ -128,7 +128,7 @@ def build_parser() -> CliParser:
                                      "(dcut_sched.traces.synth).")
     src = syn.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="preset name (see --list)")
-    src.add_argument("--params", help="JSON file of generator parameters (as written by `fit --out`)")
+    src.add_argument("--params", type=path_arg, help="JSON file of generator parameters (as written by `fit --out`)")
     src.add_argument("--list", action="store_true", help="list presets with their source figures and exit")
     syn.add_argument("--out", type=path_arg, help="output trace (.parquet)")
     syn.add_argument("--num-requests", type=int_at_least(1, MAX_SYNTH_REQUESTS), default=32, help="requests to generate (default 32)")

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -149,6 +149,13 @@ class _DcutSection(BaseModel):
     target_name: str = ""
 
 
+class _DefaultRope(BaseModel):
+    """A ``rope_scaling`` that scales nothing (``{"rope_type": "default"}``, HF's spelling of none)."""
+    model_config = _STRICT
+    rope_type: Literal["default"] = "default"
+    type: Literal["default"] = "default"
+
+
 class HFDraftConfig(BaseModel):
     """Strict pydantic model of the config.json fields the loader reads (:func:`_config_from_hf`)."""
 
@@ -166,6 +173,11 @@ class HFDraftConfig(BaseModel):
     rope_theta: float = Field(gt=0, allow_inf_nan=False)
     rms_norm_eps: float = Field(gt=0, allow_inf_nan=False)
     tie_word_embeddings: bool = False
+    #: the drafter's forward is SiLU, without attention biases or RoPE scaling (what :func:`hf_config`
+    #: writes); another value would be read and never applied, so it is refused
+    hidden_act: Literal["silu"] = "silu"
+    attention_bias: Literal[False] = False
+    rope_scaling: _DefaultRope | None = None
     draft_vocab_size: int | None = Field(None, gt=0)
     #: the top-level copy of ``dflash_config.block_size`` (:func:`hf_config` writes both): when both are
     #: given they must agree; a config with only this one uses it
