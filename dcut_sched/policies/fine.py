@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..scores import Array, ScoreRanking, drain_progress, drain_slots, is_tensor, tensor_module
+from ..scores import Array, ScoreRanking, drain_progress, drain_slots, expected_tokens, is_tensor, tensor_module
 from ..step_costs import StepCosts
 from .base import Policy, VerifyPlan, check_conf_shape, register
 
@@ -306,7 +306,6 @@ class Fine(Policy):
             host = scores.double().cpu().numpy() if is_tensor(scores) else np.asarray(scores, dtype=np.float64)
             ranking = ScoreRanking(np.where(drain_slots(drain, block), host, 0.0))
             lengths_at = ranking.lengths_at(ks)
-            expected = (host[None, :, :] * (np.arange(block)[None, None, :] < lengths_at[:, :, None])).sum(axis=(1, 2))
             scaled = host if rho == 1.0 else np.concatenate([host[:, :1], np.minimum(rho * host[:, 1:], 1.0)], axis=1)
             counted = bs * drain_progress(scaled, lengths_at, drain)
         fixed_ms = costs.drafted_fixed_ms(bs)
@@ -316,17 +315,17 @@ class Fine(Policy):
         loss_ms = step_ms - float(counted[j]) / plain_rate
         draft_next, sets_probe_loss = st.drafted(float(per_ms.max()), step_ms, loss_ms, self.ema_decay, plain_rate,
                                                  self.speculate_margin, self.probe_budget)
-        if rz is not None:
-            st.booked = Booked(True, bs, priced_ms, step_ms, float(expected[j]) - bs, float(counted[j]), plain_rate,
-                               sets_probe_loss, drain)
         k = int(ks[j])
         if drain is None:
-            lengths = ranking.lengths(k)
-        else:
-            lengths = lengths_at[j]
+            lengths, expected_k = ranking.lengths(k), float(expected[j])
+        else:  # the chosen lengths' expected tokens over every slot (the masked ones may be accepted too)
+            lengths, expected_k = lengths_at[j], expected_tokens(host, lengths_at[j], validate=False)
             if is_tensor(scores):
                 lengths = tensor_module().as_tensor(lengths, device=scores.device)
-        return self._make_plan(scores, lengths, num_tokens=k, expected=float(expected[j]), draft_next=draft_next)
+        if rz is not None:
+            st.booked = Booked(True, bs, priced_ms, step_ms, expected_k - bs, float(counted[j]), plain_rate,
+                               sets_probe_loss, drain)
+        return self._make_plan(scores, lengths, num_tokens=k, expected=expected_k, draft_next=draft_next)
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:
         """Keep the drafts accepted in the booked step (summed; read when the next plan settles it) and, for
