@@ -4,6 +4,7 @@ footer naming the rate that ran."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 from pathlib import Path
 
@@ -105,8 +106,12 @@ def test_open_loop_footer_names_the_rate_that_ran(capsys, flag, expected):
     ("drafter", ["train", "--out", "x", "--work-dir", ""], "--work-dir"),  # the default work dir used
 ])
 def test_an_empty_path_flag_is_refused_by_name(tmp_path, monkeypatch, capsys, module, argv, flag):
-    import importlib
+    assert_empty_path_refused(tmp_path, monkeypatch, capsys, module, argv, flag)
 
+
+def assert_empty_path_refused(tmp_path, monkeypatch, capsys, module: str, argv: list[str], flag: str) -> None:
+    """``dcut_sched.cli.<module>`` run in an empty ``tmp_path`` exits 2 with the one line ``argument FLAG:
+    the path is empty`` and writes nothing."""
     monkeypatch.chdir(tmp_path)
     cli = importlib.import_module(f"dcut_sched.cli.{module}")
     assert cli.main(argv) == 2

@@ -5,7 +5,6 @@ folder", "config.json: not found"), refused by name before any work; and the mul
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 
 from dcut_sched.cli import profile as profile_cli
 from dcut_sched.cli import sim as sim_cli
+
+from .test_ninth_pass import assert_empty_path_refused
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "dcut_sched" / "data" / "traces" / "smollm2-135m-dflash-b16.parquet"
@@ -40,12 +41,7 @@ SIM = ["--trace", str(TRACE), "--policies", "full", "--batch-sizes", "4", "--ste
     ("drafter", ["calibrate", "--draft", ""], "--draft"),  # "config.json: not found"
 ])
 def test_an_empty_path_flag_is_refused_by_name(tmp_path, monkeypatch, capsys, module, argv, flag):
-    monkeypatch.chdir(tmp_path)
-    cli = importlib.import_module(f"dcut_sched.cli.{module}")
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert f"argument {flag}: the path is empty" in err and err.count("\n") == 1, err
-    assert list(tmp_path.iterdir()) == []
+    assert_empty_path_refused(tmp_path, monkeypatch, capsys, module, argv, flag)
 
 
 @pytest.mark.parametrize("plot", ["dir.png", "afile/p.png", "out.csv", "link.csv", "p.xyz"])
