@@ -18,6 +18,7 @@ from .args import (
     check_json_input,
     check_paths,
     comma_list,
+    given_flags,
     int_at_least,
     param_value,
     path_arg,
@@ -167,17 +168,17 @@ def _check_outputs(args: argparse.Namespace, draft_spec) -> None:
                  "--trace": (args.trace, (".parquet",))})
 
 
-#: The flags only a drafting run reads (argparse dests and the flag that changes each from its default).
+#: The flags only a drafting run reads (argparse dests and the flag that sets each).
 _DRAFT_FLAGS = (("draft", "--draft"), ("skip_layers", "--skip-layers"), ("block_size", "--block-size"),
                 ("calibrate", "--no-calibrate"))
 
 
-def _check_no_draft_flags(args: argparse.Namespace) -> None:
+def _check_no_draft_flags(given: set[str]) -> None:
     """``--policy ar`` decodes without drafts: a drafter, its layers, the block size or the calibration
-    given away from its default would change nothing, so it is refused before any file or model loads."""
-    bare = build_parser().parse_args([])
+    flag, given at all (``given``: :func:`~.args.given_flags`), would change nothing, so it is refused before
+    any file or model loads."""
     for dest, flag in _DRAFT_FLAGS:
-        if getattr(args, dest) != getattr(bare, dest):
+        if dest in given:
             raise UsageError(f"{flag} has no effect with --policy ar (plain decoding: no drafter runs and no block "
                              f"is drafted); drop {flag} or choose a policy that drafts (full, dcut, fine, ...)")
 
@@ -194,8 +195,6 @@ def _load_inputs(args: argparse.Namespace):
     from ..model.config import LlamaConfig
     from ..sampling import SamplingParams
 
-    if args.policy == "ar":
-        _check_no_draft_flags(args)
     try:
         draft_spec = parse_draft_spec(args.draft)
     except ValueError as exc:
@@ -423,7 +422,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dcut-engine``; returns the exit status (module docstring)."""
-    return run_cli(PROG, lambda: run(build_parser().parse_args(argv)))
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        if args.policy == "ar":
+            _check_no_draft_flags(given_flags(build_parser, argv, args))
+        return run(args)
+
+    return run_cli(PROG, body)
 
 
 if __name__ == "__main__":

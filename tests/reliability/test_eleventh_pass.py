@@ -30,6 +30,7 @@ def test_record_hf_refuses_skip_layers_before_loading(tmp_path, capsys):
 @pytest.mark.parametrize(("extra", "flag"), [
     (["--skip-layers", "3,4"], "--skip-layers"),
     (["--block-size", "4"], "--block-size"),
+    (["--block-size", "16"], "--block-size"),  # given, even at its default value
     (["--no-calibrate"], "--no-calibrate"),
     (["--draft", "sampled"], "--draft"),
     (["--draft", DFLASH], "--draft"),
