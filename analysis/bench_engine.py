@@ -134,6 +134,10 @@ def run_rounds(args) -> int:
     prompts x ``--max-new-tokens`` per run, ``--rounds`` interleaved rounds of ``--policies`` (``ar``,
     plain decoding, in every round), a warm-up run first. Writes ``bench_engine_rounds{_runs}.csv``
     and ``bench_engine_rounds.md`` beside ``--out``."""
+    policies = [p for p in args.policies if p in POLICIES] or list(ROUND_POLICIES)
+    missing = [p for p in ("ar", "full", "fine") if p not in policies]
+    if missing:  # the summary compares fine with ar and full: refuse before the first run, not after the last
+        raise SystemExit(f"bench_engine.py --rounds: --policies must include ar, full and fine (missing {missing})")
     import torch
 
     from dcut_sched.controller import RatioController
@@ -152,7 +156,6 @@ def run_rounds(args) -> int:
     tok = load_smollm2_tokenizer()
     drafter = load_checkpoint(args.drafter)
     curve = CostCurve.load(args.curve)
-    policies = [p for p in args.policies if p in POLICIES] or list(ROUND_POLICIES)
 
     def one(policy: str, prompts) -> dict:
         ctrl = RatioController(curve, args.block_size, policy=policy,
