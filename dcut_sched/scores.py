@@ -30,6 +30,7 @@ __all__ = [
     "drain_slots",
     "expected_tokens",
     "global_topk",
+    "host_remaining",
     "is_tensor",
     "tensor_module",
     "slot_scores",
@@ -354,6 +355,28 @@ def expected_tokens(scores: Array, lengths: Array, *, per_request: bool = False,
     mask = np.arange(block)[None, :] < np.asarray(lengths)[:, None]
     per = (scores * mask).sum(axis=1)
     return per if per_request else float(per.sum())
+
+
+def host_remaining(remaining: Any, batch_size: int, where: str) -> np.ndarray:
+    """``remaining`` (numpy, torch on any device, or a list: ``[batch_size]`` integers, each request's
+    tokens still to generate at most) as host int64, each at least 1; an unsigned value beyond int64
+    counts as its largest (a cast would wrap it below 1: "ends this step"). ``where`` names the caller.
+
+    Raises:
+        TypeError: not integers. ValueError: not ``[batch_size]``.
+    """
+    if _is_torch(remaining):
+        remaining = remaining.cpu().numpy()
+    arr = np.asarray(remaining)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{where}: remaining must be integers (tokens each request still generates at most); "
+                        f"got dtype {arr.dtype}")
+    if arr.shape != (batch_size,):
+        raise ValueError(f"{where}: remaining must have shape [{batch_size}] (one per request of conf); "
+                         f"got {arr.shape}")
+    if arr.dtype == np.uint64:
+        arr = np.minimum(arr, np.uint64(np.iinfo(np.int64).max))
+    return np.maximum(arr.astype(np.int64), 1)
 
 
 def drain_slots(remaining: np.ndarray, block_size: int) -> np.ndarray:

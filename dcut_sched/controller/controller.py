@@ -19,7 +19,7 @@ from ..calibration import CalibrationPrior, LogisticCalibrator
 from ..cost_curve import CostCurve, CostCurveError, CostCurveRangeError
 from ..defaults import DEFAULT_POLICY
 from ..policies import VerifyPlan
-from ..scores import Array
+from ..scores import Array, host_remaining
 from ..step_costs import StepCosts
 from .layouts import SlotLayout, slot_layout
 from .step_driver import StepDriver, restrict_to_graph_cells
@@ -267,17 +267,8 @@ class RatioController:
 
     @staticmethod
     def _host_remaining(remaining: Any, batch_size: int) -> np.ndarray:
-        """``remaining`` as host int64 ``[bs]``, each at least 1."""
-        if isinstance(remaining, torch.Tensor):
-            remaining = remaining.cpu().numpy()
-        arr = np.asarray(remaining)
-        if arr.dtype.kind not in "iu":
-            raise TypeError(f"RatioController.plan: remaining must be integers (tokens each request still "
-                            f"generates at most); got dtype {arr.dtype}")
-        if arr.shape != (batch_size,):
-            raise ValueError(f"RatioController.plan: remaining must have shape [{batch_size}] (one per request "
-                             f"of conf); got {arr.shape}")
-        return np.maximum(arr.astype(np.int64), 1)
+        """``remaining`` as host int64 ``[bs]``, each at least 1 (:func:`~dcut_sched.scores.host_remaining`)."""
+        return host_remaining(remaining, batch_size, "RatioController.plan")
 
     def plan_without_draft(self, batch_size: int, device: torch.device | str | None = None) -> ControllerPlan:
         """Plan a plain step (every request verifies its anchor) of ``batch_size >= 1`` requests

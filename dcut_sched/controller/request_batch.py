@@ -159,8 +159,8 @@ class MetricsWindow:
 class StepPlan:
     """One plan by request id (:meth:`RequestBatch.plan`): ``req_ids`` in the confidence rows' order,
     ``lengths`` clipped to ``1 + len(drafts[i])``, ``kept`` the first ``L[i] - 1`` drafts of each, the
-    controller's unclipped ``plan``, ``plan_ms``, ``draining`` (planned with the requests' remaining
-    tokens: no request waited); ``conf``/``drafts``/``num_output`` only when recording.
+    controller's unclipped ``plan``, ``plan_ms``, ``draining`` (the plan read the requests' remaining
+    tokens: no request waited and the policy reads them); ``conf``/``drafts``/``num_output`` only when recording.
     """
 
     req_ids: list[Hashable]
@@ -266,7 +266,11 @@ class RequestBatch:
         lengths = [min(int(n), 1 + len(d)) for n, d in zip(plan.lengths.tolist(), drafts)]
         kept = [list(d[: n - 1]) for d, n in zip(drafts, lengths)]
         plan_ms = (self.timer() - t0) * 1e3
-        step = StepPlan(list(req_ids), lengths, kept, True, plan, plan_ms, draining=remaining is not None)
+        # draining: the plan read the remaining tokens (a policy that does not, e.g. uniform, is given them
+        # and plans as ever; a controller without a policy attribute is taken to read them)
+        reads = getattr(getattr(self.controller, "policy", None), "reads_remaining", True)
+        step = StepPlan(list(req_ids), lengths, kept, True, plan, plan_ms,
+                        draining=remaining is not None and bool(reads))
         if self._record is not None:  # the traces a benchmark replays (step- or position-indexed)
             step.conf = [[round(float(x), 6) for x in c] for c in conf.tolist()]
             step.drafts = [[int(t) for t in d] for d in drafts]

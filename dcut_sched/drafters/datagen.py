@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..traces.prompts import Prompt, load_prompt_records
+from ..util.atomic import atomic_write_text, atomic_write_with
 from . import sources
 from .data import (
     HUMANEVAL_EVAL_EVERY,
@@ -363,9 +363,7 @@ def generate_and_save(s: DataSettings, key: dict[str, Any], target, tokenizer, p
     and its hash, with the JSON sidecar; returns the data. Replaces ``path``: the caller has decided
     that it may (absent, or ``--fresh``)."""
     data = {"sha256": key_hash(key), "key": key, **generate_data(s, target, tokenizer, log=log)}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(data, tmp)
-    os.replace(tmp, path)
+    atomic_write_with(path, lambda tmp: torch.save(data, tmp))  # no temp file left by a stop
     write_sidecar(path, data)
     return data
 
@@ -403,9 +401,7 @@ def write_sidecar(path: Path, data: dict[str, Any]) -> None:
             return
     except OSError:
         pass
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, side)
+    atomic_write_text(side, text)
 
 
 def sequence_bytes(seqs: Sequence[DraftSequence]) -> bytes:

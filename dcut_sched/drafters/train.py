@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from ..model.config import LlamaConfig
+from ..util.atomic import atomic_write_with
 from .checkpoint import SHIP_DTYPE
 from .data import DraftSequence, token_counts
 from .datagen import DataSettings, generate_and_save, write_sidecar
@@ -334,6 +334,8 @@ def run_training(settings: TrainSettings, *, target, tokenizer, work_dir: Path, 
     data = found.data
     if data is None:
         data = generate_and_save(data_cfg, data_key, target, tokenizer, data_path, log=log)
+        if fresh:  # the checkpoint --fresh ignored: left beside the new data, a stop before the first new
+            state_path.unlink(missing_ok=True)  # checkpoint would have a rerun refuse it (and regenerate the data)
     else:
         write_sidecar(data_path, data)  # in case a stop came between the data and its sidecar
         log(f"data: {data_path} holds data of these settings (sha256 {data['sha256'][:16]}); reusing it")
@@ -439,10 +441,10 @@ def _train_loop(settings: TrainSettings, model: DFlashDraftModel, opt: torch.opt
                 + ", ".join(f"tau@B{b} {v:.3f}" for b, v in taus.items()))
         if state.step % settings.checkpoint_every == 0 or state.step == settings.steps:
             finite_or_raise(loss, model, state.step, lr)  # a non-finite checkpoint is never written
-            tmp = state_path.with_suffix(".pt.tmp")
-            torch.save({"settings": settings.to_json(), "model": model.state_dict(),
-                        "optimizer": opt.state_dict(), "state": state}, tmp)
-            os.replace(tmp, state_path)
+            checkpoint = {"settings": settings.to_json(), "model": model.state_dict(), "optimizer": opt.state_dict(),
+                          "state": state}
+            # the temp file is removed on any stop (Ctrl-C, SIGTERM) as the checkpoint is written
+            atomic_write_with(state_path, lambda tmp: torch.save(checkpoint, tmp))
 
 
 def _heldout_report(report: dict[str, Any], settings: TrainSettings, model: DFlashDraftModel, data: dict[str, Any],

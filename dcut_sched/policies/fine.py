@@ -13,7 +13,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..scores import Array, ScoreRanking, drain_progress, drain_slots, expected_tokens, is_tensor, tensor_module
+from ..scores import (
+    Array,
+    ScoreRanking,
+    drain_progress,
+    drain_slots,
+    expected_tokens,
+    host_remaining,
+    is_tensor,
+    tensor_module,
+)
 from ..step_costs import StepCosts
 from .base import Policy, VerifyPlan, check_conf_shape, register
 
@@ -302,7 +311,7 @@ class Fine(Policy):
             expected = ranking.expected_tokens_at(ks)  # the one host sync of the step
             counted = expected if rho == 1.0 else bs + rho * (expected - bs)  # the anchors are sure
         else:  # a draining batch: host scores (one copy), the useful slots ranked
-            drain = np.maximum(np.asarray(remaining, dtype=np.int64), 1)
+            drain = host_remaining(remaining, bs, "fine")  # checked: a wrong shape would broadcast
             host = scores.double().cpu().numpy() if is_tensor(scores) else np.asarray(scores, dtype=np.float64)
             ranking = ScoreRanking(np.where(drain_slots(drain, block), host, 0.0))
             lengths_at = ranking.lengths_at(ks)
