@@ -20,7 +20,7 @@ import torch
 from dcut_sched.cli import drafter as cli
 from dcut_sched.drafters import train as train_mod
 from dcut_sched.drafters.sources import TrainPrompt
-from dcut_sched.drafters.train import DATA_NAME, STATE_NAME
+from dcut_sched.drafters.train import DATA_NAME, STATE_NAME, TrainSettings
 from dcut_sched.drafters.workdir import first_difference, lock_work_dir
 from dcut_sched.model import LlamaConfig, LlamaModel
 from dcut_sched.traces.prompts import Prompt
@@ -62,6 +62,21 @@ def _training_prompts(s, heldout, instruct):
 def _eval_prompts(s):
     """Two made-up held-out prompts, no ``unlike`` ones."""
     return _prompts(s.seed)[4:], []
+
+
+#: A tiny ``run_training`` (5 steps, a checkpoint every 2) for the tests that call it without the CLI.
+TINY_SETTINGS = TrainSettings(steps=5, checkpoint_every=2, eval_every=100, num_layers=1, draft_vocab_size=None,
+                              seqs_per_step=2, blocks_per_seq=2, max_new_tokens=8, warmup_steps=2)
+
+
+def tiny_training(monkeypatch, tmp_path: Path) -> tuple[LlamaModel, Path]:
+    """Patch in the made-up prompts; return the tiny target and a weights file under ``tmp_path`` for
+    ``run_training`` (with :data:`TINY_SETTINGS` and :class:`FakeTokenizer`)."""
+    monkeypatch.setattr("dcut_sched.drafters.datagen.training_prompts", _training_prompts)
+    monkeypatch.setattr("dcut_sched.drafters.datagen.eval_prompts", _eval_prompts)
+    weights = tmp_path / "tiny.gguf"
+    weights.write_bytes(b"tiny target")
+    return LlamaModel.random_init(TARGET, seed=1, std=0.2), weights
 
 
 @pytest.fixture(scope="module")

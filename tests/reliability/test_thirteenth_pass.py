@@ -16,16 +16,15 @@ import dcut_sched as d
 from dcut_sched.controller.request_batch import RequestBatch
 from dcut_sched.controller.step_driver import StepDriver
 from dcut_sched.drafters import train as train_mod
-from dcut_sched.drafters.train import DATA_NAME, STATE_NAME, TrainSettings, run_training
+from dcut_sched.drafters.train import DATA_NAME, STATE_NAME, run_training
 from dcut_sched.policies.fine import Fine
 from dcut_sched.step_costs import StepCosts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "drafters"))
 from test_workdir import (  # noqa: E402 - the tiny target and made-up prompts of the work-dir tests
-    TARGET,
+    TINY_SETTINGS,
     FakeTokenizer,
-    _eval_prompts,
-    _training_prompts,
+    tiny_training,
 )
 
 CONF = np.full((2, 3), 0.9)
@@ -94,16 +93,10 @@ def train(monkeypatch, tmp_path):
     made-up prompts (5 steps, a checkpoint every 2); ``stop(kind, n)`` raises ``KeyboardInterrupt``
     in the n-th training step (``"step"``) or right after the n-th ``torch.save`` wrote its file,
     before it is renamed into place (``"save"``)."""
-    from dcut_sched.model import LlamaModel
     from dcut_sched.paths import prompts_path
 
-    monkeypatch.setattr("dcut_sched.drafters.datagen.training_prompts", _training_prompts)
-    monkeypatch.setattr("dcut_sched.drafters.datagen.eval_prompts", _eval_prompts)
-    target = LlamaModel.random_init(TARGET, seed=1, std=0.2)
-    weights = tmp_path / "tiny.gguf"
-    weights.write_bytes(b"tiny target")
-    base = TrainSettings(steps=5, checkpoint_every=2, eval_every=100, num_layers=1, draft_vocab_size=None,
-                         seqs_per_step=2, blocks_per_seq=2, max_new_tokens=8, warmup_steps=2)
+    target, weights = tiny_training(monkeypatch, tmp_path)
+    base = TINY_SETTINGS
     real_step, real_save = train_mod.train_step, torch.save
 
     def go(work: Path, stop: tuple[str, int] | None = None, fresh: bool = False, **changes):

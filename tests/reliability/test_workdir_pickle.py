@@ -22,9 +22,9 @@ from dcut_sched.drafters.workdir import WorkDirError, read_work_dir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "drafters"))
 from test_workdir import (  # noqa: E402 - the tiny target and made-up prompts of the work-dir tests
     TARGET,
+    TINY_SETTINGS,
     FakeTokenizer,
-    _eval_prompts,
-    _training_prompts,
+    tiny_training,
 )
 
 SETTINGS = TrainSettings(steps=3).to_json()
@@ -113,16 +113,10 @@ def tiny(monkeypatch, tmp_path):
     """``train(work, steps_done=None)``: ``run_training`` on the tiny target with made-up prompts
     (checkpoint every 2 steps); ``steps_done`` stops the run (KeyboardInterrupt) after that many steps."""
     from dcut_sched.drafters import train as train_mod
-    from dcut_sched.model import LlamaModel
     from dcut_sched.paths import prompts_path
 
-    monkeypatch.setattr("dcut_sched.drafters.datagen.training_prompts", _training_prompts)
-    monkeypatch.setattr("dcut_sched.drafters.datagen.eval_prompts", _eval_prompts)
-    target = LlamaModel.random_init(TARGET, seed=1, std=0.2)
-    weights = tmp_path / "tiny.gguf"
-    weights.write_bytes(b"tiny target")
-    settings = TrainSettings(steps=5, checkpoint_every=2, eval_every=100, num_layers=1, draft_vocab_size=None,
-                             seqs_per_step=2, blocks_per_seq=2, max_new_tokens=8, warmup_steps=2)
+    target, weights = tiny_training(monkeypatch, tmp_path)
+    settings = TINY_SETTINGS
     real_step = train_mod.train_step
 
     def train(work: Path, steps_done: int | None = None):
