@@ -13,9 +13,9 @@ the simulator and sets the prediction beside the measured rounds:
   peers run vLLM's DFlash without D-Cut: ``vllm-kK`` verifies K drafts per request every step
   (``uniform`` at rho = (K + 1) / B), ``vllm-dynsd`` the K its schedule gives the bs (stated in
   the rounds file): K > 0 as ``vllm-kK``, K = 0 undrafted steps that run vLLM's own whole
-  drafter pass (D-Cut's context-only pass is not installed without a D-Cut config), priced as the
-  curve's undrafted step plus the block pass's extra upkeep over the context pass measured in
-  ``analysis/results/undrafted_step.csv``.
+  drafter pass and its rejection sampler (D-Cut's context-only pass and plain sampler are not
+  installed without a D-Cut config), priced as the curve's undrafted step plus what vLLM's own
+  undrafted step costs over D-Cut's in ``analysis/results/undrafted_step.csv``.
 - The project's engine: ``analysis/results/bench_engine_rounds_runs.csv`` (``analysis/bench_engine.py
   --rounds 3``), priced with ``bench_engine.CURVE`` (forwards only: an undrafted step is priced as
   a plain step, which the engine's 0.5-1 % upkeep, ``undrafted_step.md``, allows).
@@ -223,9 +223,10 @@ def record(fresh: bool = False, threads: int = 1) -> int:
 
 # ============================================================================ the simulator's side
 def block_pass_extra_ms(table: pd.DataFrame) -> dict[int, float]:
-    """Per bs: what vLLM's own whole drafter pass costs over D-Cut's context-only pass in an
-    undrafted step (``undrafted_step.csv``: the vLLM rows' ``upkeep_ms``, ``block`` - ``context``)."""
-    v = table[table["engine"] == "vllm"].pivot(index="batch_size", columns="config", values="upkeep_ms")
+    """Per bs: what vLLM's own undrafted step (its whole drafter pass, its rejection sampler over zero
+    drafts) costs over D-Cut's (the context-only pass, the plain sampler): ``undrafted_step.csv``, the
+    vLLM rows' median ``step_ms``, ``block`` - ``context``."""
+    v = table[table["engine"] == "vllm"].pivot(index="batch_size", columns="config", values="step_ms")
     return {int(bs): float(r["block"] - r["context"]) for bs, r in v.iterrows()}
 
 

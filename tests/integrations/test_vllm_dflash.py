@@ -11,7 +11,8 @@ Two more runs alternate drafted and undrafted steps (``fine`` whose every drafte
 and whose every plain step asks for a probe): one with the undrafted step's context-only drafter pass
 (the default), one with vLLM's own pass (``skip_undrafted_block: false``). Their drafter records show
 which passes ran, and both draft exactly the same tokens with the same confidences: the context-only
-pass leaves the drafter the context vLLM's own pass leaves.
+pass leaves the drafter the context vLLM's own pass leaves. Their worker records show which sampler
+each verification step took (vLLM's plain one where no request carries a draft, by default).
 """
 
 from __future__ import annotations
@@ -137,6 +138,19 @@ def test_undrafted_steps_run_the_context_only_pass(dflash_runs):
         for k, p in zip(scheduled, passes):
             assert p["num_speculative_tokens"] == k
             assert p["pass"] == ("context" if k == 0 and skip else "block")
+
+
+def test_undrafted_steps_sample_with_the_plain_sampler(dflash_runs):
+    """A verification step where no request carries a draft samples with vLLM's plain sampler (the
+    worker records say which), a step with drafts with the rejection sampler; with
+    ``skip_undrafted_block: false`` every step takes vLLM's own rejection sampler."""
+    for name, skip in SWITCH_RUNS.items():
+        worker = _records(dflash_runs["dir"] / f"{name}.jsonl.worker.jsonl")
+        undrafted = [w for w in worker if not any(w["num_draft_tokens"])]
+        assert len(undrafted) >= 5 and len(worker) - len(undrafted) >= 5
+        for w in worker:
+            plain = skip and not any(w["num_draft_tokens"])
+            assert w["sampler"] == ("plain" if plain else "rejection"), w
 
 
 def test_context_only_pass_leaves_the_drafter_the_same_context(dflash_runs):

@@ -23,7 +23,10 @@ run its whole pass: the context K/V update and a drafter forward over every requ
 With ``skip_undrafted_block`` (the default) the ``propose`` wrapper runs only :func:`context_only_pass`:
 the committed tokens' context K/V, written where vLLM's own pass writes them, so the next drafted
 step drafts from the same context; the block forward is skipped and vLLM gets no drafts
-(docs/vllm.md, "The undrafted step").
+(docs/vllm.md, "The undrafted step"). On the step that follows, where no request carries a draft,
+``GPUModelRunner._sample`` takes vLLM's plain-decoding sampler instead of the rejection sampler (which,
+over zero drafts, samples the same bonus tokens with the same sampler after copying the logits): the
+same tokens, the same generator draws; kept for steps that want logprobs or track a thinking budget.
 
 The worker also records the draft lengths it verifies (``GPUModelRunner._calc_spec_decode_metadata``,
 the ragged ``SpecDecodeMetadata`` the rejection sampler consumes) when the config names a
@@ -100,6 +103,16 @@ def context_only_pass(proposer: Any, target_positions: torch.Tensor, target_hidd
     return torch.empty(num_reqs, 0, dtype=torch.int64, device=positions.device)
 
 
+def _plain_sampler(runner: Any, cfg: DCutVllmConfig | None, max_drafts: int) -> bool:
+    """Whether a verification step samples with vLLM's plain sampler (module docstring): D-Cut active with
+    ``skip_undrafted_block``, no request carries a draft, no logprobs, no thinking budget tracked."""
+    if cfg is None or not cfg.skip_undrafted_block or max_drafts != 0:
+        return False
+    meta = runner.input_batch.sampling_metadata
+    holder = getattr(meta, "thinking_budget_state_holder", None)
+    return meta.max_num_logprobs is None and (holder is None or not holder.has_tracked_requests())
+
+
 def _record_line(path: str, rec: dict) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(rec) + "\n")
@@ -132,6 +145,7 @@ def install() -> None:
         orig_propose = SpecDecodeBaseProposer.propose
         orig_take = GPUModelRunner.take_draft_token_ids
         orig_meta = GPUModelRunner._calc_spec_decode_metadata
+        orig_sample_tokens = GPUModelRunner._sample
         propose_signature = inspect.signature(orig_propose)
 
         def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -191,14 +205,23 @@ def install() -> None:
             if cfg is not None and cfg.record_path:
                 n = len(num_draft_tokens)
                 rec = {"req_ids": list(self.input_batch.req_ids[:n]),
-                       "num_draft_tokens": [int(x) for x in num_draft_tokens]}
+                       "num_draft_tokens": [int(x) for x in num_draft_tokens],
+                       "sampler": "plain" if _plain_sampler(self, cfg, int(max(num_draft_tokens, default=0)))
+                       else "rejection"}
                 _record_line(cfg.record_path + ".worker.jsonl", rec)
             return orig_meta(self, num_draft_tokens, cu_num_scheduled_tokens)
+
+        def _sample(self, logits, spec_decode_metadata):
+            if spec_decode_metadata is not None and _plain_sampler(self, _config_of(self),
+                                                                   int(spec_decode_metadata.max_spec_len)):
+                spec_decode_metadata = None  # one logits row per request, in request order
+            return orig_sample_tokens(self, logits, spec_decode_metadata)
 
         SpecDecodeBaseProposer._greedy_sample = _greedy_sample
         SpecDecodeBaseProposer.propose = propose
         GPUModelRunner.take_draft_token_ids = take_draft_token_ids
         GPUModelRunner._calc_spec_decode_metadata = _calc_spec_decode_metadata
+        GPUModelRunner._sample = _sample
         _installed = True
 
 

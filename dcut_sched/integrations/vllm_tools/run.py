@@ -23,6 +23,8 @@ The job (JSON object):
   skipping :func:`llm_kwargs`' own check) and ``fake_vllm_version`` (vLLM's ``__version__`` is
   set to it while the engine starts), ``speculative_config`` (replaces the one :func:`llm_kwargs`
   builds, e.g. an ngram drafter); ``max_num_seqs`` and ``num_prompts`` override the job's;
+  ``engine_args`` (a dict) is passed to ``vllm.LLM`` over everything above (e.g.
+  ``{"async_scheduling": false}`` for plain decoding without vLLM's default async scheduling);
 - ``import_first``: module names imported before the first engine (``["numba"]`` puts the process
   in the state vLLM's ngram proposer leaves it in: the failed-engine-poisons-the-next case).
 
@@ -108,7 +110,7 @@ def run_one(job: dict, run: dict, prompts: list[list[int]]) -> dict:
     if run.get("fake_vllm_version"):  # test the version pin at start-up
         vllm.__version__ = run["fake_vllm_version"]
     try:
-        llm = LLM(**kw, **common)
+        llm = LLM(**{**kw, **common, **run.get("engine_args", {})})
     finally:
         vllm.__version__ = real_version
     t1 = time.perf_counter()
