@@ -1,5 +1,7 @@
 """Compare the probe_plain_sampler.py result: python3 analyze_plain_sampler.py OUTDIR/result.json"""
-import json, sys
+import json
+import sys
+
 R = json.load(open(sys.argv[1]))["engines"]
 
 def first_diff(a, b):

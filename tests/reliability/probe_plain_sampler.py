@@ -2,17 +2,21 @@
     .venv-vllm/bin/python tests/reliability/probe_plain_sampler.py OUTDIR
 Builds nospec / switch (skip_undrafted_block true) / switch-block (false) engines and runs several
 SamplingParams phases on each; writes OUTDIR/result.json (tokens, logprobs, worker-record slices)."""
-import gc, json, os, sys
+import gc
+import json
+import os
+import sys
 from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 out_dir = Path(sys.argv[1]); out_dir.mkdir(parents=True, exist_ok=True)
 ROOT = Path(__file__).resolve().parents[2]
 N = int(os.environ.get("PROBE_N", "8")); MAXT = 24
-from vllm import LLM, SamplingParams, TokensPrompt
-from dcut_sched.integrations.vllm import llm_kwargs
-from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
-from dcut_sched.integrations.vllm_tools.run import load_prompt_token_ids
+from vllm import LLM, SamplingParams, TokensPrompt  # noqa: E402 - after VLLM_ENABLE_V1_MULTIPROCESSING is set
+
+from dcut_sched.integrations.vllm import llm_kwargs  # noqa: E402 - after VLLM_ENABLE_V1_MULTIPROCESSING is set
+from dcut_sched.integrations.vllm_tools.checkpoint import write_pair  # noqa: E402 - after VLLM_ENABLE_V1_MULTIPROCESSING is set
+from dcut_sched.integrations.vllm_tools.run import load_prompt_token_ids  # noqa: E402 - after VLLM_ENABLE_V1_MULTIPROCESSING is set
 
 target = Path(os.environ.get("PROBE_TARGET") or write_pair()[0])
 prompts = load_prompt_token_ids({"file": str(ROOT / "dcut_sched/data/traces/prompts.jsonl"), "n": N, "offset": 48,

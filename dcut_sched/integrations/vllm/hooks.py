@@ -26,7 +26,11 @@ step drafts from the same context; the block forward is skipped and vLLM gets no
 (docs/vllm.md, "The undrafted step"). On the step that follows, where no request carries a draft,
 ``GPUModelRunner._sample`` takes vLLM's plain-decoding sampler instead of the rejection sampler (which,
 over zero drafts, samples the same bonus tokens with the same sampler after copying the logits): the
-same tokens, the same generator draws; kept for steps that want logprobs or track a thinking budget.
+same tokens for greedy and for seeded requests (their own generators draw the same); an unseeded
+sampled request draws from the engine-wide generator, which the rejection path also advances (its
+recovered-token draw), so its tokens differ from ``skip_undrafted_block: false`` though their
+distribution does not. Kept for steps that want logprobs (``logprobs`` or ``logprob_token_ids``) or
+track a thinking budget.
 
 The worker also records the draft lengths it verifies (``GPUModelRunner._calc_spec_decode_metadata``,
 the ragged ``SpecDecodeMetadata`` the rejection sampler consumes) when the config names a
@@ -105,12 +109,15 @@ def context_only_pass(proposer: Any, target_positions: torch.Tensor, target_hidd
 
 def _plain_sampler(runner: Any, cfg: DCutVllmConfig | None, max_drafts: int) -> bool:
     """Whether a verification step samples with vLLM's plain sampler (module docstring): D-Cut active with
-    ``skip_undrafted_block``, no request carries a draft, no logprobs, no thinking budget tracked."""
+    ``skip_undrafted_block``, no request carries a draft, none wants logprobs (``logprobs`` or
+    ``logprob_token_ids``: the rejection sampler returns none for the latter, so the plain one would
+    return them on undrafted steps only), no thinking budget tracked."""
     if cfg is None or not cfg.skip_undrafted_block or max_drafts != 0:
         return False
     meta = runner.input_batch.sampling_metadata
     holder = getattr(meta, "thinking_budget_state_holder", None)
-    return meta.max_num_logprobs is None and (holder is None or not holder.has_tracked_requests())
+    return (meta.max_num_logprobs is None and not getattr(meta, "logprob_token_ids", None)
+            and (holder is None or not holder.has_tracked_requests()))
 
 
 def _record_line(path: str, rec: dict) -> None:
