@@ -79,7 +79,7 @@ def build_parser() -> CliParser:
             "  dcut-engine --policy fine --batch-size 8\n"
             "  dcut-engine --policy dcut --batch-size 8 --prompts prompts.jsonl --cost curve.json --check\n"
             "  dcut-engine --policy topk --param rho=0.5 --block-size 8 --steps out/steps.csv --out out/summary.json\n"
-            "  dcut-engine --policy full --trace out/recorded.parquet --num-prompts 64\n"
+            "  dcut-engine --policy full --trace out/recorded.parquet --num-prompts 16\n"
             "  dcut-engine --policy dcut --temperature 0.7 --top-p 0.9 --seed 1 --check\n"
             + _paragraphs(
                 "cost curve: --cost FILE, else the shipped CPU profile of the drafter "
@@ -242,6 +242,10 @@ def _load_inputs(args: argparse.Namespace):
     except PromptFileError as exc:
         raise UsageError(f"--prompts: {exc}") from None
     if args.num_prompts is not None:  # >= 1 (its argparse type)
+        if args.num_prompts > len(texts):
+            where = f"--prompts {args.prompts}" if args.prompts else "the built-in prompts (no --prompts)"
+            raise UsageError(f"--num-prompts {args.num_prompts}: {where} hold only {len(texts)}; give at most "
+                             f"{len(texts)} or a --prompts file with more")
         texts = texts[: args.num_prompts]
     return draft_spec, dflash, sampling, params, texts
 

@@ -22,6 +22,7 @@ from dcut_sched.model import smollm2_available
         (["--policy", "dcut", "--cost", "{tmp}/missing.json"], "--cost {tmp}/missing.json: no such file"),
         (["--batch-size", "0"], "--batch-size"),
         (["--num-prompts", "0"], "--num-prompts"),
+        (["--num-prompts", "1000"], "--num-prompts 1000: the built-in prompts (no --prompts) hold only"),
         (["--temperature", "-1"], "temperature"),
         (["--temperature", "0.7", "--top-p", "0"], "top_p"),
         (["--temperature", "0.7", "--draft", "sampled"], "sampled drafts"),
