@@ -114,9 +114,9 @@ def _plain_sampler(runner: Any, cfg: DCutVllmConfig | None, max_drafts: int) -> 
     return them on undrafted steps only), no thinking budget tracked."""
     if cfg is None or not cfg.skip_undrafted_block or max_drafts != 0:
         return False
-    meta = runner.input_batch.sampling_metadata
-    holder = getattr(meta, "thinking_budget_state_holder", None)
-    return (meta.max_num_logprobs is None and not getattr(meta, "logprob_token_ids", None)
+    meta = runner.input_batch.sampling_metadata  # vLLM 0.32.0's SamplingMetadata (the version is pinned)
+    holder = meta.thinking_budget_state_holder
+    return (meta.max_num_logprobs is None and not meta.logprob_token_ids
             and (holder is None or not holder.has_tracked_requests()))
 
 
