@@ -132,9 +132,10 @@ def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
     assert d.policies.get("fine", granularity=1).plan(CONF, cheap).draft_next is True
 
 
-def test_fine_default_grid_is_multiples_of_granularity(make_curve):
+def test_fine_default_grid_is_every_count_and_granularity_coarsens_it(make_curve):
     curve = StepCosts(make_curve(batch_sizes=(4,), block_size=16), 16)
-    fine = d.policies.get("fine")
+    assert d.policies.get("fine").candidates(4, 16, curve).tolist() == list(range(4, 65))
+    fine = d.policies.get("fine", granularity=8)
     assert fine.candidates(4, 16, curve).tolist() == [4, 8, 16, 24, 32, 40, 48, 56, 64]
     fine = d.policies.get("fine", allowed_num_tokens=[2, 4, 10, 64, 100])
     assert fine.candidates(4, 16, curve).tolist() == [4, 10, 64]

@@ -207,7 +207,8 @@ class Fine(Policy):
     """Fine-grained global top-K with a full-step-time objective and optional plain steps.
 
     Parameters (their rules: docs/design.md §2.1): ``granularity`` or ``allowed_num_tokens`` (the
-    candidate budgets), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
+    candidate budgets: by default every token count; a graph bank's captured counts when the
+    controller replays CUDA graphs), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
     utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
     share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
     ``feedback`` and ``feedback_decay`` (plan with realized outcomes). Given ``remaining`` (a draining
@@ -221,7 +222,7 @@ class Fine(Policy):
 
     def __init__(
         self,
-        granularity: int = 8,
+        granularity: int = 1,
         allowed_num_tokens: Sequence[int] | None = None,
         objective: str = "ratio",
         ema_decay: float = 0.8,

@@ -5,8 +5,9 @@ Per batch size ``bs`` and block size ``B`` the verification token counts are
     - the autoregressive point ``num_tokens = bs`` (one slot per request, no draft);
     - the D-Cut buckets ``K_q = ceil(rho_q * bs * B)`` for rho_q in ``ratios`` (default 0.25, 0.5,
       0.75, 1.0; :func:`dcut_sched.policies.budget_from_ratio`, so the same K the policies ask for);
-    - with ``grid_step > 0``, every multiple of ``grid_step`` in ``[bs, bs*B]`` (the dense grid the
-      ``fine`` policy chooses from; the same default grid as its ``granularity``).
+    - with ``grid_step > 0``, every multiple of ``grid_step`` in ``[bs, bs*B]`` (the dense measured grid
+      ``fine`` prices its budgets on; ``fine`` chooses every count in between too, by the
+      curve's interpolation).
 
 and, as their own cell family, the plain autoregressive decode step ``ar:bs`` (one token per
 request attending to ``context_len`` cached slots, on the engine's plain-decode path; see

@@ -102,12 +102,12 @@ def test_dcut(hand_trace, hand_curve):
     assert run.steps.expected_tokens[1] == pytest.approx(3.1, abs=1e-6)
 
 
-def test_fine_default_stops_drafting(hand_trace, hand_curve):
+def test_fine_granularity_eight_stops_drafting(hand_trace, hand_curve):
     # granularity 8 at bs 2, B 4: candidates K in {2, 8}; step time 2.5 + 2 + K = 6.5 or 12.5 ms.
     # Step 1: E(2) = 2, E(8) = 6.0145 -> per ms .3077, .4812 -> K = 8: L = (4, 4), tokens 3, 4.
     #   Running rate .4812 tokens/ms < ar's 2 / C_verify(2, 2) = .5 -> next step plain.
     # Steps 2..: plain (anchor only, 4 ms, 1 token each) until the probe after 16 plain steps.
-    run = replay(hand_trace, hand_curve, "fine", 3)
+    run = replay(hand_trace, hand_curve, "fine", 3, granularity=8)
     assert lengths(run) == [[4, 4], [1, 1], [1, 1]]
     assert tokens(run) == [[3, 4], [1, 1], [1, 1]]
     assert run.steps.step_ms.tolist() == [12.5, 4.0, 4.0]
@@ -115,10 +115,10 @@ def test_fine_default_stops_drafting(hand_trace, hand_curve):
     assert run.steps.num_tokens.tolist() == [8, 2, 2]
 
 
-def test_fine_granularity_one(hand_trace, hand_curve):
-    # Every K in 2..8: E = 2, 2.95, 3.85, 4.705, 5.4745, 5.9245, 6.0145 over 6.5..12.5 ms;
+def test_fine_default_every_count(hand_trace, hand_curve):
+    # The default (granularity 1): every K in 2..8: E = 2, 2.95, 3.85, 4.705, 5.4745, 5.9245, 6.0145 over 6.5..12.5 ms;
     # per ms peaks at K = 6 (5.4745 / 10.5 = .5214 > .5): L = (2, 4), tokens 2, 4; keeps drafting.
-    run = replay(hand_trace, hand_curve, "fine", 2, granularity=1, speculate_margin=0.0)
+    run = replay(hand_trace, hand_curve, "fine", 2, speculate_margin=0.0)
     assert lengths(run)[0] == [2, 4]
     assert tokens(run)[0] == [2, 4]
     assert run.steps.step_ms[0] == 10.5
@@ -139,8 +139,8 @@ def test_oracle(hand_trace, hand_curve):
 
 
 def test_overhead_only_on_drafted_steps(hand_trace, hand_curve):
-    run = run_closed_loop(hand_trace, hand_curve, policies.get("fine"), 2, num_steps=2, shuffle=False,
-                          overhead_ms=1.5)
+    run = run_closed_loop(hand_trace, hand_curve, policies.get("fine", granularity=8), 2, num_steps=2,
+                          shuffle=False, overhead_ms=1.5)
     assert run.steps.step_ms.tolist() == [12.5 + 1.5, 4.0]
 
 
