@@ -111,7 +111,7 @@ def build_parser() -> CliParser:
     ap.add_argument("--context-len", type=int_at_least(0, MAX_CONTEXT_LEN), help="cached tokens per request [gpu/analytic: 1024, cpu: 256]")
     ap.add_argument("--ratios", type=_ratio_list, default=[0.25, 0.5, 0.75, 1.0], help="D-Cut bucket ratios rho (default: 0.25,0.5,0.75,1.0)")
     ap.add_argument("--grid-step", type=int_at_least(0), default=16,
-                    help="also every multiple of this in [bs, bs*B] (the dense grid of the fine policy); "
+                    help="also every multiple of this in [bs, bs*B] (the measured grid fine prices its budgets on); "
                          "0 = num_tokens = bs and the buckets only (fastest) (default: %(default)s)")
     ap.add_argument("--draft", default="auto",
                     help="draft step: none, self-skip:I,J,... (target minus layers, B-1 one-token steps), "
