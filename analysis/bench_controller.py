@@ -3,7 +3,9 @@
 For each batch size (default 4, 16, 64), B = 16, each policy (default dcut, fine, topk) and each
 input kind (numpy, CPU torch; CUDA torch when available), times ``plan(conf)`` on random DFlash-like
 confidences (Beta(4, 1), seeded) with ``timeit`` (best of ``--repeats`` runs of ``--number`` calls),
-with and without online calibration. The simulated step it is compared with is the published Qwen3-8B
+with and without online calibration; a policy that reads ``remaining`` (``fine``) is timed a third way,
+as a draining batch (``plan(conf, remaining=...)``, each request 1..64 tokens from its end, seeded:
+the plan a finite wave runs every step once nothing waits). The simulated step it is compared with is the published Qwen3-8B
 H20 verification curve of docs/design.md §4 (D-Cut buckets at rho = 0.25/0.5/0.75/1.0, linear between
 them): ``overhead_pct = plan_us / C_verify(bs, K of the plan)``, verify time only (no draft), so the
 percentage is an upper bound.
@@ -33,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcut_sched import CostCurve, RatioController  # noqa: E402
+from dcut_sched import CostCurve, RatioController, policies  # noqa: E402
 from dcut_sched.util.tables import write_table  # noqa: E402
 
 B = 16
@@ -66,7 +68,7 @@ def minimal_dcut(conf: np.ndarray, ks: np.ndarray, verify_ms: np.ndarray) -> np.
     return lengths + np.bincount(rows[:need], minlength=bs)
 
 
-def bench(curve, policy, bs, kind, calibrate, number, repeats, seed):
+def bench(curve, policy, bs, kind, calibrate, number, repeats, seed, draining=False):
     rng = np.random.default_rng(seed)
     conf_np = rng.beta(4.0, 1.0, size=(bs, B - 1)).astype(np.float32)
     if kind == "numpy":
@@ -74,7 +76,8 @@ def bench(curve, policy, bs, kind, calibrate, number, repeats, seed):
     else:
         conf = torch.from_numpy(conf_np).to("cuda" if kind == "cuda" else "cpu")
     ctrl = RatioController(curve, B, policy=policy, calibrate=calibrate)
-    plan = ctrl.plan(conf)  # warm-up: caches the policy's candidate table
+    remaining = rng.integers(1, 65, size=bs) if draining else None
+    plan = ctrl.plan(conf, remaining=remaining)  # warm-up: caches the policy's candidate table
     if calibrate:  # a fitted (non-identity) map, as in steady state
         for _ in range(8):
             p = ctrl.plan(conf)
@@ -83,7 +86,7 @@ def bench(curve, policy, bs, kind, calibrate, number, repeats, seed):
         ctrl.calibrator.refit()
 
     def step():
-        ctrl.plan(conf)
+        ctrl.plan(conf, remaining=remaining)
         if kind == "cuda":
             torch.cuda.synchronize()
 
@@ -107,7 +110,7 @@ def bench(curve, policy, bs, kind, calibrate, number, repeats, seed):
     yard_us = min(yard_runs) / number * 1e6 if yard_runs else float("nan")
     step_ms = curve.verify_ms(bs, plan.num_tokens)
     return {
-        "policy": policy, "batch_size": bs, "kind": kind, "calibrate": calibrate,
+        "policy": policy, "batch_size": bs, "kind": kind, "calibrate": calibrate, "draining": draining,
         "plan_us": round(plan_us, 1), "yardstick_us": round(yard_us, 1),
         "ratio": round(plan_us / yard_us, 2) if yard_runs else float("nan"),
         "num_tokens": plan.num_tokens, "verify_ms": round(step_ms, 2),
@@ -134,6 +137,8 @@ def main(argv=None) -> int:
             for kind in kinds:
                 for calibrate in (False, True):
                     rows.append(bench(curve, policy, bs, kind, calibrate, args.number, args.repeats, args.seed))
+                if policies.get(policy).reads_remaining:
+                    rows.append(bench(curve, policy, bs, kind, False, args.number, args.repeats, args.seed, True))
     frame = pd.DataFrame(rows)
     from rich.table import Table
 

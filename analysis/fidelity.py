@@ -48,6 +48,9 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import pandas as pd
 
+#: The policy parameters the committed engine runs were recorded with, where they differ from today's
+#: defaults: ``fine`` chose among multiples of 8 (plus both ends) until 2026-12-05 (docs/design.md §2.1).
+RECORDED_PARAMS = {"fine": {"granularity": 8}}
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -540,7 +543,8 @@ def stage_predict(args) -> None:
     for _, run in runs.iterrows():
         policy, bs = run["policy"], int(run["batch_size"])
         es = steps[(steps["policy"] == policy) & (steps["run_batch_size"] == bs)].reset_index(drop=True)
-        sim = run_open_loop(matched, curve, policies.get(policy), bs, rate_rps=1.0, num_requests=nreq,
+        recorded = policies.get(policy, **RECORDED_PARAMS.get(policy, {}))
+        sim = run_open_loop(matched, curve, recorded, bs, rate_rps=1.0, num_requests=nreq,
                             shuffle=False, arrival_ms=np.zeros(nreq))
         st = sim.steps
         sim_tokens = int(st.tokens.sum())

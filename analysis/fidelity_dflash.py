@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+#: The policy parameters the committed engine runs were recorded with, where they differ from today's
+#: defaults: ``fine`` chose among multiples of 8 (plus both ends) until 2026-12-05 (docs/design.md §2.1).
+RECORDED_PARAMS = {"fine": {"granularity": 8}}
 ROOT = Path(__file__).resolve().parent.parent
 for p in (ROOT, ROOT / "analysis"):
     if str(p) not in sys.path:
@@ -59,7 +62,8 @@ def main() -> int:
     rows = []
     for _, run in bench.iterrows():
         policy, bs = run["policy"], int(run["batch_size"])
-        sim = run_open_loop(matched, curve, policies.get(policy), bs, rate_rps=1.0, num_requests=nreq,
+        recorded = policies.get(policy, **RECORDED_PARAMS.get(policy, {}))
+        sim = run_open_loop(matched, curve, recorded, bs, rate_rps=1.0, num_requests=nreq,
                             shuffle=False, arrival_ms=np.zeros(nreq))
         st = sim.steps
         step_ms = np.asarray(st.step_ms, dtype=float)

@@ -26,7 +26,8 @@ __all__ = ["VARIANTS", "budget_steps", "budget_summary", "plot_budgets"]
 
 
 def _dcut_fine_ratios(bs: int, block: int):
-    """``dcut`` with a ratio per slot count (k/B): D-Cut's objective, ``fine``'s granularity."""
+    """``dcut`` with a ratio per slot count (k/B): D-Cut's objective over finer budgets (every multiple of
+    bs; ``fine`` chooses among every count)."""
     return d.policies.get("dcut", ratios=[k / block for k in range(1, block + 1)])
 
 

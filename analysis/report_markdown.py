@@ -157,8 +157,8 @@ def render_report(results: dict, families: list, settings, *, fidelity: str | No
     bsum = results["budget_summary"]
     w("## 3. Where `fine` beats `dcut`, and why\n")
     w("Both verify a global top-K of slot scores; they differ in how K is chosen. `dcut` picks among 4 captured "
-      "ratios (rho = 0.25/0.5/0.75/1.0) by expected tokens per *verify* ms; `fine` picks among every multiple of "
-      "8 slots by expected tokens per *full step* ms (draft + verify), and stops drafting when a drafted step is "
+      "ratios (rho = 0.25/0.5/0.75/1.0) by expected tokens per *verify* ms; `fine` picks among every token count "
+      "(every `ceil(bs*B/128)`-th above 128) by expected tokens per *full step* ms (draft + verify), and stops drafting when a drafted step is "
       "expected to beat a plain autoregressive step (C_ar) by its 5 % margin, re-probing only while what drafting "
       "lost against plain decoding stays within 0.5 % of the run's time (its probe budget).\n")
     show = bsum.copy()

@@ -135,6 +135,10 @@ def test_fine_probe_budget_bounds_the_loss_and_resumes(make_curve):
 def test_fine_default_grid_is_every_count_and_granularity_coarsens_it(make_curve):
     curve = StepCosts(make_curve(batch_sizes=(4,), block_size=16), 16)
     assert d.policies.get("fine").candidates(4, 16, curve).tolist() == list(range(4, 65))
+    # above MAX_CANDIDATES (128) budgets, every ceil(bs*B / 128)-th count, both ends kept
+    wide = StepCosts(make_curve(batch_sizes=(16, 64), block_size=16), 16)
+    assert d.policies.get("fine").candidates(16, 16, wide).tolist() == list(range(16, 257, 2))
+    assert d.policies.get("fine").candidates(64, 16, wide).tolist() == list(range(64, 1025, 8))
     fine = d.policies.get("fine", granularity=8)
     assert fine.candidates(4, 16, curve).tolist() == [4, 8, 16, 24, 32, 40, 48, 56, 64]
     fine = d.policies.get("fine", allowed_num_tokens=[2, 4, 10, 64, 100])

@@ -33,6 +33,11 @@ OBJECTIVES = ("ratio", "marginal")
 #: curve that prices every step wrong is still followed: the running ratio moves by up to this factor
 #: per step.
 STEP_TIME_OUTLIER = 4.0
+#: ``granularity=None`` (the default) takes the finest step that keeps at most this many candidate
+#: budgets: every token count up to bs * B = 128, every 2nd at bs 16, B 16, every 8th at bs 64, B 16
+#: (as the former default there). The draining-batch plan costs about linearly in the candidates
+#: (docs/controller.md, "Overhead").
+MAX_CANDIDATES = 128
 
 
 def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms: float, objective: str = "ratio",
@@ -207,8 +212,8 @@ class Fine(Policy):
     """Fine-grained global top-K with a full-step-time objective and optional plain steps.
 
     Parameters (their rules: docs/design.md §2.1): ``granularity`` or ``allowed_num_tokens`` (the
-    candidate budgets: by default every token count; a graph bank's captured counts when the
-    controller replays CUDA graphs), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
+    candidate budgets: by default every token count, at most :data:`MAX_CANDIDATES` of them; a graph
+    bank's captured counts when the controller replays CUDA graphs), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
     utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
     share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
     ``feedback`` and ``feedback_decay`` (plan with realized outcomes). Given ``remaining`` (a draining
@@ -222,7 +227,7 @@ class Fine(Policy):
 
     def __init__(
         self,
-        granularity: int = 1,
+        granularity: int | None = None,
         allowed_num_tokens: Sequence[int] | None = None,
         objective: str = "ratio",
         ema_decay: float = 0.8,
@@ -232,8 +237,9 @@ class Fine(Policy):
         feedback: bool = True,
         feedback_decay: float = 0.95,
     ):
-        if granularity < 1:
-            raise ValueError(f"fine: granularity={granularity} must be >= 1")
+        if granularity is not None and granularity < 1:
+            raise ValueError(f"fine: granularity={granularity} must be >= 1 (or None: every count, at most "
+                             f"{MAX_CANDIDATES} budgets)")
         if objective not in OBJECTIVES:
             raise ValueError(f"fine: objective={objective!r} must be one of {OBJECTIVES}")
         if not (0.0 <= ema_decay < 1.0):
@@ -244,7 +250,7 @@ class Fine(Policy):
             raise ValueError(f"fine: probe_budget={probe_budget} must be in (0, 1)")
         if not (0.0 <= feedback_decay < 1.0):
             raise ValueError(f"fine: feedback_decay={feedback_decay} must be in [0, 1)")
-        self.granularity = int(granularity)
+        self.granularity = None if granularity is None else int(granularity)
         self.allowed_num_tokens = None if allowed_num_tokens is None else tuple(int(k) for k in allowed_num_tokens)
         if self.allowed_num_tokens is not None and (not self.allowed_num_tokens or min(self.allowed_num_tokens) < 1):
             raise ValueError(f"fine: allowed_num_tokens must be token counts >= 1, got "
@@ -373,14 +379,15 @@ class Fine(Policy):
 
 
 @lru_cache(maxsize=1024)
-def _candidate_budgets(bs: int, block: int, granularity: int, allowed: tuple[int, ...] | None,
+def _candidate_budgets(bs: int, block: int, granularity: int | None, allowed: tuple[int, ...] | None,
                        first: int, last: int) -> np.ndarray:
     """Ascending int64 candidate budgets in ``[first, last]`` (read-only; shared by every instance)."""
     hi = bs * block
     if allowed is not None:
         ks = np.array(sorted(set(allowed)), dtype=np.int64)
     else:
-        ks = np.union1d(np.arange(0, hi + 1, granularity, dtype=np.int64), [bs, hi])
+        step = granularity if granularity is not None else -(-hi // MAX_CANDIDATES)
+        ks = np.union1d(np.arange(0, hi + 1, step, dtype=np.int64), [bs, hi])
     ks = ks[(ks >= max(bs, first)) & (ks <= min(hi, last))]
     ks.setflags(write=False)
     return ks
