@@ -33,8 +33,8 @@ OBJECTIVES = ("ratio", "marginal")
 #: curve that prices every step wrong is still followed: the running ratio moves by up to this factor
 #: per step.
 STEP_TIME_OUTLIER = 4.0
-#: ``granularity=None`` (the default) takes the finest step that keeps at most this many candidate
-#: budgets: every token count up to bs * B = 128, every 2nd at bs 16, B 16, every 8th at bs 64, B 16
+#: ``granularity=None`` (the default) takes the finest step that keeps about this many candidate
+#: budgets (one more where bs * B is not a multiple of the step): every token count up to bs * B = 128, every 2nd at bs 16, B 16, every 8th at bs 64, B 16
 #: (as the former default there). The draining-batch plan costs about linearly in the candidates
 #: (docs/controller.md, "Overhead").
 MAX_CANDIDATES = 128
@@ -212,8 +212,9 @@ class Fine(Policy):
     """Fine-grained global top-K with a full-step-time objective and optional plain steps.
 
     Parameters (their rules: docs/design.md §2.1): ``granularity`` or ``allowed_num_tokens`` (the
-    candidate budgets: by default every token count, at most :data:`MAX_CANDIDATES` of them; a graph
-    bank's captured counts when the controller replays CUDA graphs), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
+    candidate budgets: by default every token count, about :data:`MAX_CANDIDATES` of them at most;
+    ``allowed_num_tokens``, when given, replaces the grid and ``granularity`` is ignored; a graph bank's
+    captured counts when the controller replays CUDA graphs), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
     utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
     share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
     ``feedback`` and ``feedback_decay`` (plan with realized outcomes). Given ``remaining`` (a draining
@@ -238,8 +239,8 @@ class Fine(Policy):
         feedback_decay: float = 0.95,
     ):
         if granularity is not None and granularity < 1:
-            raise ValueError(f"fine: granularity={granularity} must be >= 1 (or None: every count, at most "
-                             f"{MAX_CANDIDATES} budgets)")
+            raise ValueError(f"fine: granularity={granularity} must be >= 1 (or None: every count, about "
+                             f"{MAX_CANDIDATES} budgets at most)")
         if objective not in OBJECTIVES:
             raise ValueError(f"fine: objective={objective!r} must be one of {OBJECTIVES}")
         if not (0.0 <= ema_decay < 1.0):

@@ -209,3 +209,24 @@ def test_vllm_plugin_checks_the_curve_up_to_max_num_seqs(tmp_path):
                               f"max_num_seqs 4 (RatioController: policy 'fine' cannot plan every batch size up to 4")
     assert "undrafted step overhead batch_size=3 is outside" in message
     assert message.endswith("; profile up to max_num_seqs or lower max_num_seqs")
+
+
+def test_vllm_plugin_names_allowed_num_tokens_that_leave_no_budget():
+    """``policy_params.allowed_num_tokens`` (e.g. vLLM's capture sizes) that leave some batch size no budget
+    is a start-up config error naming the params, not a raw ValueError at the first step."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dcut_sched.integrations.vllm.config import DCutConfigError, DCutVllmConfig
+    from dcut_sched.integrations.vllm.startup import build_controller
+
+    h20 = Path(__file__).resolve().parents[2] / "dcut_sched" / "profiler" / "profiles" / "h20-qwen3-8b-published.json"
+    cfg = DCutVllmConfig.from_mapping({"policy": "fine", "cost_curve": str(h20), "calibrate": False,
+                                       "policy_params": {"allowed_num_tokens": [8]}}, "additional_config['dcut']")
+    vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=16))
+    with pytest.raises(DCutConfigError) as info:
+        build_controller(cfg, vllm_config, 16)
+    message = str(info.value)
+    assert message.startswith("additional_config['dcut']: 'policy_params' {'allowed_num_tokens': [8]} cannot plan "
+                              "batch size 9 <= max_num_seqs 16 (fine: no candidate budget for batch_size=9"), message
+    assert message.endswith("give token counts that cover [bs, bs*16] at every batch size, or lower max_num_seqs")

@@ -68,5 +68,11 @@ def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
                 f"{cfg.source}: cost curve {curve.path} does not cover batch size {bs} <= max_num_seqs "
                 f"{max_bs} ({exc}); profile up to max_num_seqs or lower max_num_seqs"
             ) from None
+        except ValueError as exc:  # e.g. fine's allowed_num_tokens leaves no budget at this batch size
+            raise DCutConfigError(
+                f"{cfg.source}: 'policy_params' {cfg.policy_params} cannot plan batch size {bs} <= max_num_seqs "
+                f"{max_bs} ({exc}); give token counts that cover [bs, bs*{block_size}] at every batch size, or "
+                f"lower max_num_seqs"
+            ) from None
     ctrl.reset()
     return ctrl
