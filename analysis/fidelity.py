@@ -48,8 +48,9 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import pandas as pd
 
-#: The policy parameters the committed engine runs were recorded with, where they differ from today's
-#: defaults: ``fine`` chose among multiples of 8 (plus both ends) until 2026-12-05 (docs/design.md §2.1).
+#: The policy parameters the committed engine runs (this script's and analysis/fidelity_dflash.py's) were
+#: recorded with, where they differ from today's defaults: ``fine`` chose among multiples of 8 (plus both
+#: ends) until 2026-12-05 (docs/design.md §2.1).
 RECORDED_PARAMS = {"fine": {"granularity": 8}}
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -29,9 +29,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-#: The policy parameters the committed engine runs were recorded with, where they differ from today's
-#: defaults: ``fine`` chose among multiples of 8 (plus both ends) until 2026-12-05 (docs/design.md §2.1).
-RECORDED_PARAMS = {"fine": {"granularity": 8}}
 ROOT = Path(__file__).resolve().parent.parent
 for p in (ROOT, ROOT / "analysis"):
     if str(p) not in sys.path:
@@ -44,7 +41,7 @@ OUT = ROOT / "analysis" / "results" / "fidelity_dflash"
 
 
 def main() -> int:
-    from fidelity import engine_matched_trace, error_summary, relative_error
+    from fidelity import RECORDED_PARAMS, engine_matched_trace, error_summary, relative_error
 
     from dcut_sched import policies
     from dcut_sched.cost_curve import CostCurve

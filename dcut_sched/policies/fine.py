@@ -34,8 +34,8 @@ OBJECTIVES = ("ratio", "marginal")
 #: per step.
 STEP_TIME_OUTLIER = 4.0
 #: ``granularity=None`` (the default) takes the finest step that keeps about this many candidate
-#: budgets (one more where bs * B is not a multiple of the step): every token count up to bs * B = 128, every 2nd at bs 16, B 16, every 8th at bs 64, B 16
-#: (as the former default there). The draining-batch plan costs about linearly in the candidates
+#: budgets (one more where bs * B is not a multiple of the step): every token count up to bs * B = 128,
+#: every 2nd at bs 16, B 16, every 8th at bs 64, B 16 (as the former default there). The draining-batch plan costs about linearly in the candidates
 #: (docs/controller.md, "Overhead").
 MAX_CANDIDATES = 128
 
@@ -214,7 +214,8 @@ class Fine(Policy):
     Parameters (their rules: docs/design.md §2.1): ``granularity`` or ``allowed_num_tokens`` (the
     candidate budgets: by default every token count, about :data:`MAX_CANDIDATES` of them at most;
     ``allowed_num_tokens``, when given, replaces the grid and ``granularity`` is ignored; a graph bank's
-    captured counts when the controller replays CUDA graphs), ``objective`` (``"ratio"`` or ``"marginal"``), ``ema_decay`` (the running
+    captured counts when the controller replays CUDA graphs), ``objective`` (``"ratio"`` or
+    ``"marginal"``), ``ema_decay`` (the running
     utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
     share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
     ``feedback`` and ``feedback_decay`` (plan with realized outcomes). Given ``remaining`` (a draining

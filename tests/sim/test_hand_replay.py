@@ -116,7 +116,8 @@ def test_fine_granularity_eight_stops_drafting(hand_trace, hand_curve):
 
 
 def test_fine_default_every_count(hand_trace, hand_curve):
-    # The default (granularity 1): every K in 2..8: E = 2, 2.95, 3.85, 4.705, 5.4745, 5.9245, 6.0145 over 6.5..12.5 ms;
+    # The default (every count, bs*B = 8 <= 128): every K in 2..8: E = 2, 2.95, 3.85, 4.705, 5.4745,
+    # 5.9245, 6.0145 over 6.5..12.5 ms;
     # per ms peaks at K = 6 (5.4745 / 10.5 = .5214 > .5): L = (2, 4), tokens 2, 4; keeps drafting.
     run = replay(hand_trace, hand_curve, "fine", 2, speculate_margin=0.0)
     assert lengths(run)[0] == [2, 4]
