@@ -147,6 +147,7 @@ def stage_engine(args, out: Path) -> None:
         # the position-indexed trace run: drafts every step, verifies anchors only, so every output
         # position gets the draft's proposals and confidences (acceptance computed against the output)
         runs.append({"name": TRACE_RUN, "dcut": {"policy": "uniform", "policy_params": {"rho": 1.0 / BLOCK_SIZE},
+                                                 "adaptive_draft_depth": False,  # every slot's proposal
                                                  "record_path": _rel(out / "records" / f"{TRACE_RUN}-bs{bs}.jsonl"),
                                                  "log_interval_s": 60.0}})
         for r in runs:

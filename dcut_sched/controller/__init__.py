@@ -17,6 +17,7 @@ _EXPORTS: dict[str, str] = {
     "restrict_to_graph_cells": ".step_driver",
     "VerifyGraphBank": ".graph_bank",
     "cells_from_curve": ".graph_bank",
+    "DraftDepth": ".request_batch",
     "SlotLayout": ".layouts",
     "slot_layout": ".layouts",
 }

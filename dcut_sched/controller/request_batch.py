@@ -19,7 +19,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["DRIFT_THRESHOLD", "DRIFT_WINDOW", "METRIC_FIELDS", "DriftMonitor", "Flight", "MetricsWindow",
+__all__ = ["DRIFT_THRESHOLD", "DRIFT_WINDOW", "METRIC_FIELDS", "DraftDepth", "DriftMonitor", "Flight", "MetricsWindow",
            "RequestBatch", "StepPlan", "confidence_matrix", "metrics_line", "summarize_metrics"]
 
 #: Counters of the metrics window (:class:`MetricsWindow`). ``predicted_drafts``/``actual_drafts``
@@ -38,7 +38,9 @@ _log = logging.getLogger("dcut_sched.controller")
 
 def confidence_matrix(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
     """``[len(rows), width]`` float32: each row's first ``width`` values, zero-padded when shorter
-    (a request with fewer drafts than ``B - 1`` scores its missing slots 0)."""
+    (a request with fewer drafts than ``B - 1``, e.g. a shallower pass, :class:`DraftDepth`, gets
+    confidence 0 there; a calibrator may still score such a slot above 0, and :meth:`RequestBatch.plan`
+    clips every plan to the drafts present)."""
     out = np.zeros((len(rows), width), dtype=np.float32)
     for i, row in enumerate(rows):
         vals = row[:width]
@@ -120,6 +122,37 @@ class DriftMonitor:
         return err
 
 
+class DraftDepth:
+    """How many draft slots the next drafter pass fills, for an engine whose pass grows with it (vLLM's
+    DFlash: docs/vllm.md, "Draft depth"). The deepest draft kept by the last ``window`` drafted
+    plans; the whole block (``B - 1``) until ``window`` drafted plans fill the window (at the start and
+    after a plan without draft, before a probe) and on every ``refresh``-th plan, so that deeper slots
+    are scored again (between those the depth can only fall or stay). :meth:`next` takes one plan.
+    """
+
+    def __init__(self, block_size: int, window: int = 4, refresh: int = 16) -> None:
+        if block_size < 2 or window < 1 or refresh < 1:
+            raise ValueError(f"DraftDepth: block_size={block_size} must be >= 2, window={window} and "
+                             f"refresh={refresh} >= 1")
+        self.full = int(block_size) - 1
+        self.refresh = int(refresh)
+        self._kept: deque[int] = deque(maxlen=int(window))
+        self._since_full = 0
+
+    def next(self, kept_depth: int | None) -> int:
+        """The next pass's depth after a plan whose deepest kept draft is ``kept_depth`` (``None``: a plan
+        without draft)."""
+        if kept_depth is None:
+            self._kept.clear()
+        else:
+            self._kept.append(min(max(int(kept_depth), 1), self.full))
+        self._since_full += 1
+        if len(self._kept) < self._kept.maxlen or self._since_full >= self.refresh:
+            self._since_full = 0
+            return self.full
+        return max(self._kept)
+
+
 _FLOAT_FIELDS = ("plan_ms", "predicted_drafts", "predicted_ms", "measured_ms")
 
 
@@ -160,7 +193,9 @@ class StepPlan:
     """One plan by request id (:meth:`RequestBatch.plan`): ``req_ids`` in the confidence rows' order,
     ``lengths`` clipped to ``1 + len(drafts[i])``, ``kept`` the first ``L[i] - 1`` drafts of each, the
     controller's unclipped ``plan``, ``plan_ms``, ``draining`` (the plan read the requests' remaining
-    tokens: no request waited and the policy reads them); ``conf``/``drafts``/``num_output`` only when recording.
+    tokens: no request waited and the policy reads them), ``draft_depth`` (the draft slots the next
+    drafter pass fills, :class:`DraftDepth`; ``None``: the whole block); ``conf``/``drafts``/``num_output``
+    only when recording.
     """
 
     req_ids: list[Hashable]
@@ -173,6 +208,7 @@ class StepPlan:
     drafts: list[list[int]] | None = None
     num_output: list[int] | None = None
     draining: bool = False
+    draft_depth: int | None = None
 
     @property
     def draft_next(self) -> bool:
@@ -209,13 +245,14 @@ class RequestBatch:
     ``block_size``, ``plan``, ``plan_without_draft``, ``observe`` and ``costs``. ``record_path``: one
     JSON line per observed step. ``on_window(summary)`` every ``log_interval_s``; ``on_warning(line)``
     on a drift beyond ``drift_threshold`` over ``drift_window`` steps (default: the logger).
-    ``clock`` / ``timer``: the window's and the plan's clocks (tests pass fake ones).
+    ``clock`` / ``timer``: the window's and the plan's clocks (tests pass fake ones). ``draft_depth``:
+    each plan's :attr:`StepPlan.draft_depth` from it (an engine that drafts fewer slots than the block).
     """
 
     def __init__(self, controller: Any, *, record_path: str | Path | None = None, log_interval_s: float = float("inf"),
                  on_window: Callable[[dict[str, float]], None] | None = None,
                  on_warning: Callable[[str], None] | None = None, drift_window: int = DRIFT_WINDOW,
-                 drift_threshold: float = DRIFT_THRESHOLD,
+                 drift_threshold: float = DRIFT_THRESHOLD, draft_depth: DraftDepth | None = None,
                  clock: Callable[[], float] = time.monotonic, timer: Callable[[], float] = time.perf_counter) -> None:
         self.controller = controller
         self.costs = getattr(controller, "costs", None)
@@ -229,6 +266,7 @@ class RequestBatch:
         self.log_interval_s = float(log_interval_s)
         self.on_window = on_window
         self.window = MetricsWindow(clock)
+        self.draft_depth = draft_depth
         self.step = 0
         self._record = None
         if record_path:
@@ -270,7 +308,8 @@ class RequestBatch:
         # and plans as ever; a controller without a policy attribute is taken to read them)
         reads = getattr(getattr(self.controller, "policy", None), "reads_remaining", True)
         step = StepPlan(list(req_ids), lengths, kept, True, plan, plan_ms,
-                        draining=remaining is not None and bool(reads))
+                        draining=remaining is not None and bool(reads),
+                        draft_depth=None if self.draft_depth is None else self.draft_depth.next(max(lengths) - 1))
         if self._record is not None:  # the traces a benchmark replays (step- or position-indexed)
             step.conf = [[round(float(x), 6) for x in c] for c in conf.tolist()]
             step.drafts = [[int(t) for t in d] for d in drafts]
@@ -283,7 +322,8 @@ class RequestBatch:
         t0 = self.timer() if started is None else started
         plan = (self.controller.plan_without_draft(batch_size) if device is None
                 else self.controller.plan_without_draft(batch_size, device=device))
-        step = StepPlan([], [], [], False, plan, (self.timer() - t0) * 1e3)
+        step = StepPlan([], [], [], False, plan, (self.timer() - t0) * 1e3,
+                        draft_depth=None if self.draft_depth is None else self.draft_depth.next(None))
         if self._record is not None:  # recorded as empty maps, like a drafted step's
             step.conf, step.drafts, step.num_output = [], [], []
         return step

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from dcut_sched import RatioController
-from dcut_sched.controller.request_batch import MetricsWindow, RequestBatch, confidence_matrix, summarize_metrics
+from dcut_sched.controller.request_batch import (
+    DraftDepth,
+    MetricsWindow,
+    RequestBatch,
+    confidence_matrix,
+    summarize_metrics,
+)
 
 B = 4
 
@@ -212,3 +218,28 @@ def test_with_the_real_controller():
     rb.observe(rb.schedule(plan, [7, 3], {7: 3, 3: 1}), {7: 2, 3: 1})
     m = ctrl.metrics
     assert m["observed_steps"] == 1 and m["accepted_drafts"] == 3 and m["bad_accept_requests"] == 0
+
+
+def test_draft_depth_follows_the_deepest_kept_draft_with_full_blocks_to_look_deeper():
+    depth = DraftDepth(8, window=3, refresh=6)
+    # the whole block (7 slots) until the window holds 3 drafted plans, then its deepest kept draft
+    assert [depth.next(k) for k in (2, 3, 1)] == [7, 7, 3]
+    assert [depth.next(k) for k in (1, 1)] == [3, 1]  # the 3 leaves the window
+    assert depth.next(0) == 1  # no draft kept still drafts one slot
+    assert depth.next(9) == 7  # clipped to the block
+    assert depth.next(2) == 7  # the 6th plan since the last full block: a full one (refresh)
+    assert depth.next(None) == 7  # a plan without draft (a probe follows): the whole block, window emptied
+    assert [depth.next(k) for k in (4, 2, 2, 2)] == [7, 7, 4, 2]
+    with pytest.raises(ValueError, match="window"):
+        DraftDepth(8, window=0)
+
+
+def test_request_batch_gives_each_plan_its_draft_depth():
+    ctrl = FakeController()
+    rb = RequestBatch(ctrl, draft_depth=DraftDepth(B, window=1, refresh=100))
+    ctrl.next_lengths = [2, 3]
+    plan = rb.plan(["a", "b"], [[5, 6, 7], [8]], np.full((2, B - 1), 0.9))
+    # b has one draft, so its 3 is clipped to 2: the deepest kept draft is 1, the pass drafts 1 slot
+    assert plan.lengths == [2, 2] and plan.draft_depth == 1
+    assert rb.plan_without_draft(2).draft_depth == B - 1
+    assert RequestBatch(ctrl).plan(["a"], [[1]], np.full((1, B - 1), 0.9)).draft_depth is None

@@ -117,6 +117,25 @@ def test_dflash_confidences_and_exactly_the_plan(dflash_runs, policy):
         assert metrics["keep_ratio"] == 1.0 and metrics["accepted_per_request_step"] > 0.2
 
 
+@pytest.mark.parametrize("policy", ("full", "dcut", "fine"))
+def test_each_drafter_pass_drafts_the_depth_the_plan_set(dflash_runs, policy):
+    """``adaptive_draft_depth`` (the default): each drafter pass drafts the step's
+    ``num_spec_tokens_to_schedule`` slots (the drafter records say so), the next plan sees no deeper
+    draft; ``full``, which keeps every slot, always drafts the whole block, ``dcut`` shallower ones."""
+    steps = _records(dflash_runs["dir"] / f"{policy}.jsonl")
+    passes = _records(dflash_runs["dir"] / f"{policy}.jsonl.drafter.jsonl")
+    assert len(passes) == len(steps)
+    scheduled = [s["num_spec_tokens_to_schedule"] for s in steps]
+    assert [p["num_speculative_tokens"] for p in passes] == scheduled
+    for prev, step in zip(steps, steps[1:]):
+        for rid, drafts in step.get("drafts", {}).items():
+            assert len(drafts) <= prev["num_spec_tokens_to_schedule"], f"step {step['step']}: {rid}"
+    if policy == "full":
+        assert set(scheduled) == {BLOCK_SIZE - 1}
+    if policy == "dcut":  # its prefixes on these prompts stop short of the block: shallower passes
+        assert any(0 < k < BLOCK_SIZE - 1 for k in scheduled)
+
+
 def test_fine_plans_a_finite_batch_with_the_remaining_tokens(dflash_runs):
     """``finite_batch``: once no request waits, ``fine``'s drafted steps are planned draining (each
     request's ``max_tokens`` less its output); a policy without the key never is."""

@@ -30,6 +30,11 @@ Keys (all optional):
 ``skip_undrafted_block``  on a step after which no request drafts (the plan's ``draft_next`` is
                      false), a DFlash drafter runs only its context K/V update, not its block
                      forward (:mod:`.hooks`); false runs vLLM's own pass [true]
+``adaptive_draft_depth``  the drafter pass after a drafted step fills only as many slots as the
+                     last 4 drafted plans kept (``num_spec_tokens_to_schedule``; the whole block
+                     for the first 4 drafted plans, again after an undrafted step, and every 16th
+                     plan: ``dcut_sched.controller.DraftDepth``), since vLLM's drafter pass grows
+                     with its depth (docs/vllm.md, "Draft depth"); false drafts the whole block [true]
 ``finite_batch``     the engine serves a finite batch (``LLM.generate`` over a list of prompts):
                      once no request waits, none will arrive, so ``fine`` plans each step with
                      the requests' remaining tokens (``max_tokens`` less the output so far) and
@@ -39,7 +44,7 @@ Keys (all optional):
 ===================  ==========================================================================
 
 Types are strict (pydantic v2 in strict mode, chosen because vLLM itself depends on it: one
-validation library in both environments): ``calibrate`` is a JSON boolean, not ``"false"`` or
+validation library in both environments): the boolean keys are JSON booleans, not ``"false"`` or
 ``0.5``; ``log_interval_s`` a finite number, not ``true`` or ``"10"``; ``policy_params`` an object
 whose values have the kinds of the policy constructor's annotations (``dcut_sched.policies.check_params``,
 the project's one validation path of policy parameters; the policy is then built once, by
@@ -106,6 +111,7 @@ class DCutVllmConfig:
     record_path: str | None = None
     log_interval_s: float = 10.0
     skip_undrafted_block: bool = True
+    adaptive_draft_depth: bool = True
     finite_batch: bool = False
     source: str = "defaults"
     #: the policy built from ``policy`` and ``policy_params`` when the config was checked (None for a
@@ -169,7 +175,8 @@ class DCutVllmConfig:
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
                    record_path=typed.record_path, log_interval_s=typed.log_interval_s,
-                   skip_undrafted_block=typed.skip_undrafted_block, finite_batch=typed.finite_batch, source=source,
+                   skip_undrafted_block=typed.skip_undrafted_block, adaptive_draft_depth=typed.adaptive_draft_depth,
+                   finite_batch=typed.finite_batch, source=source,
                    policy_object=built)
 
     @classmethod
@@ -282,4 +289,5 @@ class DCutConfigModel(BaseModel):
     record_path: str | None = None
     log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     skip_undrafted_block: bool = True
+    adaptive_draft_depth: bool = True
     finite_batch: bool = False

@@ -10,7 +10,9 @@ and unplanned requests, metrics window, step records). Per engine step (EngineCo
    (:mod:`.hooks`) are planned at once; each request keeps its first ``L[i] - 1`` drafts. A batch
    without drafts (prefills) is planned without draft.
 2. ``schedule``: vLLM's (``1 + len(spec_token_ids)`` tokens per request), with
-   ``num_spec_tokens_to_schedule = 0`` when the plan says not to draft next.
+   ``num_spec_tokens_to_schedule`` (the drafter pass after this step) 0 when the plan says not to
+   draft next, else (with ``adaptive_draft_depth``) the plan's ``draft_depth`` where that is below
+   vLLM's own value.
 3. ``update_from_output``: the accepted drafts go back to the controller, with the step's wall
    time (from the previous ``update_from_output``) for the cost-curve check; a step that also ran
    prefill tokens, or came after an idle gap longer than its own forward, is not timed.
@@ -28,7 +30,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
-from ...controller.request_batch import RequestBatch, confidence_matrix, metrics_line
+from ...controller.request_batch import DraftDepth, RequestBatch, confidence_matrix, metrics_line
 from . import hooks
 from .config import DCutConfigError, check_engine_config, require_vllm_version
 from .startup import build_controller
@@ -50,8 +52,9 @@ class DCutScheduler(Scheduler):
         self.dcut_config = cfg
         self.dcut_block_size = int(vllm_config.speculative_config.num_speculative_tokens) + 1
         self.dcut_controller = build_controller(cfg, vllm_config, self.dcut_block_size)
-        self.dcut = RequestBatch(self.dcut_controller, record_path=cfg.record_path,
-                                 log_interval_s=cfg.log_interval_s, on_window=self._dcut_log, on_warning=logger.warning)
+        depth = DraftDepth(self.dcut_block_size) if cfg.adaptive_draft_depth else None
+        self.dcut = RequestBatch(self.dcut_controller, record_path=cfg.record_path, log_interval_s=cfg.log_interval_s,
+                                 on_window=self._dcut_log, on_warning=logger.warning, draft_depth=depth)
         self._dcut_pending = None  # the StepPlan made in post_step, for the next step
         self._dcut_in_flight = None  # that plan and what was scheduled of it
         self._dcut_last_update = None  # perf_counter at the end of the last update_from_output
@@ -100,6 +103,8 @@ class DCutScheduler(Scheduler):
         plan, self._dcut_pending = self._dcut_pending, None
         if plan is not None and not plan.draft_next:
             out.num_spec_tokens_to_schedule = 0
+        elif plan is not None and plan.draft_depth is not None:
+            out.num_spec_tokens_to_schedule = min(int(out.num_spec_tokens_to_schedule), plan.draft_depth)
         spec = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
         self._dcut_decode_only = sum(out.num_scheduled_tokens.values()) == len(out.num_scheduled_tokens) + sum(spec.values())
         self._dcut_in_flight = self.dcut.schedule(plan, out.num_scheduled_tokens, spec,

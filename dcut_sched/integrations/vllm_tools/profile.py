@@ -128,8 +128,9 @@ def profile_engine(model: str, out: str, *, draft: str | None, block_size: int, 
     records = []
 
     def run_args(policy: str, **params: Any) -> dict[str, Any]:
-        return {**llm_kwargs(model, draft, block_size, policy, dtype=dtype,
-                             log_interval_s=3600.0, policy_params=params), **sizes}
+        # the whole block drafted every drafted step: the curve's draft rows price that pass
+        return {**llm_kwargs(model, draft, block_size, policy, dtype=dtype, log_interval_s=3600.0,
+                             adaptive_draft_depth=False, policy_params=params), **sizes}
 
     for run, llm_args in (("drafted, full verification", None),
                           ("drafted, anchors verified only", run_args("uniform", rho=1.0 / block_size)),
