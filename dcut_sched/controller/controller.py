@@ -192,12 +192,19 @@ class RatioController:
         terms = policy.cost_terms
         budgets = ((lambda bs: policy.budgets(bs, self.block_size))
                    if "budgets" in terms and hasattr(policy, "budgets") else None)
+        sizes = range(1 if max_batch_size is not None else measured[0], int(top) + 1)
         try:
-            costs.check(range(1 if max_batch_size is not None else measured[0], int(top) + 1),
-                        drafted="drafted" in terms, undrafted="undrafted" in terms, budgets=budgets)
+            costs.check(sizes, drafted="drafted" in terms, undrafted="undrafted" in terms, budgets=budgets)
         except (CostCurveError, CostCurveRangeError) as exc:
             raise type(exc)(f"RatioController: policy {policy.name!r} cannot plan every batch size up to "
                             f"{top} on this curve: {exc}") from None
+        if hasattr(policy, "candidates"):  # its budgets (e.g. fine's allowed_num_tokens) meet the curve's range
+            for bs in sizes:
+                try:
+                    policy.candidates(bs, self.block_size, costs)
+                except ValueError as exc:
+                    raise ValueError(f"RatioController: policy {policy.name!r} cannot plan batch size {bs} <= "
+                                     f"{top}: {exc}") from None
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:

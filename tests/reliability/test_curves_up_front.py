@@ -213,7 +213,8 @@ def test_vllm_plugin_checks_the_curve_up_to_max_num_seqs(tmp_path):
 
 def test_vllm_plugin_names_allowed_num_tokens_that_leave_no_budget():
     """``policy_params.allowed_num_tokens`` (e.g. vLLM's capture sizes) that leave some batch size no budget
-    is a start-up config error naming the params, not a raw ValueError at the first step."""
+    is a start-up config error naming the params, not a raw ValueError at the first step; the controller
+    itself refuses them when it is built."""
     from pathlib import Path
     from types import SimpleNamespace
 
@@ -228,5 +229,16 @@ def test_vllm_plugin_names_allowed_num_tokens_that_leave_no_budget():
         build_controller(cfg, vllm_config, 16)
     message = str(info.value)
     assert message.startswith("additional_config['dcut']: 'policy_params' {'allowed_num_tokens': [8]} cannot plan "
-                              "batch size 9 <= max_num_seqs 16 (fine: no candidate budget for batch_size=9"), message
+                              "every batch size up to max_num_seqs 16 (RatioController: policy 'fine' cannot plan "
+                              "batch size 9 <= 16: fine: no candidate budget for batch_size=9"), message
     assert message.endswith("give token counts that cover [bs, bs*16] at every batch size, or lower max_num_seqs")
+
+
+def test_controller_refuses_allowed_num_tokens_that_leave_a_batch_size_no_budget():
+    curve = linear_curve()  # bs 1..8, B = 4
+    with pytest.raises(ValueError, match=r"policy 'fine' cannot plan batch size 3 <= 8: fine: no candidate budget "
+                                         r"for batch_size=3"):
+        RatioController(curve, 4, "fine", calibrate=False, max_batch_size=8, allowed_num_tokens=[1, 2, 16, 32])
+    # counts that meet every batch size's range [bs, 4 bs] are kept
+    ctrl = RatioController(curve, 4, "fine", calibrate=False, max_batch_size=8, allowed_num_tokens=[2, 4, 8, 16, 32])
+    assert ctrl.policy.candidates(3, 4, ctrl.costs).tolist() == [4, 8]

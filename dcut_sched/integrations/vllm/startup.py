@@ -59,6 +59,12 @@ def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
         raise DCutConfigError(f"{cfg.source}: cost curve {curve.path or cfg.cost_curve} cannot serve batch sizes up "
                               f"to max_num_seqs {max_bs} ({exc}); profile up to max_num_seqs or lower "
                               f"max_num_seqs") from None
+    except ValueError as exc:  # e.g. fine's allowed_num_tokens leaves some batch size no budget
+        raise DCutConfigError(
+            f"{cfg.source}: 'policy_params' {cfg.policy_params} cannot plan every batch size up to max_num_seqs "
+            f"{max_bs} ({exc}); give token counts that cover [bs, bs*{block_size}] at every batch size, or "
+            f"lower max_num_seqs"
+        ) from None
     if curve is not None:
         try:
             for bs in range(1, max_bs + 1):
@@ -67,12 +73,6 @@ def build_controller(cfg: DCutVllmConfig, vllm_config, block_size: int):
             raise DCutConfigError(
                 f"{cfg.source}: cost curve {curve.path} does not cover batch size {bs} <= max_num_seqs "
                 f"{max_bs} ({exc}); profile up to max_num_seqs or lower max_num_seqs"
-            ) from None
-        except ValueError as exc:  # e.g. fine's allowed_num_tokens leaves no budget at this batch size
-            raise DCutConfigError(
-                f"{cfg.source}: 'policy_params' {cfg.policy_params} cannot plan batch size {bs} <= max_num_seqs "
-                f"{max_bs} ({exc}); give token counts that cover [bs, bs*{block_size}] at every batch size, or "
-                f"lower max_num_seqs"
             ) from None
     ctrl.reset()
     return ctrl
