@@ -2,10 +2,13 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dcut_sched as d
 from dcut_sched.policies.fine import Realization
 from dcut_sched.step_costs import StepCosts
+from tests.conftest import linear_curve
 
 # every slot .999: scores per request 1, .999, .998001, .997003; E(8) = 2 * 3.994004 = 7.988008
 SURE = np.full((2, 3), 0.999)
@@ -153,3 +156,100 @@ def test_a_curve_that_prices_every_step_low_is_still_followed(make_curve):
         fine.observe_time(10.0 * costs.drafted_ms(2, plan.num_tokens))
     fine.plan(SURE, costs)
     assert fine.state.realization.drafted_time > 8.0
+
+
+def test_a_measured_plain_step_re_prices_the_open_losses(make_curve):
+    """Losses booked against the plain ratio in force are re-priced when a plain step moves it
+    (design §2.1, "A host slower than its curve"): by -delta t_plain x the tokens' priced plain time."""
+    costs = _costs(make_curve)
+    fine = d.policies.get("fine", granularity=1, probe_budget=0.01, ema_decay=0.0)
+    plan = fine.plan(SURE, costs)  # K = 8, priced 12 ms
+    fine.observe(plan.lengths, np.array([0, 0]))
+    fine.observe_time(36.0)
+    plan = fine.plan(SURE, costs)
+    # settled: 2 tokens in 36 ms lost 36 - 2 / .5 = 32 ms (the estimate -3.976 was credited to -0.12):
+    # debt -0.12 + 32 + 3.976 = 35.856, open: 2 tokens' 4 ms of plain decoding. This plan: t_drafted
+    # (36/12 + 1) / 2 = 2, anchors only, 2 tokens in 12 ms, stops drafting and books 12 - 4 = 8 ms.
+    st = fine.state
+    assert plan.num_tokens == 2 and plan.draft_next is False
+    assert st.debt_ms == pytest.approx(43.856016) and st.open_plain_ms == pytest.approx(4.0)
+    assert st.probe_loss_ms == pytest.approx(8.0) and st.probe_plain_ms == pytest.approx(4.0)
+    fine.observe(plan.lengths, np.array([0, 0]))
+    fine.observe_time(12.0)  # as booked
+    fine.plan_without_draft(2, 4, costs)
+    assert st.debt_ms == pytest.approx(43.856016) and st.open_plain_ms == pytest.approx(8.0)
+    fine.observe_time(8.0)  # the plain step at 2x its 4 ms: t_plain 1 -> (2 + 1) / 2 = 1.5
+    fine.plan_without_draft(2, 4, costs)
+    assert st.realization.plain_time == pytest.approx(1.5)
+    assert st.debt_ms == pytest.approx(43.856016 - 0.5 * 8.0)
+    assert st.probe_loss_ms == pytest.approx(8.0 - 0.5 * 4.0)
+    # a new drafting stretch settles the last one's: only its own tokens stay open (the anchors: the
+    # drafts still look bad; 2 tokens in 30 ms lose 30 - 2 / (.5 / 1.5) = 24 ms, their plain 4 ms open)
+    plan = fine.plan(SURE, costs)
+    assert plan.num_tokens == 2
+    fine.observe(plan.lengths, np.array([0, 0]))
+    fine.observe_time(30.0)
+    fine.plan(SURE, costs)
+    assert st.open_plain_ms == pytest.approx(4.0)
+
+
+def _drafted_on_a_host(costs, drafted_x: float, plain_x: float, steps: int, accept=None, seed=0):
+    """Run ``fine`` for ``steps`` steps on a host where drafted and plain steps take ``drafted_x`` and
+    ``plain_x`` times their price (+-10 %) and each draft is accepted with probability ``accept``
+    (``None``: every one). Returns (drafted steps, what drafting really lost against plain decoding at
+    the host's plain rate, the run's time, the first drafting stretch's loss, the worst later one's)."""
+    rng = np.random.default_rng(seed)
+    fine = d.policies.get("fine", granularity=1)
+    plain_rate = costs.undrafted_tokens_per_ms(2) / plain_x
+    plan, drafted, loss, elapsed, stretches, stretch = None, 0, 0.0, 0.0, [], None
+    for _ in range(steps):
+        if plan is None or plan.draft_next:
+            plan = fine.plan(SURE, costs)
+            lengths = np.asarray(plan.lengths)
+            if accept is None:
+                accepted = lengths - 1
+            else:  # the accepted prefix: the first rejected draft ends it
+                accepted = np.array([np.argmin(np.r_[rng.random(n - 1) < accept, False]) for n in lengths])
+            fine.observe(plan.lengths, accepted)
+            ms = drafted_x * costs.drafted_ms(2, plan.num_tokens) * rng.uniform(0.9, 1.1)
+            step_loss = ms - (2 + accepted.sum()) / plain_rate
+            drafted, loss, stretch = drafted + 1, loss + step_loss, (stretch or 0.0) + step_loss
+        else:
+            if stretch is not None:
+                stretches, stretch = stretches + [stretch], None
+            plan = fine.plan_without_draft(2, 4, costs)
+            ms = plain_x * costs.undrafted_ms(2) * rng.uniform(0.9, 1.1)
+        fine.observe_time(ms)
+        elapsed += ms
+    stretches += [] if stretch is None else [stretch]
+    return drafted, loss, elapsed, stretches[0], max(stretches[1:], default=0.0)
+
+
+@pytest.mark.parametrize("slowdown", [1.65, 2.0, 3.0])
+def test_a_host_slower_than_its_curve_for_every_step_keeps_drafting(make_curve, slowdown):
+    """Every step ``slowdown`` x its price: drafting pays as much as on the curve (8 tokens in 12 ms
+    against 2 in 4). The drafted steps look slow against plain decoding at its prior ratio 1 and it
+    stops; the plain steps measured next re-price that loss, and the probe 16 steps later resumes.
+    Before the re-pricing, the loss held the probes back: 717 of 2000 steps drafted at 2x."""
+    drafted, loss, elapsed, _, _ = _drafted_on_a_host(_costs(make_curve), slowdown, slowdown, 1000)
+    assert drafted >= 980
+    assert loss < -0.3 * elapsed  # a third of the run's time saved against plain decoding
+
+
+def test_a_curve_that_prices_drafting_low_against_plain_decoding_is_still_found_out(make_curve):
+    """Drafted steps at 3x their price, plain steps at theirs: drafting loses (8 tokens in 36 ms
+    against 2 in 4), and the measured plain ratio, 1, re-prices nothing."""
+    drafted, loss, elapsed, first, _ = _drafted_on_a_host(_costs(make_curve), 3.0, 1.0, 2000)
+    assert drafted <= 8
+    assert loss <= 0.005 * elapsed + first
+
+
+@settings(max_examples=40, deadline=None)
+@given(drafted_x=st.floats(0.5, 4.0), plain_x=st.floats(0.5, 4.0), accept=st.floats(0.0, 1.0),
+       seed=st.integers(0, 2**16))
+def test_what_drafting_really_loses_stays_within_the_probe_budget(drafted_x, plain_x, accept, seed):
+    """The bound of design §2.1, on any host speed and any acceptance: against plain decoding at the
+    host's real rate, drafting loses at most ``probe_budget`` of the run, its first drafting stretch
+    and one probe's stretch."""
+    drafted, loss, elapsed, first, probe = _drafted_on_a_host(_costs(linear_curve), drafted_x, plain_x, 600, accept, seed)
+    assert loss <= 0.005 * elapsed + max(first, 0.0) + max(probe, 0.0) + 1e-9

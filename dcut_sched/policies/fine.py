@@ -57,9 +57,9 @@ def choose_budget(expected: np.ndarray, verify_ms: np.ndarray, drafted_fixed_ms:
 class Booked:
     """One planned step as ``fine`` booked it, awaiting the engine's report (:meth:`FineState.settle`):
     its price (``priced_ms``) and the price the plan used (``booked_ms``), the expected drafts and
-    tokens it counted on, the plain rate it compared against, whether its loss estimates the next
-    probe's, and, once reported, ``accepted`` (a host number or a device scalar read at settling) and
-    ``measured_ms``.
+    tokens it counted on, the plain rate it compared against (``plain_rate``, measured over priced
+    ``plain_time`` in force), whether its loss estimates the next probe's, and, once reported,
+    ``accepted`` (a host number or a device scalar read at settling) and ``measured_ms``.
     """
 
     drafted: bool
@@ -69,6 +69,7 @@ class Booked:
     expected_drafts: float = 0.0
     booked_tokens: float = 0.0
     plain_rate: float = 0.0
+    plain_time: float = 1.0
     sets_probe_loss: bool = False
     remaining: np.ndarray | None = None
     accepted: Any = None
@@ -141,8 +142,12 @@ class Realization:
 class FineState:
     """What ``fine`` carries from step to step: the running utility ``rate``, ``plain_steps`` since the
     last draft, ``probing``, the run's ``elapsed_ms`` and ``debt_ms`` (what drafting lost against
-    plain decoding, realized once reported), ``next_probe_loss_ms``, the ``realization`` ratios
-    (``None`` without feedback) and the ``booked`` step awaiting :meth:`settle`.
+    plain decoding, realized once reported), ``probe_loss_ms`` (the next probe's estimated loss, signed),
+    the ``realization`` ratios (``None`` without feedback) and the ``booked`` step awaiting
+    :meth:`settle`. ``open_plain_ms`` and ``probe_plain_ms`` are the priced plain-decoding time of the
+    tokens behind the last drafting stretch's unclamped losses and behind ``probe_loss_ms``: both
+    losses are re-priced as plain steps are measured (docs/design.md §2.1, "A host slower than its
+    curve").
     """
 
     rate: float | None = None
@@ -150,14 +155,22 @@ class FineState:
     probing: bool = False
     elapsed_ms: float = 0.0
     debt_ms: float = 0.0
-    next_probe_loss_ms: float = 0.0
+    probe_loss_ms: float = 0.0
     realization: Realization | None = None
     booked: Booked | None = None
+    open_plain_ms: float = 0.0
+    probe_plain_ms: float = 0.0
+    settled_drafted: bool = False
 
-    def drafted(self, best_per_ms: float, step_ms: float, loss_ms: float, ema_decay: float,
+    @property
+    def next_probe_loss_ms(self) -> float:
+        """What the next probe is estimated to lose (>= 0)."""
+        return max(self.probe_loss_ms, 0.0)
+
+    def drafted(self, best_per_ms: float, step_ms: float, loss_ms: float, plain_ms: float, ema_decay: float,
                 plain_rate: float, speculate_margin: float, probe_budget: float) -> tuple[bool, bool]:
-        """Account for one drafted step; returns whether the next step should draft and whether
-        this step's loss estimates the next probe's."""
+        """Account for one drafted step (``plain_ms``: its tokens' priced plain-decoding time); returns
+        whether the next step should draft and whether this step's loss estimates the next probe's."""
         if self.rate is None or self.plain_steps > 0:
             self.rate = best_per_ms  # first drafted step, or first after a plain stretch: start afresh
         else:
@@ -168,7 +181,7 @@ class FineState:
         self.debt_ms = max(self.debt_ms + loss_ms, -probe_budget * self.elapsed_ms)
         sets_probe_loss = self.probing or not draft_next  # a probe, or the step that stops drafting
         if sets_probe_loss:
-            self.next_probe_loss_ms = max(loss_ms, 0.0)
+            self.probe_loss_ms, self.probe_plain_ms = loss_ms, plain_ms
         self.probing = False
         return draft_next, sets_probe_loss
 
@@ -182,29 +195,55 @@ class FineState:
 
     def settle(self, probe_budget: float) -> None:
         """Replace the booked step's estimates by what the engine reported: the accepted drafts
-        (the realized tokens) and the measured time, in the account and in the realization ratios."""
+        (the realized tokens) and the measured time, in the account and in the realization ratios.
+        A measured plain step re-prices the losses still open at the new plain ratio."""
         b, self.booked = self.booked, None
         if b is None:
             return
         measured = None if b.measured_ms is None else min(max(b.measured_ms, b.booked_ms / STEP_TIME_OUTLIER),
                                                           b.booked_ms * STEP_TIME_OUTLIER)
         real_ms = b.booked_ms if measured is None else measured
-        if measured is not None and self.realization is not None:
-            self.realization.add_time(b.drafted, measured / b.priced_ms)
+        rz = self.realization
+        t_plain = 1.0 if rz is None else rz.plain_time
+        if measured is not None and rz is not None:
+            rz.add_time(b.drafted, measured / b.priced_ms)
         self.elapsed_ms += real_ms - b.booked_ms
         if not b.drafted:
+            self.settled_drafted = False
+            if rz is not None and rz.plain_time != t_plain:
+                self._reprice(rz.plain_time - t_plain, probe_budget)
             return
+        if not self.settled_drafted:  # a new drafting stretch: the last one's losses are settled
+            self.open_plain_ms, self.settled_drafted = 0.0, True
         tokens = b.booked_tokens
         if b.accepted is not None:
             accepted = float(b.accepted)
             tokens = b.batch_size + accepted if b.realized_tokens is None else b.realized_tokens
-            if self.realization is not None:
-                self.realization.add_drafts(b.expected_drafts, accepted)
+            if rz is not None:
+                rz.add_drafts(b.expected_drafts, accepted)
         booked_loss = b.booked_ms - b.booked_tokens / b.plain_rate
         real_loss = real_ms - tokens / b.plain_rate
-        self.debt_ms = max(self.debt_ms + real_loss - booked_loss, -probe_budget * self.elapsed_ms)
+        plain_ms = tokens / (b.plain_rate * b.plain_time)
+        self._book(real_loss - booked_loss, plain_ms, probe_budget)
         if b.sets_probe_loss:
-            self.next_probe_loss_ms = max(real_loss, 0.0)
+            self.probe_loss_ms, self.probe_plain_ms = real_loss, plain_ms
+
+    def _book(self, loss_ms: float, plain_ms: float, probe_budget: float) -> None:
+        """Add ``loss_ms`` to the debt, down to the credit floor; a loss the floor swallowed is closed,
+        one it did not stays open to re-pricing with ``plain_ms``."""
+        floor = -probe_budget * self.elapsed_ms
+        if self.debt_ms + loss_ms <= floor:
+            self.debt_ms, self.open_plain_ms = floor, 0.0
+        else:
+            self.debt_ms += loss_ms
+            self.open_plain_ms += plain_ms
+
+    def _reprice(self, delta_t_plain: float, probe_budget: float) -> None:
+        """The plain ratio moved by ``delta_t_plain``: plain decoding would have taken that much more of
+        each open loss's priced plain time."""
+        self.probe_loss_ms -= delta_t_plain * self.probe_plain_ms
+        if self.open_plain_ms:
+            self._book(-delta_t_plain * self.open_plain_ms, 0.0, probe_budget)
 
 
 @register
@@ -331,8 +370,9 @@ class Fine(Policy):
         priced_ms = fixed_ms + float(verify_ms[j])
         step_ms = priced_ms * t_drafted
         loss_ms = step_ms - float(counted[j]) / plain_rate
-        draft_next, sets_probe_loss = st.drafted(float(per_ms.max()), step_ms, loss_ms, self.ema_decay, plain_rate,
-                                                 self.speculate_margin, self.probe_budget)
+        draft_next, sets_probe_loss = st.drafted(float(per_ms.max()), step_ms, loss_ms,
+                                                 float(counted[j]) / (plain_rate * t_plain), self.ema_decay,
+                                                 plain_rate, self.speculate_margin, self.probe_budget)
         k = int(ks[j])
         if drain is None:
             lengths, expected_k = ranking.lengths(k), float(expected[j])
@@ -342,7 +382,7 @@ class Fine(Policy):
                 lengths = tensor_module().as_tensor(lengths, device=scores.device)
         if rz is not None:
             st.booked = Booked(True, bs, priced_ms, step_ms, expected_k - bs, float(counted[j]), plain_rate,
-                               sets_probe_loss, drain)
+                               t_plain, sets_probe_loss, drain)
         return self._make_plan(scores, lengths, num_tokens=k, expected=expected_k, draft_next=draft_next)
 
     def observe(self, lengths: Array, num_accepted: Array) -> None:
