@@ -178,7 +178,7 @@ class FineState:
         self.plain_steps = 0
         draft_next = self.rate > (1.0 + speculate_margin) * plain_rate
         self.elapsed_ms += step_ms
-        self.debt_ms = max(self.debt_ms + loss_ms, -probe_budget * self.elapsed_ms)
+        self._book(loss_ms, 0.0, probe_budget)  # an estimate the floor swallows closes the open losses
         sets_probe_loss = self.probing or not draft_next  # a probe, or the step that stops drafting
         if sets_probe_loss:
             self.probe_loss_ms, self.probe_plain_ms = loss_ms, plain_ms
