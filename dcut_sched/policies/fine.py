@@ -33,13 +33,6 @@ OBJECTIVES = ("ratio", "marginal")
 #: curve that prices every step wrong is still followed: the running ratio moves by up to this factor
 #: per step.
 STEP_TIME_OUTLIER = 4.0
-#: A timed engine's plain probe: while drafting pays, after this many drafted steps without a plain step
-#: (doubling after each plain probe), ``PLAIN_PROBE_STEPS`` plain steps measure plain decoding, so the plain
-#: rate the decision and the account compare against is the engine's, not the curve's (docs/design.md
-#: §2.1, "A host slower than its curve"). Never without measured step times (the simulator).
-PLAIN_PROBE_AFTER = 64
-#: Plain steps per plain probe: vLLM times a step only when the next one drafts alike, so 4 give 3 times.
-PLAIN_PROBE_STEPS = 4
 #: ``granularity=None`` (the default) takes the finest step that keeps about this many candidate
 #: budgets (one more where bs * B is not a multiple of the step): every token count up to bs * B = 128,
 #: every 2nd at bs 16, B 16, every 8th at bs 64, B 16 (as the former default there). The draining-batch plan costs about linearly in the candidates
@@ -154,8 +147,7 @@ class FineState:
     :meth:`settle`. ``open_plain_ms`` and ``probe_plain_ms`` are the priced plain-decoding time of the
     tokens behind the last drafting stretch's unclamped losses and behind ``probe_loss_ms``: both
     losses are re-priced as plain steps are measured (docs/design.md §2.1, "A host slower than its
-    curve"). ``timed`` (the engine has reported a step time), ``drafted_run`` (drafted steps since the
-    last plain step), ``plain_probe_after`` and ``plain_probe_left`` run the plain probes.
+    curve").
     """
 
     rate: float | None = None
@@ -169,10 +161,6 @@ class FineState:
     open_plain_ms: float = 0.0
     probe_plain_ms: float = 0.0
     settled_drafted: bool = False
-    timed: bool = False
-    drafted_run: int = 0
-    plain_probe_after: int = PLAIN_PROBE_AFTER
-    plain_probe_left: int = 0
 
     @property
     def next_probe_loss_ms(self) -> float:
@@ -195,23 +183,12 @@ class FineState:
         if sets_probe_loss:
             self.probe_loss_ms, self.probe_plain_ms = loss_ms, plain_ms
         self.probing = False
-        self.drafted_run += 1
-        if draft_next and self.timed and self.drafted_run >= self.plain_probe_after:
-            draft_next = False  # a plain probe: measure plain decoding while drafting pays
-            self.plain_probe_left, self.plain_probe_after = PLAIN_PROBE_STEPS, 2 * self.plain_probe_after
         return draft_next, sets_probe_loss
 
-    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float, resume: bool = False) -> bool:
-        """Account for one plain step; returns whether the next step should draft: a probe, or, at the
-        end of a plain probe, ``resume`` (drafting still beats the plain rate now measured)."""
+    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float) -> bool:
+        """Account for one plain step; returns whether the next step should draft (a probe)."""
         self.plain_steps += 1
-        self.drafted_run = 0
         self.elapsed_ms += plain_ms
-        if self.plain_probe_left:
-            self.plain_probe_left -= 1
-            if self.plain_probe_left == 0 and resume:
-                self.probing = True  # back to drafting, judged afresh; its loss estimates the next probe's
-                return True
         self.probing = (self.plain_steps >= probe_interval
                         and self.debt_ms + self.next_probe_loss_ms <= probe_budget * self.elapsed_ms)
         return self.probing
@@ -226,7 +203,6 @@ class FineState:
         measured = None if b.measured_ms is None else min(max(b.measured_ms, b.booked_ms / STEP_TIME_OUTLIER),
                                                           b.booked_ms * STEP_TIME_OUTLIER)
         real_ms = b.booked_ms if measured is None else measured
-        self.timed = self.timed or measured is not None
         rz = self.realization
         t_plain = 1.0 if rz is None else rz.plain_time
         if measured is not None and rz is not None:
@@ -435,14 +411,11 @@ class Fine(Policy):
         st.settle(self.probe_budget)
         rz = st.realization
         priced_ms = booked_ms = costs.undrafted_ms(batch_size)
-        resume = False
         if rz is not None:
             booked_ms = priced_ms * rz.plain_time
-            plain_rate = batch_size / booked_ms
-            resume = st.rate is not None and st.rate > (1.0 + self.speculate_margin) * plain_rate
             rz.age()
             st.booked = Booked(False, batch_size, priced_ms, booked_ms)
-        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget, resume)
+        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 
