@@ -145,9 +145,9 @@ class FineState:
     plain decoding, realized once reported), ``probe_loss_ms`` (the next probe's estimated loss, signed),
     the ``realization`` ratios (``None`` without feedback) and the ``booked`` step awaiting
     :meth:`settle`. ``open_plain_ms`` and ``probe_plain_ms`` are the priced plain-decoding time of the
-    tokens behind the last drafting stretch's unclamped losses and behind ``probe_loss_ms``: both
-    losses are re-priced as plain steps are measured (docs/design.md §2.1, "A host slower than its
-    curve").
+    tokens behind the current drafting stretch's unclamped losses (cleared when a stretch starts) and
+    behind ``probe_loss_ms``: both losses are re-priced as plain steps are measured (docs/design.md
+    §2.1, "A host slower than its curve").
     """
 
     rate: float | None = None
@@ -160,7 +160,6 @@ class FineState:
     booked: Booked | None = None
     open_plain_ms: float = 0.0
     probe_plain_ms: float = 0.0
-    settled_drafted: bool = False
 
     @property
     def next_probe_loss_ms(self) -> float:
@@ -172,7 +171,9 @@ class FineState:
         """Account for one drafted step (``plain_ms``: its tokens' priced plain-decoding time); returns
         whether the next step should draft and whether this step's loss estimates the next probe's."""
         if self.rate is None or self.plain_steps > 0:
-            self.rate = best_per_ms  # first drafted step, or first after a plain stretch: start afresh
+            # first drafted step, or first after a plain stretch: start afresh; the last stretch's open
+            # losses were priced at the plain rate that stretch measured (settled before this plan)
+            self.rate, self.open_plain_ms = best_per_ms, 0.0
         else:
             self.rate = ema_decay * self.rate + (1.0 - ema_decay) * best_per_ms
         self.plain_steps = 0
@@ -209,12 +210,9 @@ class FineState:
             rz.add_time(b.drafted, measured / b.priced_ms)
         self.elapsed_ms += real_ms - b.booked_ms
         if not b.drafted:
-            self.settled_drafted = False
             if rz is not None and rz.plain_time != t_plain:
                 self._reprice(rz.plain_time - t_plain, probe_budget)
             return
-        if not self.settled_drafted:  # a new drafting stretch: the last one's losses are settled
-            self.open_plain_ms, self.settled_drafted = 0.0, True
         tokens = b.booked_tokens
         if b.accepted is not None:
             accepted = float(b.accepted)
