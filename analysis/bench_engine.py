@@ -156,6 +156,8 @@ def run_rounds(args) -> int:
     tok = load_smollm2_tokenizer()
     drafter = load_checkpoint(args.drafter)
     curve = CostCurve.load(args.curve)
+    curve_path = Path(args.curve).resolve()
+    curve_name = str(curve_path.relative_to(ROOT)) if curve_path.is_relative_to(ROOT) else str(curve_path)
 
     def one(policy: str, prompts) -> dict:
         ctrl = RatioController(curve, args.block_size, policy=policy,
@@ -182,7 +184,7 @@ def run_rounds(args) -> int:
                     base = out["outputs"] if base is None and policy == "ar" else base
                     rows.append({"prompt_set": pset, "batch_size": bs, "round": r, "config": policy,
                                  **{k: v for k, v in out.items() if k != "outputs"}, "outputs": out["outputs"],
-                                 "load_start": load0})
+                                 "load_start": load0, "curve": curve_name})
             for row in rows:
                 if row["prompt_set"] == pset and row["batch_size"] == bs and "outputs" in row:
                     row["lossless"] = row.pop("outputs") == base
@@ -197,12 +199,14 @@ def run_rounds(args) -> int:
           f"SmolLM2-135M fp32, the DFlash drafter ({args.drafter.name}), B = {args.block_size}, one wave of bs "
           f"prompts x {args.max_new_tokens} greedy tokens, {args.threads} torch threads, {args.rounds} interleaved "
           f"rounds (policies in rotating order, `ar` = plain decoding in every round, a warm-up run first); defaults "
-          f"of every policy (calibration on, from the drafter's prior where it has one).", "",
+          f"of every policy (calibration on, from the drafter's prior where it has one); the cost-aware policies "
+          f"plan with the curve `{curve_name}` ({curve.hardware.get('device_name', 'device not recorded')}).", "",
           summary_markdown(summary, "fine", ("ar", "full"), policies),
           f"cpu_share per run: min {frame.cpu_share.min():.2f}, median {frame.cpu_share.median():.2f}; 1-min load "
           f"{frame.load_start.min():.2f}-{frame.load_end.max():.2f}; every run lossless: {bool(frame.lossless.all())}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `python analysis/bench_engine.py --rounds "
-          f"{args.rounds} --max-new-tokens {args.max_new_tokens}` regenerates this file."]
+          f"{args.rounds} --max-new-tokens {args.max_new_tokens}"
+          f"{'' if curve_path == CURVE.resolve() else f' --curve {curve_name}'}` regenerates this file."]
     with all_or_none():
         atomic_write_text(out / "bench_engine_rounds_runs.csv", frame.to_csv(index=False))
         atomic_write_text(out / "bench_engine_rounds.csv", summary.to_csv(index=False))

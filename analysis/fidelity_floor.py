@@ -63,8 +63,9 @@ PROMPT_SETS = {"heldout": ROOT / "dcut_sched" / "data" / "traces" / "prompts.jso
                "unlike": ROOT / "dcut_sched" / "data" / "traces" / "prompts-unlike.jsonl"}
 OUT_DIR = ROOT / "analysis" / "results" / "fidelity_floor"
 VLLM_DIR = ROOT / "analysis" / "results" / "vllm-dflash"
-#: per engine: the rounds' runs, their report (settings in its header), the curve it planned with,
-#: the name of plain decoding, and the prefill steps its step counts include
+#: per engine: the rounds' runs, their report (settings in its header), the curve it planned with (the
+#: runs' ``curve`` column, relative to the repository, where they record one), the name of plain
+#: decoding, and the prefill steps its step counts include
 ENGINES = {
     "vllm": {"runs": VLLM_DIR / "bench_vllm_rounds_runs.csv", "report": VLLM_DIR / "bench_vllm_rounds.md",
              "curve": VLLM_DIR / "vllm-cpu-smollm2-135m-dflash-b8.json", "plain": "nospec", "prefill_steps": 1},
@@ -266,7 +267,11 @@ def predict_engine(engine: str) -> pd.DataFrame:
     B, T = settings["block_size"], settings["max_tokens"]
     runs = pd.read_csv(spec["runs"])
     cells = measured_cells(runs, spec["plain"], spec["prefill_steps"], T)
-    curve = CostCurve.load(spec["curve"], check_hardware=False)
+    recorded = runs["curve"].dropna().unique() if "curve" in runs else []
+    if len(recorded) > 1:
+        raise SystemExit(f"fidelity_floor.py: {spec['runs']}: the runs planned with {len(recorded)} curves "
+                         f"({', '.join(recorded)}); re-run the rounds with one")
+    curve = CostCurve.load(ROOT / recorded[0] if len(recorded) else spec["curve"], check_hardware=False)
     costs = StepCosts(curve, B)
     prior = CalibrationPrior.from_folder(DFLASH_DIR)
     extra = block_pass_extra_ms(pd.read_csv(UNDRAFTED)) if engine == "vllm" else {}

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcut_sched as d
-from dcut_sched.policies.fine import Realization
+from dcut_sched.policies.fine import PLAIN_PROBE_MAX_STEPS, Realization
 from dcut_sched.step_costs import StepCosts
 from tests.conftest import linear_curve
 
@@ -136,13 +136,14 @@ def _drafts_after_a_stall(curve, stall_ms, steps=1500):
 def test_one_stalled_step_does_not_stop_drafting(make_curve, stall_ms):
     """A pause of the process on one drafted step (10 s on a 17 ms step) was booked in full as a
     loss of drafting: fine stopped and its probes waited ~10^5 steps (1e300 ms: for ever). One
-    step's measured time counts at most STEP_TIME_OUTLIER times what its plan booked."""
+    step's measured time counts at most STEP_TIME_OUTLIER times what its plan booked. The only plain
+    steps are the 4 plain probes' (after 64, 128, 256 and 512 drafted steps, 3 plain steps each)."""
     from dcut_sched.policies.fine import STEP_TIME_OUTLIER
 
     curve = make_curve(batch_sizes=(1, 2, 4, 8), block_size=4)
     steady, state = _drafts_after_a_stall(curve, 17.0)
     drafted, state = _drafts_after_a_stall(curve, stall_ms)
-    assert steady == drafted == 1500
+    assert steady == drafted == 1500 - 4 * 3
     assert state.debt_ms < 0 and state.elapsed_ms < 1500 * 17.0 + STEP_TIME_OUTLIER * 17.0 * 2
 
 
@@ -193,13 +194,17 @@ def test_a_measured_plain_step_re_prices_the_open_losses(make_curve):
     assert st.open_plain_ms == pytest.approx(4.0)
 
 
-def _drafted_on_a_host(costs, drafted_x: float, plain_x: float, steps: int, accept=None, seed=0):
+def _drafted_on_a_host(costs, drafted_x: float, plain_x: float, steps: int, accept=None, seed=0, timing="every",
+                       stall=0.0, fine=None):
     """Run ``fine`` for ``steps`` steps on a host where drafted and plain steps take ``drafted_x`` and
     ``plain_x`` times their price (+-10 %) and each draft is accepted with probability ``accept``
-    (``None``: every one). Returns (drafted steps, what drafting really lost against plain decoding at
-    the host's plain rate, the run's time, the first drafting stretch's loss, the worst later one's)."""
+    (``None``: every one). ``timing``: ``"every"`` step is timed, ``"vllm"`` only a step whose next one
+    drafts alike (the plugin's rule: its window holds the next step's drafter pass), ``"drafted"`` only
+    drafted steps; ``stall``: the chance that a step is reported 10x its time (a pause of the process).
+    Returns (drafted steps, what drafting really lost against plain decoding at the host's plain rate,
+    the run's time, the first drafting stretch's loss, the worst later one's)."""
     rng = np.random.default_rng(seed)
-    fine = d.policies.get("fine", granularity=1)
+    fine = fine or d.policies.get("fine", granularity=1)
     plain_rate = costs.undrafted_tokens_per_ms(2) / plain_x
     plan, drafted, loss, elapsed, stretches, stretch = None, 0, 0.0, 0.0, [], None
     for _ in range(steps):
@@ -219,20 +224,25 @@ def _drafted_on_a_host(costs, drafted_x: float, plain_x: float, steps: int, acce
                 stretches, stretch = stretches + [stretch], None
             plan = fine.plan_without_draft(2, 4, costs)
             ms = plain_x * costs.undrafted_ms(2) * rng.uniform(0.9, 1.1)
-        fine.observe_time(ms)
+        timed = {"every": True, "vllm": plan.drafted == plan.draft_next, "drafted": plan.drafted}[timing]
+        if timed:
+            fine.observe_time(ms * (10.0 if rng.random() < stall else 1.0))
         elapsed += ms
     stretches += [] if stretch is None else [stretch]
     return drafted, loss, elapsed, stretches[0], max(stretches[1:], default=0.0)
 
 
+@pytest.mark.parametrize("timing", ["every", "vllm"])
 @pytest.mark.parametrize("slowdown", [1.65, 2.0, 3.0])
-def test_a_host_slower_than_its_curve_for_every_step_keeps_drafting(make_curve, slowdown):
+def test_a_host_slower_than_its_curve_for_every_step_keeps_drafting(make_curve, slowdown, timing):
     """Every step ``slowdown`` x its price: drafting pays as much as on the curve (8 tokens in 12 ms
     against 2 in 4). The drafted steps look slow against plain decoding at its prior ratio 1 and it
     stops; the plain steps measured next re-price that loss, and the probe 16 steps later resumes.
-    Before the re-pricing, the loss held the probes back: 4-81 of 1000 steps drafted (seeds 0-3)."""
-    drafted, loss, elapsed, _, _ = _drafted_on_a_host(_costs(make_curve), slowdown, slowdown, 1000)
-    assert drafted >= 980
+    Before the re-pricing, the loss held the probes back: 4-81 of 1000 steps drafted (seeds 0-3).
+    The plain probes (after 64, 128, 256 and 512 drafted steps, 3 plain steps each) find drafting
+    still pays: 972 drafted."""
+    drafted, loss, elapsed, _, _ = _drafted_on_a_host(_costs(make_curve), slowdown, slowdown, 1000, timing=timing)
+    assert drafted >= 965
     assert loss < -0.3 * elapsed  # a third of the run's time saved against plain decoding
 
 
@@ -244,14 +254,82 @@ def test_a_curve_that_prices_drafting_low_against_plain_decoding_is_still_found_
     assert loss <= 0.005 * elapsed + first
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.parametrize("timing", ["every", "vllm"])
+def test_a_plain_probe_finds_plain_decoding_faster_than_its_curve(make_curve, timing):
+    """Drafted steps at 1.1x their price, plain steps at 0.5x: drafting loses (8 tokens in 13.2 ms
+    against 2 in 2), but while drafting looks paying no plain step is measured. The plain probe after
+    64 drafted steps measures plain decoding and drafting stops; what drafting lost after that first
+    stretch stays within the bound of design §2.1 (the probe budget and one later stretch). Before
+    plain probes: 1500 of 1500 steps drafted, 39 % of the run lost."""
+    drafted, loss, elapsed, first, later = _drafted_on_a_host(_costs(make_curve), 1.1, 0.5, 1500, timing=timing)
+    assert 64 <= drafted <= 80
+    assert loss <= 0.005 * elapsed + first + max(later, 0.0)
+
+
+def _plain_probe(fine, costs, plain_ms):
+    """Draft until ``fine`` asks for a plain probe (every step at its price, every draft accepted), then
+    run plain steps reported at ``plain_ms`` (one entry per step; ``None``: untimed) until it drafts again
+    or they run out. Returns the drafted steps before the probe and the plain steps it ran."""
+    before = 0
+    plan = fine.plan(SURE, costs)
+    while plan.draft_next:
+        fine.observe(plan.lengths, plan.lengths - 1)
+        fine.observe_time(costs.drafted_ms(2, plan.num_tokens))
+        plan, before = fine.plan(SURE, costs), before + 1
+    fine.observe(plan.lengths, plan.lengths - 1)
+    fine.observe_time(costs.drafted_ms(2, plan.num_tokens))
+    for n, ms in enumerate(plain_ms, 1):
+        plan = fine.plan_without_draft(2, 4, costs)
+        if ms is not None:
+            fine.observe_time(ms)
+        if plan.draft_next:
+            return before + 1, n
+    return before + 1, len(plain_ms)
+
+
+def test_a_plain_probe_decides_on_its_own_measurements(make_curve):
+    """On the curve drafting makes 8 tokens in 12 ms against plain decoding's 2 in 4 (0.67 against 0.5
+    tokens per ms; drafting pays while a plain step takes more than 3.15 ms at the 5 % margin). Plain
+    steps at 2 ms: two agree, drafting stops (the probe holds the usual probe rule off: no draft for
+    the next 16 steps). At 4 ms: two agree, drafting resumes after 3 plain steps (the third asks).
+    One stalled step (40 ms) beside two at 2 ms: the median decides, drafting stops. With
+    ``probe_interval=1`` the usual probe rule waits until the plain probe has decided."""
+    costs = _costs(make_curve)
+    before, ran = _plain_probe(d.policies.get("fine", granularity=1), costs, [2.0] * 16)
+    assert (before, ran) == (64, 16)
+    before, ran = _plain_probe(d.policies.get("fine", granularity=1), costs, [4.0] * 16)
+    assert (before, ran) == (64, 3)
+    before, ran = _plain_probe(d.policies.get("fine", granularity=1), costs, [40.0] + [2.0] * 15)
+    assert (before, ran) == (64, 16)
+    fine = d.policies.get("fine", granularity=1, probe_interval=1)
+    before, ran = _plain_probe(fine, costs, [2.0] * 16)
+    assert (before, ran) == (64, 3) and fine.state.realization.plain_time < 0.8  # decided, then probed
+
+
+def test_a_plain_probe_without_step_times_ends_at_its_cap(make_curve):
+    """Untimed plain steps (prefill in the batch, or an engine that times only drafted steps) leave the
+    probe nothing to decide on: drafting resumes after ``PLAIN_PROBE_MAX_STEPS``; the next plain probe
+    waits twice as long. Without step times at all (the simulator) there is no plain probe."""
+    costs = _costs(make_curve)
+    fine = d.policies.get("fine", granularity=1)
+    assert _plain_probe(fine, costs, [None] * 16) == (64, PLAIN_PROBE_MAX_STEPS)
+    assert fine.state.plain_probe_after == 128
+    fine = d.policies.get("fine", granularity=1)
+    for _ in range(1000):
+        plan = fine.plan(SURE, costs)
+        fine.observe(plan.lengths, plan.lengths - 1)
+        assert plan.draft_next
+
+
+@settings(max_examples=60, deadline=None)
 @given(drafted_x=st.floats(0.5, 4.0), plain_x=st.floats(0.5, 4.0), accept=st.floats(0.0, 1.0),
-       seed=st.integers(0, 2**16))
-def test_what_drafting_really_loses_stays_within_the_probe_budget(drafted_x, plain_x, accept, seed):
-    """The bound of design §2.1, on any host speed and any acceptance: against plain decoding at the
-    host's real rate, drafting loses at most ``probe_budget`` of the run, its first drafting stretch
-    and one probe's stretch."""
-    drafted, loss, elapsed, first, probe = _drafted_on_a_host(_costs(linear_curve), drafted_x, plain_x, 600, accept, seed)
+       seed=st.integers(0, 2**16), timing=st.sampled_from(["every", "vllm"]))
+def test_what_drafting_really_loses_stays_within_the_probe_budget(drafted_x, plain_x, accept, seed, timing):
+    """The bound of design §2.1, on any host speed and any acceptance, with either timing rule: against
+    plain decoding at the host's real rate, drafting loses at most ``probe_budget`` of the run, its
+    first drafting stretch and one later stretch (a probe's, or one a plain probe resumed)."""
+    drafted, loss, elapsed, first, probe = _drafted_on_a_host(_costs(linear_curve), drafted_x, plain_x, 600, accept,
+                                                              seed, timing)
     assert loss <= 0.005 * elapsed + max(first, 0.0) + max(probe, 0.0) + 1e-9
 
 

@@ -33,6 +33,15 @@ OBJECTIVES = ("ratio", "marginal")
 #: curve that prices every step wrong is still followed: the running ratio moves by up to this factor
 #: per step.
 STEP_TIME_OUTLIER = 4.0
+#: A timed engine's *plain probe* (docs/design.md §2.1, "Plain probes"): after this many drafted steps
+#: without a plain step (doubling after each plain probe), a few plain steps measure plain decoding, so
+#: the plain rate drafting is compared with is the host's, not only the curve's. Never without measured
+#: step times (the simulator).
+PLAIN_PROBE_AFTER = 64
+#: A plain probe ends when its measured plain steps agree (two on the same side of the decision) or on
+#: the median of three, or, short of that, after this many plain steps (untimed steps: prefill, vLLM's
+#: transitions), on the median of what it measured; with none measured, drafting resumes.
+PLAIN_PROBE_MAX_STEPS = 8
 #: ``granularity=None`` (the default) takes the finest step that keeps about this many candidate
 #: budgets (one more where bs * B is not a multiple of the step): every token count up to bs * B = 128,
 #: every 2nd at bs 16, B 16, every 8th at bs 64, B 16 (as the former default there). The draining-batch plan costs about linearly in the candidates
@@ -103,13 +112,15 @@ class DecayedRatio:
 class Realization:
     """Running ratios of delivered to priced (docs/design.md §2.1, "Realized outcomes"): accepted over
     expected drafts, measured over priced time of drafted and of undrafted steps, each a
-    :class:`DecayedRatio` with weight ``decay``; a step without a draft ages the drafted ones.
+    :class:`DecayedRatio` with weight ``decay``; a step without a draft ages the drafted ones that plans
+    are judged by, not ``drafted_booked``, the drafted steps' time ratio an untimed step is booked at.
     """
 
     def __init__(self, decay: float = 0.95):
         self.drafts = DecayedRatio(decay)  # accepted drafts / the plans' expected accepted drafts
         self.drafted = DecayedRatio(decay)  # sum of measured/priced of drafted steps / their count
         self.plain = DecayedRatio(decay)  # the same for steps without a draft
+        self.drafted_booked = DecayedRatio(decay)  # ``drafted`` without ageing
 
     @property
     def tokens(self) -> float:
@@ -122,6 +133,12 @@ class Realization:
         return self.drafted.value
 
     @property
+    def drafted_booked_time(self) -> float:
+        """Measured over priced time of a drafted step, not aged by steps without a draft: what a
+        drafted step the engine does not time is booked at."""
+        return self.drafted_booked.value
+
+    @property
     def plain_time(self) -> float:
         """Measured over priced time of a step without a draft."""
         return self.plain.value
@@ -131,6 +148,8 @@ class Realization:
 
     def add_time(self, drafted: bool, ratio: float) -> None:
         (self.drafted if drafted else self.plain).add(ratio, 1.0)
+        if drafted:
+            self.drafted_booked.add(ratio, 1.0)
 
     def age(self) -> None:
         """One step without a draft: what drafted steps taught weighs ``decay`` less."""
@@ -147,7 +166,10 @@ class FineState:
     :meth:`settle`. ``open_plain_ms`` and ``probe_plain_ms`` are the priced plain-decoding time of the
     tokens behind the current drafting stretch's unclamped losses (cleared when a stretch starts) and
     behind ``probe_loss_ms``: both losses are re-priced as plain steps are measured (docs/design.md
-    §2.1, "A host slower than its curve").
+    §2.1, "A host slower than its curve"). ``timed`` (the engine has reported a step time),
+    ``drafted_run`` (drafted steps since the last plain step), ``plain_probe_after``, and, while a plain
+    probe runs, ``plain_probe`` (its settled plain steps' measured/priced ratios) and
+    ``plain_probe_steps`` run the plain probes (docs/design.md §2.1, "Plain probes").
     """
 
     rate: float | None = None
@@ -160,6 +182,11 @@ class FineState:
     booked: Booked | None = None
     open_plain_ms: float = 0.0
     probe_plain_ms: float = 0.0
+    timed: bool = False
+    drafted_run: int = 0
+    plain_probe_after: int = PLAIN_PROBE_AFTER
+    plain_probe: list[float] | None = None
+    plain_probe_steps: int = 0
 
     @property
     def next_probe_loss_ms(self) -> float:
@@ -176,8 +203,13 @@ class FineState:
             self.rate, self.open_plain_ms = best_per_ms, 0.0
         else:
             self.rate = ema_decay * self.rate + (1.0 - ema_decay) * best_per_ms
-        self.plain_steps = 0
+        self.plain_steps, self.plain_probe = 0, None  # a drafted step ends any plain probe
+        self.drafted_run += 1
         draft_next = self.rate > (1.0 + speculate_margin) * plain_rate
+        if draft_next and self.timed and self.drafted_run >= self.plain_probe_after:
+            draft_next = False  # a plain probe: measure plain decoding while drafting pays
+            self.plain_probe, self.plain_probe_steps = [], 0
+            self.plain_probe_after *= 2
         self.elapsed_ms += step_ms
         self._book(loss_ms, 0.0, probe_budget)  # an estimate the floor swallows closes the open losses
         sets_probe_loss = self.probing or not draft_next  # a probe, or the step that stops drafting
@@ -186,13 +218,44 @@ class FineState:
         self.probing = False
         return draft_next, sets_probe_loss
 
-    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float) -> bool:
-        """Account for one plain step; returns whether the next step should draft (a probe)."""
+    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float, plain_rate: float,
+              speculate_margin: float) -> bool:
+        """Account for one plain step (``plain_rate``: its priced tokens per ms); returns whether the next
+        step should draft: a probe, or the end of a plain probe that found drafting still pays."""
         self.plain_steps += 1
+        self.drafted_run = 0
         self.elapsed_ms += plain_ms
+        if self.plain_probe is not None:
+            self.plain_probe_steps += 1
+            resume = self._plain_probe_verdict(plain_rate, speculate_margin)
+            if resume is None:  # still measuring: the usual probe rule waits
+                self.probing = False
+                return False
+            self.plain_probe = None
+            if resume:
+                self.probing = True  # drafting again, judged afresh; its loss estimates the next probe's
+                return True
+            # drafting loses at the measured plain rate: a credit the stretch earned at the plain rate
+            # it assumed is withdrawn (design §2.1, "Plain probes")
+            self.debt_ms = max(self.debt_ms, 0.0)
         self.probing = (self.plain_steps >= probe_interval
                         and self.debt_ms + self.next_probe_loss_ms <= probe_budget * self.elapsed_ms)
         return self.probing
+
+    def _plain_probe_verdict(self, plain_rate: float, speculate_margin: float) -> bool | None:
+        """Whether drafting (its running ``rate``) beats plain decoding at the plain probe's measured
+        ratios (measured over priced): two that agree, else their median once three or the step cap
+        are in; ``None`` while undecided; with nothing measured by the cap, drafting resumes."""
+        ratios = self.plain_probe
+
+        def pays(ratio: float) -> bool:
+            return self.rate > (1.0 + speculate_margin) * plain_rate / ratio
+
+        if len(ratios) >= 3 or (ratios and self.plain_probe_steps >= PLAIN_PROBE_MAX_STEPS):
+            return pays(float(np.median(ratios)))
+        if len(ratios) == 2 and pays(min(ratios)) == pays(max(ratios)):
+            return pays(ratios[0])
+        return True if self.plain_probe_steps >= PLAIN_PROBE_MAX_STEPS else None
 
     def settle(self, probe_budget: float) -> None:
         """Replace the booked step's estimates by what the engine reported: the accepted drafts
@@ -204,6 +267,9 @@ class FineState:
         measured = None if b.measured_ms is None else min(max(b.measured_ms, b.booked_ms / STEP_TIME_OUTLIER),
                                                           b.booked_ms * STEP_TIME_OUTLIER)
         real_ms = b.booked_ms if measured is None else measured
+        self.timed = self.timed or measured is not None
+        if measured is not None and not b.drafted and self.plain_probe is not None:
+            self.plain_probe.append(measured / b.priced_ms)
         rz = self.realization
         t_plain = 1.0 if rz is None else rz.plain_time
         if measured is not None and rz is not None:
@@ -366,7 +432,7 @@ class Fine(Policy):
         fixed_ms = costs.drafted_fixed_ms(bs)
         j, per_ms = choose_budget(counted, verify_ms * t_drafted, fixed_ms * t_drafted, self.objective, st.rate)
         priced_ms = fixed_ms + float(verify_ms[j])
-        step_ms = priced_ms * t_drafted
+        step_ms = priced_ms * (1.0 if rz is None else rz.drafted_booked_time)  # booked until measured
         loss_ms = step_ms - float(counted[j]) / plain_rate
         draft_next, sets_probe_loss = st.drafted(float(per_ms.max()), step_ms, loss_ms,
                                                  float(counted[j]) / (plain_rate * t_plain), self.ema_decay,
@@ -411,9 +477,11 @@ class Fine(Policy):
         priced_ms = booked_ms = costs.undrafted_ms(batch_size)
         if rz is not None:
             booked_ms = priced_ms * rz.plain_time
-            rz.age()
+            if st.plain_probe is None:  # a plain probe interrupts drafting: what it taught still holds
+                rz.age()
             st.booked = Booked(False, batch_size, priced_ms, booked_ms)
-        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget)
+        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget, batch_size / priced_ms,
+                         self.speculate_margin)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 
