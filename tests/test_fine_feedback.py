@@ -293,7 +293,8 @@ def test_a_plain_probe_decides_on_its_own_measurements(make_curve):
     steps at 2 ms: two agree, drafting stops (the probe holds the usual probe rule off: no draft for
     the next 16 steps). At 4 ms: two agree, drafting resumes after 3 plain steps (the third asks).
     One stalled step (40 ms) beside two at 2 ms: the median decides, drafting stops. With
-    ``probe_interval=1`` the usual probe rule waits until the plain probe has decided."""
+    ``probe_interval=1`` the usual probe rule waits until the plain probe has decided; a "loses"
+    verdict brings ``t_plain`` down to its median (0.5)."""
     costs = _costs(make_curve)
     before, ran = _plain_probe(d.policies.get("fine", granularity=1), costs, [2.0] * 16)
     assert (before, ran) == (64, 16)
@@ -303,7 +304,8 @@ def test_a_plain_probe_decides_on_its_own_measurements(make_curve):
     assert (before, ran) == (64, 16)
     fine = d.policies.get("fine", granularity=1, probe_interval=1)
     before, ran = _plain_probe(fine, costs, [2.0] * 16)
-    assert (before, ran) == (64, 3) and fine.state.realization.plain_time < 0.8  # decided, then probed
+    # the usual rule (a probe after 1 plain step) waited for the verdict at the 3rd, then for the budget
+    assert before == 64 and ran > 3 and fine.state.realization.plain_time < 0.55
 
 
 def test_a_plain_probe_without_step_times_ends_at_its_cap(make_curve):
@@ -348,3 +350,51 @@ def test_a_paying_stretch_is_not_left_open_to_re_pricing(make_curve):
     st = fine.state
     assert plan.draft_next and st.debt_ms == pytest.approx(-0.005 * st.elapsed_ms)
     assert st.open_plain_ms <= 8 / 0.5
+
+
+def test_plain_probe_after_is_checked_and_none_turns_plain_probes_off(make_curve):
+    """``plain_probe_after=None``: drafting goes on as before plain probes (1500 of 1500 steps drafted
+    at 1.1x / 0.5x, every step timed); 16 gives the first plain probe after 16 drafted steps."""
+    with pytest.raises(ValueError, match="plain_probe_after"):
+        d.policies.get("fine", plain_probe_after=0)
+    costs = _costs(make_curve)
+    off = d.policies.get("fine", granularity=1, plain_probe_after=None)
+    assert off.params()["plain_probe_after"] is None
+    assert _drafted_on_a_host(costs, 1.1, 0.5, 1500, fine=off)[0] == 1500
+    assert _plain_probe(d.policies.get("fine", granularity=1, plain_probe_after=16), costs, [2.0] * 16) == (16, 16)
+
+
+@pytest.mark.parametrize("drafted_bs, plain_bs", [(1, 1), (1, 8), (8, 8), (8, 1)])
+def test_a_plain_probe_judges_drafting_alike_at_any_batch_size(make_curve, drafted_bs, plain_bs):
+    """Every step at its price on the default linear curve, where drafting pays at bs 1 and 8: a plain
+    probe whose plain steps run at another batch size (a request joined or finished) resumes after 3
+    plain steps, as at the same one. Comparing drafting's rate at bs 1 with plain decoding's at bs 8
+    (0.28 against 0.57 tokens per ms) said it loses and waited 16 steps for the usual probe."""
+    costs = StepCosts(make_curve(), 4)
+    fine = d.policies.get("fine", granularity=1)
+    conf = np.full((drafted_bs, 3), 0.999)
+    plan = fine.plan(conf, costs)
+    while plan.draft_next:
+        fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
+        fine.observe_time(costs.drafted_ms(drafted_bs, plan.num_tokens))
+        plan = fine.plan(conf, costs)
+    fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
+    fine.observe_time(costs.drafted_ms(drafted_bs, plan.num_tokens))
+    for ran in range(1, 17):
+        plan = fine.plan_without_draft(plain_bs, 4, costs)
+        fine.observe_time(costs.undrafted_ms(plain_bs))
+        if plan.draft_next:
+            break
+    assert fine.state.plain_probes == 1 and ran == 3
+
+
+def test_the_gap_between_plain_probes_stops_doubling_at_its_cap(make_curve):
+    """64, 128, ..., 1024 drafted steps, then every 1024: a server that runs for days keeps checking."""
+    from dcut_sched.policies.fine import PLAIN_PROBE_MAX_GAP
+
+    costs = _costs(make_curve)
+    fine = d.policies.get("fine", granularity=1, plain_probe_after=PLAIN_PROBE_MAX_GAP // 2)
+    assert _plain_probe(fine, costs, [4.0] * 16) == (PLAIN_PROBE_MAX_GAP // 2, 3)
+    assert fine.state.plain_probe_after == PLAIN_PROBE_MAX_GAP
+    assert _plain_probe(fine, costs, [4.0] * 16) == (PLAIN_PROBE_MAX_GAP, 3)
+    assert fine.state.plain_probe_after == PLAIN_PROBE_MAX_GAP and fine.state.plain_probes == 2

@@ -36,8 +36,11 @@ STEP_TIME_OUTLIER = 4.0
 #: A timed engine's *plain probe* (docs/design.md §2.1, "Plain probes"): after this many drafted steps
 #: without a plain step (doubling after each plain probe), a few plain steps measure plain decoding, so
 #: the plain rate drafting is compared with is the host's, not only the curve's. Never without measured
-#: step times (the simulator).
+#: step times (the simulator). The default of ``fine``'s ``plain_probe_after``.
 PLAIN_PROBE_AFTER = 64
+#: The gap between plain probes doubles up to this many drafted steps (3 plain steps in 1024 forgo
+#: 0.3 % of drafting's gain), so a long-running server keeps checking.
+PLAIN_PROBE_MAX_GAP = 1024
 #: A plain probe ends when its measured plain steps agree (two on the same side of the decision) or on
 #: the median of three, or, short of that, after this many plain steps (untimed steps: prefill, vLLM's
 #: transitions), on the median of what it measured; with none measured, drafting resumes.
@@ -151,6 +154,12 @@ class Realization:
         if drafted:
             self.drafted_booked.add(ratio, 1.0)
 
+    def lower_plain_time(self, ratio: float) -> None:
+        """Bring ``plain_time`` down to ``ratio`` (a plain probe's median that found drafting losing)."""
+        p = self.plain
+        if p.value > ratio:
+            p.num = max(ratio * (p.den + 1.0) - 1.0, 0.0)
+
     def age(self) -> None:
         """One step without a draft: what drafted steps taught weighs ``decay`` less."""
         self.drafts.age()
@@ -167,9 +176,10 @@ class FineState:
     tokens behind the current drafting stretch's unclamped losses (cleared when a stretch starts) and
     behind ``probe_loss_ms``: both losses are re-priced as plain steps are measured (docs/design.md
     §2.1, "A host slower than its curve"). ``timed`` (the engine has reported a step time),
-    ``drafted_run`` (drafted steps since the last plain step), ``plain_probe_after``, and, while a plain
-    probe runs, ``plain_probe`` (its settled plain steps' measured/priced ratios) and
-    ``plain_probe_steps`` run the plain probes (docs/design.md §2.1, "Plain probes").
+    ``drafted_run`` (drafted steps since the last plain step), ``plain_probe_after`` (``None``: never),
+    ``plain_probes`` (run so far), and, while one runs, ``plain_probe`` (its settled plain steps'
+    measured/priced ratios), ``plain_probe_steps`` and ``plain_probe_gain`` (drafting's running rate
+    over the priced plain rate when it began) run the plain probes (docs/design.md §2.1, "Plain probes").
     """
 
     rate: float | None = None
@@ -184,9 +194,11 @@ class FineState:
     probe_plain_ms: float = 0.0
     timed: bool = False
     drafted_run: int = 0
-    plain_probe_after: int = PLAIN_PROBE_AFTER
+    plain_probe_after: int | None = PLAIN_PROBE_AFTER
     plain_probe: list[float] | None = None
     plain_probe_steps: int = 0
+    plain_probe_gain: float = 0.0
+    plain_probes: int = 0
 
     @property
     def next_probe_loss_ms(self) -> float:
@@ -194,9 +206,10 @@ class FineState:
         return max(self.probe_loss_ms, 0.0)
 
     def drafted(self, best_per_ms: float, step_ms: float, loss_ms: float, plain_ms: float, ema_decay: float,
-                plain_rate: float, speculate_margin: float, probe_budget: float) -> tuple[bool, bool]:
-        """Account for one drafted step (``plain_ms``: its tokens' priced plain-decoding time); returns
-        whether the next step should draft and whether this step's loss estimates the next probe's."""
+                plain_rate: float, speculate_margin: float, probe_budget: float, t_plain: float = 1.0) -> tuple[bool, bool]:
+        """Account for one drafted step (``plain_ms``: its tokens' priced plain-decoding time; ``plain_rate``:
+        plain decoding's priced rate over ``t_plain``); returns whether the next step should draft and
+        whether this step's loss estimates the next probe's."""
         if self.rate is None or self.plain_steps > 0:
             # first drafted step, or first after a plain stretch: start afresh; the last stretch's open
             # losses were priced at the plain rate that stretch measured (settled before this plan)
@@ -206,10 +219,11 @@ class FineState:
         self.plain_steps, self.plain_probe = 0, None  # a drafted step ends any plain probe
         self.drafted_run += 1
         draft_next = self.rate > (1.0 + speculate_margin) * plain_rate
-        if draft_next and self.timed and self.drafted_run >= self.plain_probe_after:
+        if draft_next and self.timed and self.plain_probe_after and self.drafted_run >= self.plain_probe_after:
             draft_next = False  # a plain probe: measure plain decoding while drafting pays
-            self.plain_probe, self.plain_probe_steps = [], 0
-            self.plain_probe_after *= 2
+            self.plain_probe, self.plain_probe_steps, self.plain_probes = [], 0, self.plain_probes + 1
+            self.plain_probe_gain = self.rate / (plain_rate * t_plain)  # per batch size alike
+            self.plain_probe_after = min(2 * self.plain_probe_after, max(PLAIN_PROBE_MAX_GAP, self.plain_probe_after))
         self.elapsed_ms += step_ms
         self._book(loss_ms, 0.0, probe_budget)  # an estimate the floor swallows closes the open losses
         sets_probe_loss = self.probing or not draft_next  # a probe, or the step that stops drafting
@@ -218,38 +232,43 @@ class FineState:
         self.probing = False
         return draft_next, sets_probe_loss
 
-    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float, plain_rate: float,
-              speculate_margin: float) -> bool:
-        """Account for one plain step (``plain_rate``: its priced tokens per ms); returns whether the next
-        step should draft: a probe, or the end of a plain probe that found drafting still pays."""
+    def plain(self, plain_ms: float, probe_interval: int, probe_budget: float, speculate_margin: float) -> bool:
+        """Account for one plain step; returns whether the next step should draft: a probe, or the end of
+        a plain probe that found drafting still pays."""
         self.plain_steps += 1
         self.drafted_run = 0
         self.elapsed_ms += plain_ms
         if self.plain_probe is not None:
             self.plain_probe_steps += 1
-            resume = self._plain_probe_verdict(plain_rate, speculate_margin)
+            resume = self._plain_probe_verdict(speculate_margin)
             if resume is None:  # still measuring: the usual probe rule waits
                 self.probing = False
                 return False
-            self.plain_probe = None
+            ratios, self.plain_probe = self.plain_probe, None
             if resume:
                 self.probing = True  # drafting again, judged afresh; its loss estimates the next probe's
                 return True
-            # drafting loses at the measured plain rate: a credit the stretch earned at the plain rate
-            # it assumed is withdrawn (design §2.1, "Plain probes")
+            # drafting loses at the measured plain rate: the plans go on from at most the probe's median
+            # (a stalled step in the decayed ratio must not start the next stretch), and a credit the
+            # stretch earned at the plain rate it assumed is withdrawn (design §2.1, "Plain probes")
+            rz = self.realization
+            if rz is not None:
+                before = rz.plain_time
+                rz.lower_plain_time(float(np.median(ratios)))
+                self._reprice(rz.plain_time - before, probe_budget)
             self.debt_ms = max(self.debt_ms, 0.0)
         self.probing = (self.plain_steps >= probe_interval
                         and self.debt_ms + self.next_probe_loss_ms <= probe_budget * self.elapsed_ms)
         return self.probing
 
-    def _plain_probe_verdict(self, plain_rate: float, speculate_margin: float) -> bool | None:
-        """Whether drafting (its running ``rate``) beats plain decoding at the plain probe's measured
-        ratios (measured over priced): two that agree, else their median once three or the step cap
-        are in; ``None`` while undecided; with nothing measured by the cap, drafting resumes."""
+    def _plain_probe_verdict(self, speculate_margin: float) -> bool | None:
+        """Whether drafting (``plain_probe_gain`` over the priced plain rate) beats plain decoding at the
+        plain probe's measured ratios (measured over priced): two that agree, else their median once
+        three or the step cap are in; ``None`` while undecided; nothing measured by the cap: resume."""
         ratios = self.plain_probe
 
         def pays(ratio: float) -> bool:
-            return self.rate > (1.0 + speculate_margin) * plain_rate / ratio
+            return self.plain_probe_gain * ratio > 1.0 + speculate_margin
 
         if len(ratios) >= 3 or (ratios and self.plain_probe_steps >= PLAIN_PROBE_MAX_STEPS):
             return pays(float(np.median(ratios)))
@@ -321,7 +340,8 @@ class Fine(Policy):
     ``"marginal"``), ``ema_decay`` (the running
     utility), ``probe_interval`` (>= 1 plain steps between probes), ``probe_budget`` (in (0, 1): the
     share of the run drafting may lose), ``speculate_margin`` (the relative gain drafting needs),
-    ``feedback`` and ``feedback_decay`` (plan with realized outcomes). Given ``remaining`` (a draining
+    ``feedback`` and ``feedback_decay`` (plan with realized outcomes), ``plain_probe_after`` (drafted steps
+    in a row before a plain probe, doubling; ``None``: none). Given ``remaining`` (a draining
     batch), a step is valued by how much closer it brings the batch's end (:func:`drain_progress`).
     """
 
@@ -341,6 +361,7 @@ class Fine(Policy):
         speculate_margin: float = 0.05,
         feedback: bool = True,
         feedback_decay: float = 0.95,
+        plain_probe_after: int | None = PLAIN_PROBE_AFTER,
     ):
         if granularity is not None and granularity < 1:
             raise ValueError(f"fine: granularity={granularity} must be >= 1 (or None: every count, about "
@@ -355,6 +376,8 @@ class Fine(Policy):
             raise ValueError(f"fine: probe_budget={probe_budget} must be in (0, 1)")
         if not (0.0 <= feedback_decay < 1.0):
             raise ValueError(f"fine: feedback_decay={feedback_decay} must be in [0, 1)")
+        if plain_probe_after is not None and plain_probe_after < 1:
+            raise ValueError(f"fine: plain_probe_after={plain_probe_after} must be >= 1 (or None: no plain probe)")
         self.granularity = None if granularity is None else int(granularity)
         self.allowed_num_tokens = None if allowed_num_tokens is None else tuple(int(k) for k in allowed_num_tokens)
         if self.allowed_num_tokens is not None and (not self.allowed_num_tokens or min(self.allowed_num_tokens) < 1):
@@ -367,6 +390,7 @@ class Fine(Policy):
         self.speculate_margin = float(speculate_margin)
         self.feedback = bool(feedback)
         self.feedback_decay = float(feedback_decay)
+        self.plain_probe_after = None if plain_probe_after is None else int(plain_probe_after)
         self.reset()
 
     def params(self) -> dict:
@@ -380,10 +404,12 @@ class Fine(Policy):
             "speculate_margin": self.speculate_margin,
             "feedback": self.feedback,
             "feedback_decay": self.feedback_decay,
+            "plain_probe_after": self.plain_probe_after,
         }
 
     def reset(self) -> None:
-        self.state = FineState(realization=Realization(self.feedback_decay) if self.feedback else None)
+        self.state = FineState(realization=Realization(self.feedback_decay) if self.feedback else None,
+                               plain_probe_after=self.plain_probe_after)
 
     def candidates(self, batch_size: int, block_size: int, costs: StepCosts) -> np.ndarray:
         """Candidate budgets (ascending int64) for this batch shape and step costs."""
@@ -436,7 +462,7 @@ class Fine(Policy):
         loss_ms = step_ms - float(counted[j]) / plain_rate
         draft_next, sets_probe_loss = st.drafted(float(per_ms.max()), step_ms, loss_ms,
                                                  float(counted[j]) / (plain_rate * t_plain), self.ema_decay,
-                                                 plain_rate, self.speculate_margin, self.probe_budget)
+                                                 plain_rate, self.speculate_margin, self.probe_budget, t_plain)
         k = int(ks[j])
         if drain is None:
             lengths, expected_k = ranking.lengths(k), float(expected[j])
@@ -480,8 +506,7 @@ class Fine(Policy):
             if st.plain_probe is None:  # a plain probe interrupts drafting: what it taught still holds
                 rz.age()
             st.booked = Booked(False, batch_size, priced_ms, booked_ms)
-        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget, batch_size / priced_ms,
-                         self.speculate_margin)
+        probe = st.plain(booked_ms, self.probe_interval, self.probe_budget, self.speculate_margin)
         plan = super().plan_without_draft(batch_size, block_size, cost)
         return VerifyPlan(plan.lengths, plan.num_tokens, block_size, plan.expected_tokens, probe, False)
 
