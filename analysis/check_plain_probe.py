@@ -1,12 +1,16 @@
-"""``fine``'s plain probes in the project's engine: what they cost where drafting pays, what they save
-where the curve prices plain steps high (docs/design.md §2.1, "Plain probes").
+"""``fine``'s plain probes in the project's engine, with and without, beside plain decoding (design §2.1).
 
-One command (about 5 minutes on a quiet 2-core machine)::
+What they cost where drafting pays and what they save where the curve prices plain steps high
+(docs/design.md §2.1, "Plain probes"). One command (about 4 minutes on a quiet 2-core machine)::
 
     python analysis/check_plain_probe.py     # writes analysis/results/plain_probe/plain_probe.{csv,md}
 
+On a host other than the Intel Xeon the project's results come from, profile the host first
+(``analysis/profile_cpu_dflash.sh`` with ``--out`` a new file) and pass it as ``--curve``: the default
+is that Xeon's curve, and only on the host it describes is the ``paying`` cell priced right.
+
 Two cells, each a wave of bs held-out prompts x ``--max-new-tokens`` greedy tokens (long enough that
-``fine`` drafts more than 64 steps in a row), ``--rounds`` interleaved rounds of plain decoding
+``fine`` can draft at least 64 steps in a row), ``--rounds`` interleaved rounds of plain decoding
 (``ar``), ``fine`` and ``fine`` without plain probes (``plain_probe_after=None``), in rotating order:
 
 - ``paying``: bs 1 on the curve profiled on this host (``--curve``), where drafting pays: the plain
@@ -124,8 +128,16 @@ def summary_markdown(frame: pd.DataFrame, args) -> str:
     lines += ["", f"cpu_share per run: min {frame.cpu_share.min():.2f}, median {frame.cpu_share.median():.2f}; 1-min load "
               f"{frame.load_start.min():.2f}-{frame.load_end.max():.2f}; every run lossless: {bool(frame.lossless.all())}; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `python analysis/check_plain_probe.py --rounds "
-              f"{args.rounds} --max-new-tokens {args.max_new_tokens}` regenerates this file."]
+              f"{args.rounds} --max-new-tokens {args.max_new_tokens}{_curve_flags(args)}` regenerates this file."]
     return "\n".join(lines) + "\n"
+
+
+def _curve_flags(args) -> str:
+    """The curve flags that differ from the defaults, as command-line text."""
+    flags = [(f, v) for f, v, d in (("--curve", args.curve, HOST_CURVE), ("--mispriced-curve", args.mispriced_curve,
+                                                                          SHIPPED_CURVE))
+             if Path(v).resolve() != d.resolve()]
+    return "".join(f" {f} {_rel(v)}" for f, v in flags)
 
 
 def _rel(path: Path) -> str:

@@ -271,7 +271,8 @@ def predict_engine(engine: str) -> pd.DataFrame:
     if len(recorded) > 1:
         raise SystemExit(f"fidelity_floor.py: {spec['runs']}: the runs planned with {len(recorded)} curves "
                          f"({', '.join(recorded)}); re-run the rounds with one")
-    curve = CostCurve.load(ROOT / recorded[0] if len(recorded) else spec["curve"], check_hardware=False)
+    curve_path = ROOT / recorded[0] if len(recorded) else spec["curve"]
+    curve = CostCurve.load(curve_path, check_hardware=False)
     costs = StepCosts(curve, B)
     prior = CalibrationPrior.from_folder(DFLASH_DIR)
     extra = block_pass_extra_ms(pd.read_csv(UNDRAFTED)) if engine == "vllm" else {}
@@ -301,6 +302,7 @@ def predict_engine(engine: str) -> pd.DataFrame:
     out["speedup_error"] = out["predicted_speedup"] / out["speedup"] - 1.0
     out["plain_step_error"] = out["curve_plain_step_ms"] / out["plain_step_ms"] - 1.0
     out["cause"] = [cause(r) for _, r in out.iterrows()]
+    out["curve"] = str(Path(curve_path).relative_to(ROOT))
     return out
 
 
@@ -325,7 +327,8 @@ def markdown(res: pd.DataFrame) -> str:
                   f"{len(over)} cells over {TOLERANCE:.0%}, {int(noise.sum())} of them within the rounds' noise; median "
                   f"spread over rounds {g['spread'].median():.1%}. Speedup over plain decoding: median |error| "
                   f"{s.median():.1%}. Median plain-step error of the curve (curve / measured - 1): "
-                  f"{g.drop_duplicates(['prompt_set', 'batch_size'])['plain_step_error'].median():+.1%}.", "",
+                  f"{g.drop_duplicates(['prompt_set', 'batch_size'])['plain_step_error'].median():+.1%}. Curve: "
+                  f"`{g['curve'].iloc[0]}`.", "",
                   "| set | bs | config | measured [min-max] | spread | predicted | error | speedup meas / pred | "
                   "steps eng / sim (drafted) | plain step ms meas / curve | cause (cells over 10 %) |",
                   "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
