@@ -398,3 +398,39 @@ def test_the_gap_between_plain_probes_stops_doubling_at_its_cap(make_curve):
     assert fine.state.plain_probe_after == PLAIN_PROBE_MAX_GAP
     assert _plain_probe(fine, costs, [4.0] * 16) == (PLAIN_PROBE_MAX_GAP, 3)
     assert fine.state.plain_probe_after == PLAIN_PROBE_MAX_GAP and fine.state.plain_probes == 2
+
+
+def test_a_batch_that_shrinks_before_a_plain_probe_does_not_carry_its_gain(make_curve):
+    """Drafted steps at their price, plain steps at 0.3x, on the default linear curve: drafting loses at
+    bs 1 (a gain of 2.95 over the priced plain rate, 0.89 at the measured one). A batch of 8 that
+    shrinks to 1 four steps before the plain probe: the running rate still carried bs 8's tokens per ms
+    (a gain of 6.3), the probe said "pays" and 204 of 400 steps were drafted. The gain is averaged per
+    step, over each step's own priced plain rate: 64 drafted, as at bs 1 throughout."""
+    costs = StepCosts(make_curve(), 4)
+    fine = d.policies.get("fine", granularity=1)
+    rng = np.random.default_rng(0)
+    plan, drafted = None, 0
+    for i in range(400):
+        bs = 8 if i < 60 else 1
+        if plan is None or plan.draft_next:
+            plan = fine.plan(np.full((bs, 3), 0.999), costs)
+            fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
+            ms, drafted = costs.drafted_ms(bs, plan.num_tokens) * rng.uniform(0.97, 1.03), drafted + 1
+        else:
+            plan = fine.plan_without_draft(bs, 4, costs)
+            ms = 0.3 * costs.undrafted_ms(bs) * rng.uniform(0.97, 1.03)
+        fine.observe_time(ms)
+    assert drafted == 64 and fine.state.plain_probes == 1
+
+
+def test_a_losing_verdict_lowers_t_plain_to_its_median_even_from_the_prior():
+    """Three plain steps at 0.2 leave ``plain_time`` at 0.41 beside the pseudo-observation at 1; a plain
+    probe's median of 0.2 brings it there (the measured weight raised), not to 0.26."""
+    rz = Realization(0.95)
+    for _ in range(3):
+        rz.add_time(False, 0.2)
+    assert rz.plain_time == pytest.approx(0.408, abs=1e-3)
+    rz.lower_plain_time(0.2)
+    assert rz.plain_time == pytest.approx(0.2)
+    rz.lower_plain_time(0.5)  # never raised
+    assert rz.plain_time == pytest.approx(0.2)

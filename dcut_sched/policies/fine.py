@@ -155,9 +155,11 @@ class Realization:
             self.drafted_booked.add(ratio, 1.0)
 
     def lower_plain_time(self, ratio: float) -> None:
-        """Bring ``plain_time`` down to ``ratio`` (a plain probe's median that found drafting losing)."""
+        """Bring ``plain_time`` down to ``ratio`` (a plain probe's median that found drafting losing); where
+        the pseudo-observation alone keeps it above, the measured weight is raised to reach it."""
         p = self.plain
         if p.value > ratio:
+            p.den = max(p.den, 1.0 / ratio - 1.0)
             p.num = max(ratio * (p.den + 1.0) - 1.0, 0.0)
 
     def age(self) -> None:
@@ -178,8 +180,9 @@ class FineState:
     §2.1, "A host slower than its curve"). ``timed`` (the engine has reported a step time),
     ``drafted_run`` (drafted steps since the last plain step), ``plain_probe_after`` (``None``: never),
     ``plain_probes`` (run so far), and, while one runs, ``plain_probe`` (its settled plain steps'
-    measured/priced ratios), ``plain_probe_steps`` and ``plain_probe_gain`` (drafting's running rate
-    over the priced plain rate when it began) run the plain probes (docs/design.md §2.1, "Plain probes").
+    measured/priced ratios), ``plain_probe_steps`` and ``plain_probe_gain`` (``gain``, the running
+    average of each drafted step's rate over its batch size's priced plain rate, when it began) run the
+    plain probes (docs/design.md §2.1, "Plain probes").
     """
 
     rate: float | None = None
@@ -198,6 +201,7 @@ class FineState:
     plain_probe: list[float] | None = None
     plain_probe_steps: int = 0
     plain_probe_gain: float = 0.0
+    gain: float = 0.0
     plain_probes: int = 0
 
     @property
@@ -210,19 +214,21 @@ class FineState:
         """Account for one drafted step (``plain_ms``: its tokens' priced plain-decoding time; ``plain_rate``:
         plain decoding's priced rate over ``t_plain``); returns whether the next step should draft and
         whether this step's loss estimates the next probe's."""
+        gain = best_per_ms / (plain_rate * t_plain)  # over the priced plain rate: per batch size alike
         if self.rate is None or self.plain_steps > 0:
             # first drafted step, or first after a plain stretch: start afresh; the last stretch's open
             # losses were priced at the plain rate that stretch measured (settled before this plan)
-            self.rate, self.open_plain_ms = best_per_ms, 0.0
+            self.rate, self.gain, self.open_plain_ms = best_per_ms, gain, 0.0
         else:
             self.rate = ema_decay * self.rate + (1.0 - ema_decay) * best_per_ms
+            self.gain = ema_decay * self.gain + (1.0 - ema_decay) * gain
         self.plain_steps, self.plain_probe = 0, None  # a drafted step ends any plain probe
         self.drafted_run += 1
         draft_next = self.rate > (1.0 + speculate_margin) * plain_rate
         if draft_next and self.timed and self.plain_probe_after and self.drafted_run >= self.plain_probe_after:
             draft_next = False  # a plain probe: measure plain decoding while drafting pays
             self.plain_probe, self.plain_probe_steps, self.plain_probes = [], 0, self.plain_probes + 1
-            self.plain_probe_gain = self.rate / (plain_rate * t_plain)  # per batch size alike
+            self.plain_probe_gain = self.gain
             self.plain_probe_after = min(2 * self.plain_probe_after, max(PLAIN_PROBE_MAX_GAP, self.plain_probe_after))
         self.elapsed_ms += step_ms
         self._book(loss_ms, 0.0, probe_budget)  # an estimate the floor swallows closes the open losses
