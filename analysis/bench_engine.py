@@ -129,6 +129,31 @@ PROMPT_SETS = {"heldout": PROMPTS, "unlike": ROOT / "dcut_sched" / "data" / "tra
 ROUND_POLICIES = ("ar", "full", "dcut", "fine")
 
 
+def repo_relative(path: str | Path) -> str:
+    """``path`` relative to the repository where it lies inside it (as result files name inputs), else
+    absolute."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def engine_wave(model, drafter, curve, policy, prompts, max_new_tokens: int, block_size: int):
+    """One wave of ``prompts`` (token ids) in the project's engine with the DFlash ``drafter``, planned by
+    ``policy`` (a name or a policy) on ``curve``, calibration from the drafter's prior. Returns (decode
+    tokens/s, drafted steps, steps, accepted drafts per step, cpu_share = process CPU / wall time, and
+    the outputs, as a dict; the controller, for its policy's state)."""
+    from dcut_sched.controller import RatioController
+    from dcut_sched.engine import SpecEngine
+
+    ctrl = RatioController(curve, block_size, policy=policy, calibration_prior=drafter.calibration_prior)
+    eng = SpecEngine(model, ctrl, batch_size=len(prompts), max_new_tokens=max_new_tokens, dflash=drafter)
+    c0, t0 = time.process_time(), time.perf_counter()
+    res = eng.generate(prompts)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s = res.summary()
+    return ({"tokens_per_s": s["decode_tokens_per_s"], "drafted_steps": s["drafted_steps"], "steps": s["steps"],
+             "accepted_per_step": s["accepted_per_step"], "cpu_share": cpu / wall, "outputs": res.outputs}, ctrl)
+
+
 def run_rounds(args) -> int:
     """The floor benchmark (analysis/rounds.py): per prompt set and bs, one wave of the set's first bs
     prompts x ``--max-new-tokens`` per run, ``--rounds`` interleaved rounds of ``--policies`` (``ar``,
@@ -140,10 +165,8 @@ def run_rounds(args) -> int:
         raise SystemExit(f"bench_engine.py --rounds: --policies must include ar, full and fine (missing {missing})")
     import torch
 
-    from dcut_sched.controller import RatioController
     from dcut_sched.cost_curve import CostCurve
     from dcut_sched.drafters.checkpoint import load_checkpoint
-    from dcut_sched.engine import SpecEngine
     from dcut_sched.model import LlamaModel
     from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
     from dcut_sched.traces.prompts import load_prompt_records
@@ -157,18 +180,10 @@ def run_rounds(args) -> int:
     drafter = load_checkpoint(args.drafter)
     curve = CostCurve.load(args.curve)
     curve_path = Path(args.curve).resolve()
-    curve_name = str(curve_path.relative_to(ROOT)) if curve_path.is_relative_to(ROOT) else str(curve_path)
+    curve_name = repo_relative(curve_path)
 
     def one(policy: str, prompts) -> dict:
-        ctrl = RatioController(curve, args.block_size, policy=policy,
-                               calibration_prior=drafter.calibration_prior)
-        eng = SpecEngine(model, ctrl, batch_size=len(prompts), max_new_tokens=args.max_new_tokens, dflash=drafter)
-        c0, t0 = time.process_time(), time.perf_counter()
-        res = eng.generate(prompts)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        s = res.summary()
-        return {"tokens_per_s": s["decode_tokens_per_s"], "drafted_steps": s["drafted_steps"], "steps": s["steps"],
-                "accepted_per_step": s["accepted_per_step"], "cpu_share": cpu / wall, "outputs": res.outputs}
+        return engine_wave(model, drafter, curve, policy, prompts, args.max_new_tokens, args.block_size)[0]
 
     rows = []
     for pset in args.prompt_sets:

@@ -40,6 +40,7 @@ for p in (ROOT, ROOT / "analysis"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from bench_engine import engine_wave, repo_relative  # noqa: E402
 from rounds import rotated  # noqa: E402
 
 DRAFTER = ROOT / "drafters" / "smollm2-135m-dflash"
@@ -54,10 +55,8 @@ def run(args) -> int:
     import torch
 
     from dcut_sched import policies
-    from dcut_sched.controller import RatioController
     from dcut_sched.cost_curve import CostCurve
     from dcut_sched.drafters.checkpoint import load_checkpoint
-    from dcut_sched.engine import SpecEngine
     from dcut_sched.model import LlamaModel
     from dcut_sched.model.tokenizer import chat_prompt_ids, load_smollm2_tokenizer
     from dcut_sched.policies.fine import PLAIN_PROBE_AFTER
@@ -73,16 +72,11 @@ def run(args) -> int:
     def one(config: str, bs: int, curve) -> dict:
         policy = "ar" if config == "ar" else policies.get(
             "fine", plain_probe_after=None if config == "fine-no-plain-probe" else PLAIN_PROBE_AFTER)
-        ctrl = RatioController(curve, 16, policy=policy, calibration_prior=drafter.calibration_prior)
-        eng = SpecEngine(model, ctrl, batch_size=bs, max_new_tokens=args.max_new_tokens, dflash=drafter)
         prompts = [chat_prompt_ids(tok, p.text) for p in records[:bs]]
-        c0, t0 = time.process_time(), time.perf_counter()
-        res = eng.generate(prompts)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        s = res.summary()
-        return {"tokens_per_s": s["decode_tokens_per_s"], "steps": s["steps"], "drafted_steps": s["drafted_steps"],
+        w, ctrl = engine_wave(model, drafter, curve, policy, prompts, args.max_new_tokens, 16)
+        return {"tokens_per_s": w["tokens_per_s"], "steps": w["steps"], "drafted_steps": w["drafted_steps"],
                 "plain_probes": ctrl.policy.state.plain_probes if config != "ar" else 0,
-                "cpu_share": cpu / wall, "outputs": res.outputs}
+                "cpu_share": w["cpu_share"], "outputs": w["outputs"]}
 
     rows = []
     one("ar", 1, cells["paying"][1])  # warm-up
@@ -116,8 +110,8 @@ def summary_markdown(frame: pd.DataFrame, args) -> str:
     lines = ["# `fine`'s plain probes in the project's engine", "",
              f"SmolLM2-135M fp32, the DFlash drafter, B = 16, one wave of bs held-out prompts x {args.max_new_tokens} "
              f"greedy tokens, {args.threads} torch threads, {args.rounds} interleaved rounds (configurations in rotating "
-             f"order, a warm-up run first). `paying`: bs 1 on `{_rel(args.curve)}`; `mispriced`: bs 2 on "
-             f"`{_rel(args.mispriced_curve)}`.", "",
+             f"order, a warm-up run first). `paying`: bs 1 on `{repo_relative(args.curve)}`; `mispriced`: bs 2 on "
+             f"`{repo_relative(args.mispriced_curve)}`.", "",
              "| cell | config | tokens/s | x plain decoding | drafted steps / steps per round | plain probes |",
              "|---|---|---:|---:|---|---|"]
     for (cell, config), g in frame.groupby(["cell", "config"], sort=False):
@@ -137,12 +131,7 @@ def _curve_flags(args) -> str:
     flags = [(f, v) for f, v, d in (("--curve", args.curve, HOST_CURVE), ("--mispriced-curve", args.mispriced_curve,
                                                                           SHIPPED_CURVE))
              if Path(v).resolve() != d.resolve()]
-    return "".join(f" {f} {_rel(v)}" for f, v in flags)
-
-
-def _rel(path: Path) -> str:
-    p = Path(path).resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+    return "".join(f" {f} {repo_relative(v)}" for f, v in flags)
 
 
 def build_parser() -> argparse.ArgumentParser:

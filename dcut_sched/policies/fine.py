@@ -111,6 +111,13 @@ class DecayedRatio:
         self.num *= self.decay
         self.den *= self.decay
 
+    def lower_to(self, value: float) -> None:
+        """Bring the ratio down to ``value`` (> 0) if above it, raising the observed weight where the
+        pseudo-observation alone keeps it above."""
+        if self.value > value:
+            self.den = max(self.den, 1.0 / value - 1.0)
+            self.num = max(value * (self.den + 1.0) - 1.0, 0.0)
+
 
 class Realization:
     """Running ratios of delivered to priced (docs/design.md §2.1, "Realized outcomes"): accepted over
@@ -155,12 +162,8 @@ class Realization:
             self.drafted_booked.add(ratio, 1.0)
 
     def lower_plain_time(self, ratio: float) -> None:
-        """Bring ``plain_time`` down to ``ratio`` (a plain probe's median that found drafting losing); where
-        the pseudo-observation alone keeps it above, the measured weight is raised to reach it."""
-        p = self.plain
-        if p.value > ratio:
-            p.den = max(p.den, 1.0 / ratio - 1.0)
-            p.num = max(ratio * (p.den + 1.0) - 1.0, 0.0)
+        """Bring ``plain_time`` down to ``ratio`` (a plain probe's median that found drafting losing)."""
+        self.plain.lower_to(ratio)
 
     def age(self) -> None:
         """One step without a draft: what drafted steps taught weighs ``decay`` less."""
@@ -293,12 +296,13 @@ class FineState:
                                                           b.booked_ms * STEP_TIME_OUTLIER)
         real_ms = b.booked_ms if measured is None else measured
         self.timed = self.timed or measured is not None
-        if measured is not None and not b.drafted and self.plain_probe is not None:
-            self.plain_probe.append(measured / b.priced_ms)
+        ratio = None if measured is None else measured / b.priced_ms
+        if ratio is not None and not b.drafted and self.plain_probe is not None:
+            self.plain_probe.append(ratio)
         rz = self.realization
         t_plain = 1.0 if rz is None else rz.plain_time
-        if measured is not None and rz is not None:
-            rz.add_time(b.drafted, measured / b.priced_ms)
+        if ratio is not None and rz is not None:
+            rz.add_time(b.drafted, ratio)
         self.elapsed_ms += real_ms - b.booked_ms
         if not b.drafted:
             if rz is not None and rz.plain_time != t_plain:
