@@ -266,20 +266,21 @@ def test_a_plain_probe_finds_plain_decoding_faster_than_its_curve(make_curve, ti
     assert loss <= 0.005 * elapsed + first + max(later, 0.0)
 
 
-def _plain_probe(fine, costs, plain_ms):
-    """Draft until ``fine`` asks for a plain probe (every step at its price, every draft accepted), then
-    run plain steps reported at ``plain_ms`` (one entry per step; ``None``: untimed) until it drafts again
-    or they run out. Returns the drafted steps before the probe and the plain steps it ran."""
-    before = 0
-    plan = fine.plan(SURE, costs)
+def _plain_probe(fine, costs, plain_ms, drafted_bs=2, plain_bs=2):
+    """Draft at ``drafted_bs`` until ``fine`` asks for a plain probe (every step at its price, every draft
+    accepted), then run plain steps at ``plain_bs`` reported at ``plain_ms`` (one entry per step; ``None``:
+    untimed) until it drafts again or they run out. Returns the drafted steps before the probe and the
+    plain steps it ran."""
+    conf, before = np.full((drafted_bs, 3), 0.999), 0
+    plan = fine.plan(conf, costs)
     while plan.draft_next:
-        fine.observe(plan.lengths, plan.lengths - 1)
-        fine.observe_time(costs.drafted_ms(2, plan.num_tokens))
-        plan, before = fine.plan(SURE, costs), before + 1
-    fine.observe(plan.lengths, plan.lengths - 1)
-    fine.observe_time(costs.drafted_ms(2, plan.num_tokens))
+        fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
+        fine.observe_time(costs.drafted_ms(drafted_bs, plan.num_tokens))
+        plan, before = fine.plan(conf, costs), before + 1
+    fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
+    fine.observe_time(costs.drafted_ms(drafted_bs, plan.num_tokens))
     for n, ms in enumerate(plain_ms, 1):
-        plan = fine.plan_without_draft(2, 4, costs)
+        plan = fine.plan_without_draft(plain_bs, 4, costs)
         if ms is not None:
             fine.observe_time(ms)
         if plan.draft_next:
@@ -372,19 +373,7 @@ def test_a_plain_probe_judges_drafting_alike_at_any_batch_size(make_curve, draft
     (0.28 against 0.57 tokens per ms) said it loses and waited 16 steps for the usual probe."""
     costs = StepCosts(make_curve(), 4)
     fine = d.policies.get("fine", granularity=1)
-    conf = np.full((drafted_bs, 3), 0.999)
-    plan = fine.plan(conf, costs)
-    while plan.draft_next:
-        fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
-        fine.observe_time(costs.drafted_ms(drafted_bs, plan.num_tokens))
-        plan = fine.plan(conf, costs)
-    fine.observe(plan.lengths, np.asarray(plan.lengths) - 1)
-    fine.observe_time(costs.drafted_ms(drafted_bs, plan.num_tokens))
-    for ran in range(1, 17):
-        plan = fine.plan_without_draft(plain_bs, 4, costs)
-        fine.observe_time(costs.undrafted_ms(plain_bs))
-        if plan.draft_next:
-            break
+    _, ran = _plain_probe(fine, costs, [costs.undrafted_ms(plain_bs)] * 16, drafted_bs, plain_bs)
     assert fine.state.plain_probes == 1 and ran == 3
 
 
