@@ -8,8 +8,10 @@ held-out prompts (dcut_sched/data/traces/prompts.jsonl) per run:
 
 - **vLLM 0.32.0** (its own environment): ``plain`` = vLLM without speculation; ``context`` = vLLM +
   D-Cut with ``fine`` made never to draft after its first step, the undrafted steps running the
-  context-only drafter pass (the default); ``block`` = the same with vLLM's own pass
-  (``skip_undrafted_block: false``: the context update and a drafter forward over every anchor).
+  context-only drafter pass, deferred to the next drafted pass or a full KV-cache block (the defaults);
+  ``context-write`` = the same pass written on every undrafted step (``defer_undrafted_context:
+  false``); ``block`` = vLLM's own pass (``skip_undrafted_block: false``: the context update and a
+  drafter forward over every anchor).
   Step times from :class:`~dcut_sched.integrations.vllm_tools.engine_steps.StepTimer`.
 - **The project's engine**: ``plain`` = ``ar`` (plain decoding, no drafter context); ``context`` =
   the same never-drafting ``fine`` with the DFlash drafter, whose undrafted step runs the target
@@ -73,7 +75,9 @@ def vllm_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int) -> list[
     from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python
 
     target, _ = write_pair()
-    configs = ("plain", "context", "block")
+    configs = ("plain", "context", "context-write", "block")
+    settings = {"context": {}, "context-write": {"defer_undrafted_context": False},
+                "block": {"skip_undrafted_block": False}}
     rows: list[dict] = []
     for bs in batch_sizes:
         runs = [{"name": "warmup", "dcut": None}]
@@ -83,7 +87,7 @@ def vllm_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int) -> list[
                 order.append((r, name))
                 dcut = None if name == "plain" else {
                     "policy": "fine", "policy_params": NEVER_DRAFT, "cost_curve": str(VLLM_CURVE),
-                    "log_interval_s": 600.0, "skip_undrafted_block": name == "context"}
+                    "log_interval_s": 600.0, **settings[name]}
                 runs.append({"name": f"{name}#{r}", "dcut": dcut})
         job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
                "prompts": {"file": str(PROMPTS), "n": bs, "chat": True}, "max_tokens": max_tokens,

@@ -56,6 +56,9 @@ def test_additional_config_wins_over_env():
     ([1, 2], r"must be a JSON object"),
     ({"policy": "dcut", "finite_batch": True}, r"key 'finite_batch' has no effect with policy 'dcut'"),
     ({"finite_batch": "yes"}, r"key 'finite_batch': Input should be a valid boolean"),
+    ({"defer_undrafted_context": 0}, r"key 'defer_undrafted_context': Input should be a valid boolean"),
+    ({"defer_undrafted_context": False, "skip_undrafted_block": False},
+     r"key 'defer_undrafted_context' has no effect with 'skip_undrafted_block': false"),
 ])
 def test_bad_config_is_named(doc, match):
     with pytest.raises(DCutConfigError, match=match):

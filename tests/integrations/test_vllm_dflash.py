@@ -7,12 +7,14 @@ subprocess in the vLLM environment runs vLLM without speculation, then D-Cut wit
 Every D-Cut run records its steps; the tests check lossless output, that the confidences came from
 the DFlash proposer's one sampling pass, and that vLLM verified exactly the planned prefixes.
 
-Two more runs alternate drafted and undrafted steps (``fine`` whose every drafted step stops drafting
-and whose every plain step asks for a probe): one with the undrafted step's context-only drafter pass
-(the default), one with vLLM's own pass (``skip_undrafted_block: false``). Their drafter records show
-which passes ran, and both draft exactly the same tokens with the same confidences: the context-only
-pass leaves the drafter the context vLLM's own pass leaves. Their worker records show which sampler
-each verification step took (vLLM's plain one where no request carries a draft, by default).
+Three more runs alternate drafted and undrafted steps (``fine`` whose every drafted step stops drafting
+and which probes after every 3 plain steps), on 32-token KV-cache blocks so that requests fill blocks
+between drafted steps: the undrafted step's context-only drafter pass deferred to the next drafted pass
+or a full block (the default), written every step (``defer_undrafted_context: false``), and vLLM's own
+pass (``skip_undrafted_block: false``). Their drafter records show which passes ran and what waited,
+and all three draft exactly the same tokens with the same confidences (to 1e-5): the context-only pass,
+deferred or not, leaves the drafter the context vLLM's own pass leaves. Their worker records show which
+sampler each verification step took (vLLM's plain one where no request carries a draft, by default).
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ POLICIES = ("ar", "full", "dcut", "fine", "topk", "threshold")
 #: ``fine`` made to alternate drafted and undrafted steps (see the module docstring)
 # fine alternating drafted and undrafted steps; decided without feedback, so the two runs make the
 # same decisions whatever their measured step times
-SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 1, "probe_budget": 0.9, "feedback": False}
-SWITCH_RUNS = {"switch": True, "switch-block": False}  # run name -> skip_undrafted_block
+SWITCHING = {"speculate_margin": 1000.0, "probe_interval": 3, "probe_budget": 0.9, "feedback": False}
+#: run name -> its D-Cut config beside SWITCHING (the first: the defaults)
+SWITCH_RUNS = {"switch": {}, "switch-write": {"defer_undrafted_context": False},
+               "switch-block": {"skip_undrafted_block": False}}
+SWITCH_KV_BLOCK = 32  # vLLM's KV-cache block size in the switching runs (its CPU default is 128)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +63,10 @@ def dflash_runs(tmp_path_factory):
         if policy == "fine":  # LLM.generate over a list is a finite batch: the draining plan is lossless too
             dcut["finite_batch"] = True
         runs.append({"name": policy, "dcut": dcut})
-    for name, skip in SWITCH_RUNS.items():
-        runs.append({"name": name, "dcut": {"policy": "fine", "policy_params": SWITCHING, "cost_curve": str(CURVE_B8),
-                                            "record_path": str(tmp / f"{name}.jsonl"), "log_interval_s": 1e-6,
-                                            "skip_undrafted_block": skip}})
+    for name, extra in SWITCH_RUNS.items():
+        runs.append({"name": name, "engine_args": {"block_size": SWITCH_KV_BLOCK},
+                     "dcut": {"policy": "fine", "policy_params": SWITCHING, "cost_curve": str(CURVE_B8),
+                              "record_path": str(tmp / f"{name}.jsonl"), "log_interval_s": 1e-6, **extra}})
     job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
            "prompts": {"file": str(REPO_ROOT / "dcut_sched" / "data" / "traces" / "prompts.jsonl"), "n": NUM_PROMPTS, "offset": 48,
                        "chat": True},
@@ -145,44 +150,73 @@ def test_fine_plans_a_finite_batch_with_the_remaining_tokens(dflash_runs):
 
 
 def test_undrafted_steps_run_the_context_only_pass(dflash_runs):
-    """Each step's drafter pass is recorded: after a plan that stops drafting, the context-only pass;
-    after one that drafts, the block pass. With ``skip_undrafted_block: false`` every pass is vLLM's own."""
-    for name, skip in SWITCH_RUNS.items():
+    """Each step's drafter pass is recorded: after a plan that stops drafting, the context-only pass
+    (deferred by default); after one that drafts, the block pass. With ``skip_undrafted_block: false``
+    every pass is vLLM's own."""
+    for name, extra in SWITCH_RUNS.items():
         _ok(dflash_runs["runs"][name])
         steps = _records(dflash_runs["dir"] / f"{name}.jsonl")
         passes = _records(dflash_runs["dir"] / f"{name}.jsonl.drafter.jsonl")
         assert len(passes) == len(steps)
         scheduled = [s["num_spec_tokens_to_schedule"] for s in steps]
-        assert scheduled.count(0) >= 5 and len(scheduled) - scheduled.count(0) >= 5
+        assert scheduled.count(0) >= 10 and len(scheduled) - scheduled.count(0) >= 4
+        undrafted = {"switch": "deferred", "switch-write": "context", "switch-block": "block"}[name]
         for k, p in zip(scheduled, passes):
             assert p["num_speculative_tokens"] == k
-            assert p["pass"] == ("context" if k == 0 and skip else "block")
+            assert p["pass"] == (undrafted if k == 0 else "block")
+            assert ("deferred_pending" in p) == (name == "switch")
+
+
+def test_deferred_context_waits_for_a_drafted_pass_or_a_full_block(dflash_runs):
+    """With deferral, an undrafted pass writes only the requests whose tokens fill a 32-token block; the
+    next drafted pass writes every token still waiting (none waits after it)."""
+    passes = _records(dflash_runs["dir"] / "switch.jsonl.drafter.jsonl")
+    waited = written_at_fill = written_at_block = 0
+    pending = 0
+    for p in passes:
+        if p["pass"] == "deferred":
+            # finished requests drop what waited, so at most
+            assert p["deferred_pending"] <= pending + p["context_tokens"] - p["deferred_written"]
+            written_at_fill += p["deferred_written"]
+            waited += p["context_tokens"] - p["deferred_written"]
+        else:
+            assert p["deferred_written"] <= pending and p["deferred_pending"] == 0
+            written_at_block += p["deferred_written"]
+        pending = p["deferred_pending"]
+    # 16 requests of 24 tokens cross several 32-token block ends while undrafted
+    assert waited > 0 and written_at_fill > 0 and written_at_block > 0
 
 
 def test_undrafted_steps_sample_with_the_plain_sampler(dflash_runs):
     """A verification step where no request carries a draft samples with vLLM's plain sampler (the
     worker records say which), a step with drafts with the rejection sampler; with
     ``skip_undrafted_block: false`` every step takes vLLM's own rejection sampler."""
-    for name, skip in SWITCH_RUNS.items():
+    for name, extra in SWITCH_RUNS.items():
         worker = _records(dflash_runs["dir"] / f"{name}.jsonl.worker.jsonl")
         undrafted = [w for w in worker if not any(w["num_draft_tokens"])]
-        assert len(undrafted) >= 5 and len(worker) - len(undrafted) >= 5
+        assert len(undrafted) >= 5 and len(worker) - len(undrafted) >= 4
         for w in worker:
-            plain = skip and not any(w["num_draft_tokens"])
+            plain = extra.get("skip_undrafted_block", True) and not any(w["num_draft_tokens"])
             assert w["sampler"] == ("plain" if plain else "rejection"), w
 
 
 def test_context_only_pass_leaves_the_drafter_the_same_context(dflash_runs):
-    """The same drafts and confidences, step for step, whichever pass the undrafted steps ran."""
+    """The same drafts and confidences (to 1e-5: a deferred write projects several steps' tokens in one
+    matrix product), step for step, whichever pass the undrafted steps ran."""
     def by_prompt(record, key):  # request ids are '<prompt index>-<random suffix>'
         return {rid.split("-")[0]: v for rid, v in record.get(key, {}).items()}
 
-    a = _records(dflash_runs["dir"] / "switch.jsonl")
-    b = _records(dflash_runs["dir"] / "switch-block.jsonl")
-    assert len(a) == len(b)
-    drafted = 0
-    for x, y in zip(a, b):
-        for key in ("planned", "drafts", "conf", "accepted"):
-            assert by_prompt(x, key) == by_prompt(y, key), f"step {x['step']}: {key} differs"
-        drafted += bool(x.get("drafts"))
-    assert drafted >= 5
+    ref = _records(dflash_runs["dir"] / "switch-block.jsonl")
+    for name in ("switch", "switch-write"):
+        got = _records(dflash_runs["dir"] / f"{name}.jsonl")
+        assert len(got) == len(ref)
+        drafted = 0
+        for x, y in zip(got, ref):
+            for key in ("planned", "drafts", "accepted"):
+                assert by_prompt(x, key) == by_prompt(y, key), f"{name} step {x['step']}: {key} differs"
+            cx, cy = by_prompt(x, "conf"), by_prompt(y, "conf")
+            assert cx.keys() == cy.keys()
+            for k in cx:
+                assert cx[k] == pytest.approx(cy[k], abs=1e-5), f"{name} step {x['step']}: conf of {k}"
+            drafted += bool(x.get("drafts"))
+        assert drafted >= 4

@@ -30,6 +30,10 @@ Keys (all optional):
 ``skip_undrafted_block``  on a step after which no request drafts (the plan's ``draft_next`` is
                      false), a DFlash drafter runs only its context K/V update, not its block
                      forward (:mod:`.hooks`); false runs vLLM's own pass [true]
+``defer_undrafted_context``  with ``skip_undrafted_block``, that update waits: a request's
+                     tokens are written at its next drafted pass, or as soon as one of them fills
+                     a KV-cache block, whichever comes first (:mod:`.deferred_context`); false
+                     writes them on every undrafted step [true]
 ``adaptive_draft_depth``  the drafter pass after a drafted step fills only as many slots as the
                      last 4 drafted plans kept (``num_spec_tokens_to_schedule``; the whole block
                      for the first 4 drafted plans, again after an undrafted step, and every 16th
@@ -111,6 +115,7 @@ class DCutVllmConfig:
     record_path: str | None = None
     log_interval_s: float = 10.0
     skip_undrafted_block: bool = True
+    defer_undrafted_context: bool = True
     adaptive_draft_depth: bool = True
     finite_batch: bool = False
     source: str = "defaults"
@@ -156,6 +161,9 @@ class DCutVllmConfig:
         if policy == "ar" and not typed.calibrate:  # plain decoding scores no confidence
             raise DCutConfigError(f"{source}: key 'calibrate' has no effect with policy 'ar' (no request drafts, so no "
                                   f"confidence is scored); leave the key out")
+        if not typed.defer_undrafted_context and not typed.skip_undrafted_block:
+            raise DCutConfigError(f"{source}: key 'defer_undrafted_context' has no effect with 'skip_undrafted_block': "
+                                  f"false (vLLM's own pass writes the context on every step); leave one key out")
         if typed.finite_batch and not built.reads_remaining:
             raise DCutConfigError(f"{source}: key 'finite_batch' has no effect with policy {policy!r} (it plans without "
                                   f"the requests' remaining tokens); leave the key out or use policy 'fine'")
@@ -175,7 +183,8 @@ class DCutVllmConfig:
         return cls(policy=policy, policy_params=params, cost_curve=typed.cost_curve,
                    profile_cache_dir=typed.profile_cache_dir, calibrate=typed.calibrate,
                    record_path=typed.record_path, log_interval_s=typed.log_interval_s,
-                   skip_undrafted_block=typed.skip_undrafted_block, adaptive_draft_depth=typed.adaptive_draft_depth,
+                   skip_undrafted_block=typed.skip_undrafted_block,
+                   defer_undrafted_context=typed.defer_undrafted_context, adaptive_draft_depth=typed.adaptive_draft_depth,
                    finite_batch=typed.finite_batch, source=source,
                    policy_object=built)
 
@@ -289,5 +298,6 @@ class DCutConfigModel(BaseModel):
     record_path: str | None = None
     log_interval_s: float = Field(10.0, gt=0, allow_inf_nan=False)
     skip_undrafted_block: bool = True
+    defer_undrafted_context: bool = True
     adaptive_draft_depth: bool = True
     finite_batch: bool = False

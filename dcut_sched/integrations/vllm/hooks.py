@@ -23,7 +23,9 @@ run its whole pass: the context K/V update and a drafter forward over every requ
 With ``skip_undrafted_block`` (the default) the ``propose`` wrapper runs only :func:`context_only_pass`:
 the committed tokens' context K/V, written where vLLM's own pass writes them, so the next drafted
 step drafts from the same context; the block forward is skipped and vLLM gets no drafts
-(docs/vllm.md, "The undrafted step"). On the step that follows, where no request carries a draft,
+(docs/vllm.md, "The undrafted step"). With ``defer_undrafted_context`` (the default) that write waits
+for the request's next drafted pass or a full KV-cache block (:mod:`.deferred_context`); the
+``GPUModelRunner.propose_draft_token_ids`` wrapper hands the proposer the batch's request ids for it. On the step that follows, where no request carries a draft,
 ``GPUModelRunner._sample`` takes vLLM's plain-decoding sampler instead of the rejection sampler (which,
 over zero drafts, samples the same bonus tokens with the same sampler after copying the logits): the
 same tokens for greedy and for seeded requests (their own generators draw the same); an unseeded
@@ -57,6 +59,7 @@ import torch
 
 from . import cpu_kernels
 from .config import DCutVllmConfig, require_vllm_version
+from .deferred_context import DeferredContext
 
 __all__ = ["NO_CONFIDENCES", "DCutDraftTokenIds", "context_only_pass", "install"]
 
@@ -81,30 +84,65 @@ def _config_of(obj: Any) -> DCutVllmConfig | None:
     return cached
 
 
+def _write_context(proposer: Any, rows: torch.Tensor, positions: torch.Tensor, raw_hidden: torch.Tensor,
+                   block_table: torch.Tensor) -> None:
+    """Write the drafter context K/V of tokens (their request's block-table row, position, captured hidden
+    states) at the block-table slot where vLLM's ``copy_and_expand_dflash_inputs`` kernel places them."""
+    hidden = proposer.model.combine_hidden_states(raw_hidden)
+    block = torch.clamp(positions // proposer.block_size, max=block_table.shape[1] - 1)
+    slots = block_table[rows, block].to(torch.int64) * proposer.block_size + positions % proposer.block_size
+    proposer.model.precompute_and_store_context_kv(hidden, positions, slots)
+
+
+def _batch_rows(common_attn_metadata: Any) -> tuple[int, int, list[int]]:
+    """(requests, context tokens, tokens per request) of a proposer call's attention metadata."""
+    qsl = common_attn_metadata.query_start_loc_cpu
+    num_reqs = qsl.shape[0] - 1
+    return num_reqs, int(qsl[-1]), (qsl[1:] - qsl[:-1]).tolist()
+
+
 def context_only_pass(proposer: Any, target_positions: torch.Tensor, target_hidden_states: torch.Tensor,
-                      common_attn_metadata: Any) -> torch.Tensor:
+                      common_attn_metadata: Any, deferred: DeferredContext | None = None,
+                      req_ids: list[str] | None = None) -> tuple[torch.Tensor, int]:
     """A DFlash proposer's pass on a step that drafts nothing: the context K/V of this step's tokens only.
 
-    Writes what ``DFlashProposer.build_model_inputs_first_pass`` writes (every scheduled token's
-    context K/V at its target position and its block-table slot, as vLLM's
-    ``copy_and_expand_dflash_inputs`` kernel places them) and runs no drafter forward. Returns the
-    ``[num_reqs, 0]`` draft tensor vLLM's own pass returns when asked for no drafts.
+    Without ``deferred``, writes what ``DFlashProposer.build_model_inputs_first_pass`` writes (every
+    scheduled token's context K/V) now; with it (and the batch's ``req_ids``), only what
+    :class:`DeferredContext` says is due. Runs no drafter forward. Returns the ``[num_reqs, 0]`` draft
+    tensor vLLM's own pass returns when asked for no drafts, and the number of tokens written.
     """
     cad = common_attn_metadata
     proposer.num_speculative_tokens = 0
     proposer._last_draft_probs = None
-    qsl = cad.query_start_loc
-    num_reqs = qsl.shape[0] - 1
-    num_ctx = int(cad.query_start_loc_cpu[-1])
-    hidden = proposer.model.combine_hidden_states(target_hidden_states[:num_ctx])
+    num_reqs, num_ctx, counts = _batch_rows(cad)
     positions = target_positions[:num_ctx]
-    req = torch.repeat_interleave(torch.arange(num_reqs, device=positions.device), qsl[1:] - qsl[:-1],
-                                  output_size=num_ctx)
-    table = cad.block_table_tensor
-    block = torch.clamp(positions // proposer.block_size, max=table.shape[1] - 1)
-    slots = table[req, block].to(torch.int64) * proposer.block_size + positions % proposer.block_size
-    proposer.model.precompute_and_store_context_kv(hidden, positions, slots)
-    return torch.empty(num_reqs, 0, dtype=torch.int64, device=positions.device)
+    empty = torch.empty(num_reqs, 0, dtype=torch.int64, device=positions.device)
+    if deferred is not None and req_ids is not None:
+        write = deferred.step(req_ids[:num_reqs], positions, target_hidden_states[:num_ctx], counts, drafted=False)
+        if write is None:
+            return empty, 0
+        _write_context(proposer, write.rows.to(positions.device), write.positions, write.hidden,
+                       cad.block_table_tensor)
+        return empty, int(write.positions.shape[0])
+    req = torch.repeat_interleave(torch.arange(num_reqs, device=positions.device),
+                                  torch.as_tensor(counts, device=positions.device), output_size=num_ctx)
+    _write_context(proposer, req, positions, target_hidden_states[:num_ctx], cad.block_table_tensor)
+    return empty, num_ctx
+
+
+def _write_deferred_before_block_pass(proposer: Any, call: dict, deferred: DeferredContext,
+                                      req_ids: list[str]) -> int:
+    """On a drafted pass: write the batch's deferred context tokens before vLLM's own pass (which writes
+    this step's and then reads them all); returns how many."""
+    cad = call["common_attn_metadata"]
+    num_reqs, num_ctx, counts = _batch_rows(cad)
+    positions = call["target_positions"][:num_ctx]
+    write = deferred.step(req_ids[:num_reqs], positions, call["target_hidden_states"][:num_ctx], counts,
+                          drafted=True)
+    if write is None:
+        return 0
+    _write_context(proposer, write.rows.to(positions.device), write.positions, write.hidden, cad.block_table_tensor)
+    return int(write.positions.shape[0])
 
 
 def _plain_sampler(runner: Any, cfg: DCutVllmConfig | None, max_drafts: int) -> bool:
@@ -153,6 +191,7 @@ def install() -> None:
         orig_take = GPUModelRunner.take_draft_token_ids
         orig_meta = GPUModelRunner._calc_spec_decode_metadata
         orig_sample_tokens = GPUModelRunner._sample
+        orig_propose_ids = GPUModelRunner.propose_draft_token_ids
         propose_signature = inspect.signature(orig_propose)
 
         def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -171,17 +210,35 @@ def install() -> None:
                 return orig_propose(self, *args, **kwargs)
             call = propose_signature.bind(self, *args, **kwargs).arguments
             num_spec = int(call["num_speculative_tokens"])
-            if self.method == "dflash" and cfg.record_path:
+            dflash = self.method == "dflash"
+            skip = num_spec == 0 and cfg.skip_undrafted_block and dflash
+            req_ids = self.__dict__.get("_dcut_req_ids")  # set by propose_draft_token_ids below
+            deferred = None
+            if dflash and cfg.skip_undrafted_block and cfg.defer_undrafted_context and req_ids is not None:
+                deferred = self.__dict__.get("_dcut_deferred")
+                if deferred is None:
+                    deferred = self._dcut_deferred = DeferredContext(self.block_size)
+            rec = None
+            if dflash and cfg.record_path:
                 cad = call["common_attn_metadata"]
-                _record_line(cfg.record_path + ".drafter.jsonl", {
-                    "pass": "context" if num_spec == 0 and cfg.skip_undrafted_block else "block",
-                    "num_speculative_tokens": num_spec, "num_reqs": int(cad.num_reqs),
-                    "context_tokens": int(cad.query_start_loc_cpu[-1])})
-            if num_spec == 0 and cfg.skip_undrafted_block and self.method == "dflash":
-                out = context_only_pass(self, call["target_positions"], call["target_hidden_states"],
-                                        call["common_attn_metadata"])
+                rec = {"pass": ("deferred" if deferred is not None else "context") if skip else "block",
+                       "num_speculative_tokens": num_spec, "num_reqs": int(cad.num_reqs),
+                       "context_tokens": int(cad.query_start_loc_cpu[-1])}
+            if skip:
+                out, written = context_only_pass(self, call["target_positions"], call["target_hidden_states"],
+                                                 call["common_attn_metadata"], deferred, req_ids)
+                if rec is not None:
+                    if deferred is not None:
+                        rec.update(deferred_written=written, deferred_pending=deferred.num_pending)
+                    _record_line(cfg.record_path + ".drafter.jsonl", rec)
                 self._dcut_conf = (out, None)
                 return out
+            if deferred is not None:
+                written = _write_deferred_before_block_pass(self, call, deferred, req_ids)
+                if rec is not None:
+                    rec.update(deferred_written=written, deferred_pending=deferred.num_pending)
+            if rec is not None:
+                _record_line(cfg.record_path + ".drafter.jsonl", rec)
             self._dcut_conf_steps = []
             try:
                 out = orig_propose(self, *args, **kwargs)
@@ -196,6 +253,20 @@ def install() -> None:
                     conf = torch.stack(steps, dim=1)[: out.shape[0]].to(torch.float32)
             self._dcut_conf = (out, conf)
             return out
+
+        def propose_draft_token_ids(self, scheduler_output, *args: Any, **kwargs: Any):
+            drafter = getattr(self, "drafter", None)
+            if drafter is None or _config_of(self) is None:
+                return orig_propose_ids(self, scheduler_output, *args, **kwargs)
+            deferred = drafter.__dict__.get("_dcut_deferred")
+            if deferred is not None:  # finished requests, and resumed ones (new blocks, tokens recomputed)
+                deferred.forget((deferred.requests - self.requests.keys())
+                                | set(scheduler_output.scheduled_cached_reqs.resumed_req_ids))
+            drafter._dcut_req_ids = list(self.input_batch.req_ids)  # the proposer's rows, in order
+            try:
+                return orig_propose_ids(self, scheduler_output, *args, **kwargs)
+            finally:
+                drafter._dcut_req_ids = None
 
         def take_draft_token_ids(self):
             result = orig_take(self)
@@ -229,6 +300,7 @@ def install() -> None:
         GPUModelRunner.take_draft_token_ids = take_draft_token_ids
         GPUModelRunner._calc_spec_decode_metadata = _calc_spec_decode_metadata
         GPUModelRunner._sample = _sample
+        GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
         _installed = True
 
 
