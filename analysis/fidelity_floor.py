@@ -15,7 +15,7 @@ the simulator and sets the prediction beside the measured rounds:
   the rounds file): K > 0 as ``vllm-kK``, K = 0 undrafted steps that run vLLM's own whole
   drafter pass and its rejection sampler (D-Cut's context-only pass and plain sampler are not
   installed without a D-Cut config), priced as the curve's undrafted step plus what vLLM's own
-  undrafted step costs over D-Cut's in ``analysis/results/undrafted_step.csv``.
+  drafter pass costs over D-Cut's in ``analysis/results/undrafted_step.csv`` (``block_pass_extra_ms``).
 - The project's engine: ``analysis/results/bench_engine_rounds_runs.csv`` (``analysis/bench_engine.py
   --rounds 3``), priced with ``bench_engine.CURVE`` (forwards only: an undrafted step is priced as
   a plain step, which the engine's 0.5-1 % upkeep, ``undrafted_step.md``, allows).
@@ -224,11 +224,15 @@ def record(fresh: bool = False, threads: int = 1) -> int:
 
 # ============================================================================ the simulator's side
 def block_pass_extra_ms(table: pd.DataFrame) -> dict[int, float]:
-    """Per bs: what vLLM's own undrafted step (its whole drafter pass, its rejection sampler over zero
-    drafts) costs over D-Cut's (the context-only pass, the plain sampler): ``undrafted_step.csv``, the
-    vLLM rows' median ``step_ms``, ``block`` - ``context``."""
-    v = table[table["engine"] == "vllm"].pivot(index="batch_size", columns="config", values="step_ms")
-    return {int(bs): float(r["block"] - r["context"]) for bs, r in v.iterrows()}
+    """Per bs: what vLLM's own drafter pass on an undrafted step costs over D-Cut's context-only pass
+    written every step (the pass the rounds and the curve's profile ran before deferral):
+    ``undrafted_step.csv``, the vLLM rows' median ``upkeep_ms`` (timed inside each step, so a host's
+    drift between runs does not enter), ``block`` - ``context-write`` (``context`` in a file from before
+    that row existed). vLLM's rejection sampler over zero drafts, which its own undrafted step also runs
+    (about 0.6 ms at bs 16, docs/vllm.md), is not in it."""
+    v = table[table["engine"] == "vllm"].pivot(index="batch_size", columns="config", values="upkeep_ms")
+    ours = "context-write" if "context-write" in v.columns else "context"
+    return {int(bs): float(r["block"] - r[ours]) for bs, r in v.iterrows()}
 
 
 def simulate_cell(trace, curve, prior, config: str, bs: int, settings: dict, extra_ms: dict[int, float]) -> dict:

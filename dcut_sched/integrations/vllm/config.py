@@ -33,7 +33,8 @@ Keys (all optional):
 ``defer_undrafted_context``  with ``skip_undrafted_block``, that update waits: a request's
                      tokens are written at its next drafted pass, or as soon as one of them fills
                      a KV-cache block, whichever comes first (:mod:`.deferred_context`); false
-                     writes them on every undrafted step [true]
+                     writes them on every undrafted step, and is refused with
+                     ``skip_undrafted_block: false`` (vLLM's own pass writes every step) [true]
 ``adaptive_draft_depth``  the drafter pass after a drafted step fills only as many slots as the
                      last 4 drafted plans kept (``num_spec_tokens_to_schedule``; the whole block
                      for the first 4 drafted plans, again after an undrafted step, and every 16th

@@ -2,7 +2,7 @@
 
 vLLM's greedy draft proposers (``SpecDecodeBaseProposer._greedy_sample``, used by the
 ``draft_model`` method and by EAGLE-style drafters) keep only the argmax of each draft step's
-logits. :func:`install` wraps three methods so that, while a D-Cut config is active
+logits. :func:`install` wraps vLLM's methods so that, while a D-Cut config is active
 (:meth:`DCutVllmConfig.resolve` is not ``None`` for the engine's config), each drafted step also
 yields the draft's confidence ``c[i, t] = exp(max_logit - logsumexp(logits))`` (docs/design.md §1) and
 hands it to the scheduler **inside the step's own outputs**:
@@ -25,8 +25,10 @@ the committed tokens' context K/V, written where vLLM's own pass writes them, so
 step drafts from the same context; the block forward is skipped and vLLM gets no drafts
 (docs/vllm.md, "The undrafted step"). With ``defer_undrafted_context`` (the default) that write waits
 for the request's next drafted pass or a full KV-cache block (:mod:`.deferred_context`); the
-``GPUModelRunner.propose_draft_token_ids`` wrapper hands the proposer the batch's request ids for it. On the step that follows, where no request carries a draft,
-``GPUModelRunner._sample`` takes vLLM's plain-decoding sampler instead of the rejection sampler (which,
+``GPUModelRunner.propose_draft_token_ids`` wrapper hands the proposer the batch's request ids and
+drops the waiting tokens of finished and resumed requests.
+
+On the step after an undrafted pass, where no request carries a draft, ``GPUModelRunner._sample`` takes vLLM's plain-decoding sampler instead of the rejection sampler (which,
 over zero drafts, samples the same bonus tokens with the same sampler after copying the logits): the
 same tokens for greedy and for seeded requests (their own generators draw the same); an unseeded
 sampled request draws from the engine-wide generator, which the rejection path also advances (its
@@ -37,7 +39,9 @@ track a thinking budget.
 The worker also records the draft lengths it verifies (``GPUModelRunner._calc_spec_decode_metadata``,
 the ragged ``SpecDecodeMetadata`` the rejection sampler consumes) when the config names a
 ``record_path``: one JSON line per verification step in ``<record_path>.worker.jsonl``, and one per
-DFlash drafter pass in ``<record_path>.drafter.jsonl`` (``pass``: ``"block"`` or ``"context"``).
+DFlash drafter pass in ``<record_path>.drafter.jsonl`` (``pass``: ``"block"``, ``"deferred"`` or
+``"context"``; with deferral also ``deferred_written``, the earlier tokens written in the pass, and
+``deferred_pending``, the tokens waiting after it).
 
 Drafters without logits (ngram, suffix) never call ``_greedy_sample``; their steps carry no
 confidences and the scheduler fails at the first one with a clear message. Heterogeneous-vocabulary
