@@ -31,8 +31,8 @@ Keys (all optional):
                      false), a DFlash drafter runs only its context K/V update, not its block
                      forward (:mod:`.hooks`); false runs vLLM's own pass [true]
 ``defer_undrafted_context``  with ``skip_undrafted_block``, that update waits: a request's
-                     tokens are written at its next drafted pass, or as soon as one of them fills
-                     a KV-cache block, whichever comes first (:mod:`.deferred_context`); false
+                     decode tokens are written at its next drafted pass, or as soon as one of them
+                     fills a KV-cache block, whichever comes first (:mod:`.deferred_context`); false
                      writes them on every undrafted step, and is refused with
                      ``skip_undrafted_block: false`` (vLLM's own pass writes every step) [true]
 ``adaptive_draft_depth``  the drafter pass after a drafted step fills only as many slots as the

@@ -1,112 +1,179 @@
 """The DFlash drafter's context K/V that undrafted steps have not written yet (worker side, torch only).
 
 A DFlash drafter reads the context K/V of the committed tokens only on a drafted pass. On a step after
-which no request drafts, :class:`DeferredContext` keeps the step's tokens (positions and the target's
-captured hidden states, before the drafter's ``fc``) per request instead of writing them, and hands
-them back to be written:
+which no request drafts, :class:`DeferredContext` keeps the step's decode tokens (the target's
+captured hidden states, before the drafter's ``fc``, on the device; their positions on the host) per
+request instead of writing them, and hands them back to be written:
 
 - at the request's next drafted pass, before vLLM's own pass writes that step's tokens;
-- before that, as soon as one of its tokens sits in the last slot of a KV-cache block: vLLM may share
-  a full block through prefix caching, so a full block never lacks its drafter context.
+- before that, as soon as one of its tokens sits in the last slot of a fill unit (the KV-cache block,
+  or vLLM's prefix-cache hash block where that is smaller): vLLM may share a full block, or a full
+  hash block of a partial one, through prefix caching, so such a block never lacks its drafter context;
+- a step's prompt tokens (a prefill chunk, or a resumed request's recomputation) at once, since vLLM
+  may share a prompt's partial tail block;
+- everything waiting in the batch once more than ``max_waiting_tokens`` wait.
 
 A request not scheduled in a step keeps its tokens (it does not advance, so fills no block); a finished
 request, or one resumed after preemption (its blocks replaced, its tokens recomputed), drops them
-(:meth:`DeferredContext.forget`). Tokens a drafted step rejected are kept in step order and the later token at the same
-position wins, as with vLLM's own writes. Only drafts depend on the drafter's context, so none of
-this can change what the target verifies (docs/vllm.md, "The undrafted step").
+(:meth:`DeferredContext.retain`). Tokens a drafted step rejected are kept in step order and the later
+token at the same position wins, as with vLLM's own writes. All decisions are made on host metadata
+(the batch's token counts and sequence lengths), so no step waits on the device. Only drafts depend
+on the drafter's context, so none of this can change what the target verifies (docs/vllm.md, "The
+undrafted step").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["ContextWrite", "DeferredContext"]
+__all__ = ["MAX_WAITING_TOKENS", "ContextWrite", "DeferredContext"]
+
+#: tokens that may wait over the whole batch before a step writes every scheduled request's
+MAX_WAITING_TOKENS = 16384
 
 
 @dataclass(frozen=True)
 class ContextWrite:
     """Context tokens to write now: ``rows`` (each token's request row in this step's batch, the block
-    table's row), ``positions`` and the raw ``hidden`` states ``[n, H]``; one token per (row, position)."""
+    table's row), ``positions`` and the raw ``hidden`` states ``[n, H]``, on the hidden states' device;
+    one token per (row, position)."""
 
     rows: torch.Tensor
     positions: torch.Tensor
     hidden: torch.Tensor
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    """One request's tokens of one step: rows ``offset:offset+count`` of ``hidden`` (the waiting tokens
+    of the step numbered ``step``, shared by its requests), at positions ``first..first+count-1``."""
+
+    hidden: torch.Tensor
+    step: int
+    offset: int
+    count: int
+    first: int
+
+
+def _on(like: torch.Tensor, values: np.ndarray) -> torch.Tensor:
+    """An int64 index tensor on ``like``'s device (a host copy that does not wait on the device)."""
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(like.device, non_blocking=True)
+
+
+def _last_per_position(rows: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+    """Indices keeping the last entry at each (row, position); ``None`` when all are distinct."""
+    key = rows * (int(positions.max()) + 1) + positions
+    _, last_rev = np.unique(key[::-1], return_index=True)
+    if last_rev.size == key.size:
+        return None
+    return np.sort(key.size - 1 - last_rev)
+
+
 class DeferredContext:
     """Per request, the committed tokens whose drafter context is not written yet (module docstring)."""
 
-    def __init__(self, block_size: int) -> None:
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.block_size = block_size
-        self._pending: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    def __init__(self, fill_unit: int, max_waiting_tokens: int = MAX_WAITING_TOKENS) -> None:
+        if fill_unit < 1 or max_waiting_tokens < 1:
+            raise ValueError(f"fill_unit and max_waiting_tokens must be >= 1, got {fill_unit}, {max_waiting_tokens}")
+        self.fill_unit = fill_unit
+        self.max_waiting_tokens = max_waiting_tokens
+        self._waiting: dict[str, list[_Waiting]] = {}
+        self._num_waiting = 0
+        self._steps = 0
 
     @property
-    def num_pending(self) -> int:
+    def num_waiting(self) -> int:
         """Tokens waiting, over all requests."""
-        return sum(int(p.numel()) for chunks in self._pending.values() for p, _ in chunks)
+        return self._num_waiting
 
     @property
     def requests(self) -> frozenset[str]:
         """The requests with tokens waiting."""
-        return frozenset(self._pending)
+        return frozenset(self._waiting)
 
-    def forget(self, req_ids: Iterable[str]) -> None:
-        """Drop the waiting tokens of ``req_ids`` (finished, or resumed after preemption)."""
-        for r in req_ids:
-            self._pending.pop(r, None)
+    def retain(self, live: Collection[str], resumed: Iterable[str] = ()) -> None:
+        """Drop the waiting tokens of every request not in ``live`` (finished) or in ``resumed``."""
+        for r in [r for r in self._waiting if r not in live] + list(resumed):
+            self._num_waiting -= sum(w.count for w in self._waiting.pop(r, ()))
 
-    def step(self, req_ids: Sequence[str], positions: torch.Tensor, hidden: torch.Tensor,
-             num_tokens: Sequence[int], *, drafted: bool) -> ContextWrite | None:
+    def step(self, req_ids: Sequence[str], num_tokens: Sequence[int], seq_lens: Sequence[int],
+             hidden: torch.Tensor, *, drafted: bool, num_prompt_tokens: Sequence[int] | None = None
+             ) -> ContextWrite | None:
         """Take one step's context tokens and return those to write now (``None``: none).
 
-        ``positions`` ``[n]`` and ``hidden`` ``[n, H]`` hold ``num_tokens[i]`` tokens of ``req_ids[i]``
-        in batch order. On a ``drafted`` pass the step's own tokens are vLLM's to write and every earlier
-        token of the batch is returned; otherwise the step's tokens wait, except for the requests one of
-        whose tokens fills a block (those return all of theirs). Requests not in ``req_ids`` keep theirs.
+        ``hidden`` ``[n, H]`` holds, in batch order, ``num_tokens[i]`` tokens of ``req_ids[i]`` at
+        positions ``seq_lens[i] - num_tokens[i] .. seq_lens[i] - 1``; ``num_prompt_tokens[i]`` is its
+        prompt length (none: no prompt token in the step). On a ``drafted`` pass the step's own tokens
+        are vLLM's to write and every earlier token of the batch is returned; otherwise a request's
+        step tokens wait unless the module docstring's rules write them now, with its earlier ones.
         """
-        n = positions.shape[0]
-        if len(num_tokens) != len(req_ids) or sum(num_tokens) != n or hidden.shape[0] != n:
-            raise ValueError(f"{len(req_ids)} requests with {sum(num_tokens)} tokens, got "
-                             f"{len(num_tokens)} counts, {positions.shape[0]} positions, {hidden.shape[0]} rows")
-        due: list[int] = []
+        count = np.asarray(num_tokens, dtype=np.int64)
+        end = np.asarray(seq_lens, dtype=np.int64)
+        if not (len(req_ids) == count.size == end.size) or int(count.sum()) != hidden.shape[0] \
+                or (num_prompt_tokens is not None and len(num_prompt_tokens) != count.size):
+            raise ValueError(f"{len(req_ids)} requests, {count.size} token counts, {end.size} sequence lengths "
+                             f"and {hidden.shape[0]} hidden rows do not match")
+        first = end - count
+        start = np.concatenate([[0], np.cumsum(count)])
         if drafted:
-            due = [i for i, r in enumerate(req_ids) if r in self._pending]
+            due = np.array([r in self._waiting for r in req_ids], dtype=bool)
+            now = np.zeros_like(due)
         else:
-            counts = [int(n) for n in num_tokens]
-            fills = (positions % self.block_size == self.block_size - 1).to("cpu")
-            pos_chunks = torch.split(positions.clone(), counts)
-            hid_chunks = torch.split(hidden.clone(), counts)
-            for i, (r, n) in enumerate(zip(req_ids, counts)):
-                if n == 0:
-                    continue
-                self._pending.setdefault(r, []).append((pos_chunks[i], hid_chunks[i]))
-            starts = [0]
-            for n in counts:
-                starts.append(starts[-1] + n)
-            due = [i for i, n in enumerate(counts) if n and bool(fills[starts[i]:starts[i + 1]].any())]
-        if not due:
+            unit = self.fill_unit
+            prompt = first < (np.asarray(num_prompt_tokens, dtype=np.int64) if num_prompt_tokens is not None else 0)
+            now = (count > 0) & ((end // unit > first // unit) | prompt)
+            due = now.copy()
+            if self._num_waiting + int(count[~now].sum()) > self.max_waiting_tokens:
+                due = np.array([r in self._waiting for r in req_ids], dtype=bool) | (count > 0)
+                now = count > 0
+            self._keep(req_ids, count, first, start, hidden, (count > 0) & ~now)
+        if not due.any():
             return None
-        rows, pos, hid = [], [], []
-        for i in due:
-            for p, h in self._pending.pop(req_ids[i]):
-                rows.append(torch.full_like(p, i))
-                pos.append(p)
-                hid.append(h)
-        return _last_per_position(torch.cat(rows), torch.cat(pos), torch.cat(hid))
+        return self._take(req_ids, count, first, start, hidden, due, now)
 
+    def _keep(self, req_ids, count, first, start, hidden, wait) -> None:
+        rows = np.flatnonzero(wait)
+        self._steps += 1
+        if rows.size == 0:
+            return
+        index = np.concatenate([np.arange(start[i], start[i + 1]) for i in rows])
+        kept = hidden.index_select(0, _on(hidden, index))  # owns its memory: only the waiting tokens
+        offset = 0
+        for i in rows:
+            n = int(count[i])
+            self._waiting.setdefault(req_ids[i], []).append(_Waiting(kept, self._steps, offset, n, int(first[i])))
+            offset += n
+        self._num_waiting += offset
 
-def _last_per_position(rows: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> ContextWrite:
-    """Keep the last token (in step order) at each (row, position)."""
-    key = rows.to(torch.int64) * (int(positions.max()) + 1) + positions.to(torch.int64)
-    uniq, inverse = torch.unique(key, return_inverse=True)
-    if uniq.numel() == key.numel():
-        return ContextWrite(rows, positions, hidden)
-    order = torch.arange(key.numel(), device=key.device)
-    last = torch.full((uniq.numel(),), -1, dtype=torch.int64, device=key.device)
-    last = last.scatter_reduce(0, inverse, order, reduce="amax")
-    return ContextWrite(rows[last], positions[last], hidden[last])
+    def _take(self, req_ids, count, first, start, hidden, due, now) -> ContextWrite:
+        """The waiting tokens of the ``due`` rows, then this step's of the ``now`` rows, in step order;
+        the last token at each (row, position) kept."""
+        by_step: dict[int, tuple[torch.Tensor, list[tuple[int, _Waiting]]]] = {}
+        for i in np.flatnonzero(due):
+            for w in self._waiting.pop(req_ids[i], ()):
+                self._num_waiting -= w.count
+                by_step.setdefault(w.step, (w.hidden, []))[1].append((int(i), w))
+        parts, rows, positions = [], [], []
+        for step in sorted(by_step):
+            source, pieces = by_step[step]
+            parts.append(source.index_select(0, _on(source, np.concatenate(
+                [np.arange(w.offset, w.offset + w.count) for _, w in pieces]))))
+            rows += [np.full(w.count, i) for i, w in pieces]
+            positions += [np.arange(w.first, w.first + w.count) for _, w in pieces]
+        now_rows = np.flatnonzero(now)
+        if now_rows.size:
+            parts.append(hidden.index_select(0, _on(hidden, np.concatenate(
+                [np.arange(start[i], start[i + 1]) for i in now_rows]))))
+            rows += [np.full(count[i], i) for i in now_rows]
+            positions += [np.arange(first[i], first[i] + count[i]) for i in now_rows]
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        rows_np, pos_np = np.concatenate(rows), np.concatenate(positions)
+        keep = _last_per_position(rows_np, pos_np)
+        if keep is not None:
+            out = out.index_select(0, _on(out, keep))
+            rows_np, pos_np = rows_np[keep], pos_np[keep]
+        return ContextWrite(_on(out, rows_np), _on(out, pos_np), out)

@@ -105,48 +105,68 @@ def _batch_rows(common_attn_metadata: Any) -> tuple[int, int, list[int]]:
     return num_reqs, int(qsl[-1]), (qsl[1:] - qsl[:-1]).tolist()
 
 
+def _flat_positions(target_positions: torch.Tensor) -> torch.Tensor:
+    """The token positions (M-RoPE's ``[3, n]`` positions: their first row, as vLLM's DFlash kernel reads)."""
+    return target_positions[0] if target_positions.dim() == 2 else target_positions
+
+
 def context_only_pass(proposer: Any, target_positions: torch.Tensor, target_hidden_states: torch.Tensor,
-                      common_attn_metadata: Any, deferred: DeferredContext | None = None,
-                      req_ids: list[str] | None = None) -> tuple[torch.Tensor, int]:
+                      common_attn_metadata: Any) -> torch.Tensor:
     """A DFlash proposer's pass on a step that drafts nothing: the context K/V of this step's tokens only.
 
-    Without ``deferred``, writes what ``DFlashProposer.build_model_inputs_first_pass`` writes (every
-    scheduled token's context K/V) now; with it (and the batch's ``req_ids``), only what
-    :class:`DeferredContext` says is due. Runs no drafter forward. Returns the ``[num_reqs, 0]`` draft
-    tensor vLLM's own pass returns when asked for no drafts, and the number of tokens written.
+    Writes what ``DFlashProposer.build_model_inputs_first_pass`` writes (every scheduled token's context
+    K/V) and runs no drafter forward. Returns the ``[num_reqs, 0]`` draft tensor vLLM's own pass
+    returns when asked for no drafts.
     """
     cad = common_attn_metadata
-    proposer.num_speculative_tokens = 0
-    proposer._last_draft_probs = None
     num_reqs, num_ctx, counts = _batch_rows(cad)
-    positions = target_positions[:num_ctx]
-    empty = torch.empty(num_reqs, 0, dtype=torch.int64, device=positions.device)
-    if deferred is not None and req_ids is not None:
-        write = deferred.step(req_ids[:num_reqs], positions, target_hidden_states[:num_ctx], counts, drafted=False)
-        if write is None:
-            return empty, 0
-        _write_context(proposer, write.rows.to(positions.device), write.positions, write.hidden,
-                       cad.block_table_tensor)
-        return empty, int(write.positions.shape[0])
+    positions = _flat_positions(target_positions)[:num_ctx]
     req = torch.repeat_interleave(torch.arange(num_reqs, device=positions.device),
                                   torch.as_tensor(counts, device=positions.device), output_size=num_ctx)
     _write_context(proposer, req, positions, target_hidden_states[:num_ctx], cad.block_table_tensor)
-    return empty, num_ctx
+    return _no_drafts(proposer, num_reqs, positions.device)
 
 
-def _write_deferred_before_block_pass(proposer: Any, call: dict, deferred: DeferredContext,
-                                      req_ids: list[str]) -> int:
-    """On a drafted pass: write the batch's deferred context tokens before vLLM's own pass (which writes
-    this step's and then reads them all); returns how many."""
+def _no_drafts(proposer: Any, num_reqs: int, device: torch.device) -> torch.Tensor:
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    return torch.empty(num_reqs, 0, dtype=torch.int64, device=device)
+
+
+@dataclass(frozen=True)
+class _RunnerBatch:
+    """What the runner knows of the proposer's rows: request ids and prompt lengths, in batch order."""
+
+    req_ids: list[str]
+    num_prompt_tokens: list[int]
+
+
+def _deferred_pass(proposer: Any, call: dict, deferred: DeferredContext, batch: _RunnerBatch, *,
+                   drafted: bool) -> int:
+    """Hand this step's context tokens to ``deferred`` and write what it returns (before vLLM's own pass
+    on a ``drafted`` one, which writes this step's tokens and then reads them all); returns how many."""
     cad = call["common_attn_metadata"]
     num_reqs, num_ctx, counts = _batch_rows(cad)
-    positions = call["target_positions"][:num_ctx]
-    write = deferred.step(req_ids[:num_reqs], positions, call["target_hidden_states"][:num_ctx], counts,
-                          drafted=True)
+    ends = cad.seq_lens_cpu_upper_bound  # exact without async scheduling, which D-Cut refuses
+    if ends is None:  # derived from the positions instead (a device read)
+        last = _flat_positions(call["target_positions"])[:num_ctx].cpu()
+        cum = torch.cumsum(torch.as_tensor(counts), 0)
+        ends = [int(last[c - 1]) + 1 if n else 0 for c, n in zip(cum.tolist(), counts)]
+    else:
+        ends = ends[:num_reqs].tolist()
+    write = deferred.step(batch.req_ids[:num_reqs], counts, ends, call["target_hidden_states"][:num_ctx],
+                          drafted=drafted, num_prompt_tokens=batch.num_prompt_tokens[:num_reqs])
     if write is None:
         return 0
-    _write_context(proposer, write.rows.to(positions.device), write.positions, write.hidden, cad.block_table_tensor)
+    _write_context(proposer, write.rows, write.positions, write.hidden, cad.block_table_tensor)
     return int(write.positions.shape[0])
+
+
+def _fill_unit(proposer: Any) -> int:
+    """The KV-cache block, or vLLM's prefix-cache hash block where that is smaller."""
+    cache = getattr(getattr(proposer, "vllm_config", None), "cache_config", None)
+    hashed = getattr(cache, "hash_block_size", None)
+    return min(proposer.block_size, hashed) if hashed else proposer.block_size
 
 
 def _plain_sampler(runner: Any, cfg: DCutVllmConfig | None, max_drafts: int) -> bool:
@@ -216,33 +236,32 @@ def install() -> None:
             num_spec = int(call["num_speculative_tokens"])
             dflash = self.method == "dflash"
             skip = num_spec == 0 and cfg.skip_undrafted_block and dflash
-            req_ids = self.__dict__.get("_dcut_req_ids")  # set by propose_draft_token_ids below
+            batch = self.__dict__.get("_dcut_batch")  # set by propose_draft_token_ids below
             deferred = None
-            if dflash and cfg.skip_undrafted_block and cfg.defer_undrafted_context and req_ids is not None:
+            if dflash and cfg.skip_undrafted_block and cfg.defer_undrafted_context and batch is not None:
                 deferred = self.__dict__.get("_dcut_deferred")
                 if deferred is None:
-                    deferred = self._dcut_deferred = DeferredContext(self.block_size)
+                    deferred = self._dcut_deferred = DeferredContext(_fill_unit(self))
             rec = None
             if dflash and cfg.record_path:
                 cad = call["common_attn_metadata"]
                 rec = {"pass": ("deferred" if deferred is not None else "context") if skip else "block",
                        "num_speculative_tokens": num_spec, "num_reqs": int(cad.num_reqs),
                        "context_tokens": int(cad.query_start_loc_cpu[-1])}
-            if skip:
-                out, written = context_only_pass(self, call["target_positions"], call["target_hidden_states"],
-                                                 call["common_attn_metadata"], deferred, req_ids)
-                if rec is not None:
-                    if deferred is not None:
-                        rec.update(deferred_written=written, deferred_pending=deferred.num_pending)
-                    _record_line(cfg.record_path + ".drafter.jsonl", rec)
-                self._dcut_conf = (out, None)
-                return out
             if deferred is not None:
-                written = _write_deferred_before_block_pass(self, call, deferred, req_ids)
+                written = _deferred_pass(self, call, deferred, batch, drafted=not skip)
                 if rec is not None:
-                    rec.update(deferred_written=written, deferred_pending=deferred.num_pending)
+                    rec.update(deferred_written=written, deferred_pending=deferred.num_waiting)
             if rec is not None:
                 _record_line(cfg.record_path + ".drafter.jsonl", rec)
+            if skip:
+                if deferred is not None:
+                    out = _no_drafts(self, int(call["common_attn_metadata"].num_reqs), call["target_hidden_states"].device)
+                else:
+                    out = context_only_pass(self, call["target_positions"], call["target_hidden_states"],
+                                            call["common_attn_metadata"])
+                self._dcut_conf = (out, None)
+                return out
             self._dcut_conf_steps = []
             try:
                 out = orig_propose(self, *args, **kwargs)
@@ -264,13 +283,14 @@ def install() -> None:
                 return orig_propose_ids(self, scheduler_output, *args, **kwargs)
             deferred = drafter.__dict__.get("_dcut_deferred")
             if deferred is not None:  # finished requests, and resumed ones (new blocks, tokens recomputed)
-                deferred.forget((deferred.requests - self.requests.keys())
-                                | set(scheduler_output.scheduled_cached_reqs.resumed_req_ids))
-            drafter._dcut_req_ids = list(self.input_batch.req_ids)  # the proposer's rows, in order
+                deferred.retain(self.requests.keys(), scheduler_output.scheduled_cached_reqs.resumed_req_ids)
+            n = self.input_batch.num_reqs
+            drafter._dcut_batch = _RunnerBatch(list(self.input_batch.req_ids),  # the proposer's rows, in order
+                                               self.input_batch.num_prompt_tokens[:n].tolist())
             try:
                 return orig_propose_ids(self, scheduler_output, *args, **kwargs)
             finally:
-                drafter._dcut_req_ids = None
+                drafter._dcut_batch = None
 
         def take_draft_token_ids(self):
             result = orig_take(self)
