@@ -72,8 +72,8 @@ def test_prompt_tokens_are_written_at_once_and_a_resumed_request_forgotten():
     assert write.rows.tolist() == [0] * 20 and write.positions.tolist() == list(range(20))
     _, _, write = _step(ctx, [("a", 20, 10), ("b", 41, 1)], drafted=False, prompt=[30, 10])
     assert write.positions.tolist() == list(range(20, 30)) and ctx.num_waiting == 2
-    ctx.retain({"a", "b"}, resumed=["b"])
-    assert ctx.num_waiting == 0 and ctx.requests == frozenset()
+    ctx.retain({"a", "b"}, drop=["b"])                       # b resumed (or finished, its id used again)
+    assert ctx.num_waiting == 0 and ctx.requests == frozenset() and ctx.num_held == 0
 
 
 def test_too_many_waiting_tokens_write_the_batchs():
@@ -86,13 +86,26 @@ def test_too_many_waiting_tokens_write_the_batchs():
     assert ctx.num_waiting == 0
 
 
+def test_the_cap_counts_the_rows_a_step_keeps_together():
+    """Two requests' tokens of a step are kept in one tensor: writing one's leaves both rows held."""
+    ctx = DeferredContext(fill_unit=4, max_waiting_tokens=4)
+    _step(ctx, [("a", 1, 1), ("b", 1, 1)], drafted=False)
+    _step(ctx, [("a", 2, 1), ("b", 2, 1)], drafted=False)
+    _, _, write = _step(ctx, [("a", 3, 1)], drafted=False)            # a fills its unit; b not scheduled
+    assert write.positions.tolist() == [1, 2, 3] and (ctx.num_waiting, ctx.num_held) == (2, 4)
+    _, _, write = _step(ctx, [("a", 4, 1)], drafted=False)            # held 4 + 1 > 4: the batch's written
+    assert write.rows.tolist() == [0] and ctx.num_held == 4          # b is not in this batch: still held
+    ctx.retain({"a"})
+    assert (ctx.num_waiting, ctx.num_held) == (0, 0)
+
+
 def test_waiting_tokens_do_not_hold_the_steps_batch():
     """Only the waiting tokens' hidden states are kept, not the whole step's (a long prefill beside)."""
     ctx = DeferredContext(fill_unit=4096)
     hidden = torch.zeros(1001, 64)
     ctx.step(["p", "d"], [1000, 1], [1000, 51], hidden, drafted=False, num_prompt_tokens=[1000, 10])
-    (kept,) = [w.hidden for ws in ctx._waiting.values() for w in ws]
-    assert kept.shape == (1, 64) and kept.untyped_storage().nbytes() == 64 * 4
+    (kept,) = [w.kept.hidden for ws in ctx._waiting.values() for w in ws]
+    assert ctx.num_held == 1 and kept.shape == (1, 64) and kept.untyped_storage().nbytes() == 64 * 4
 
 
 def test_bad_counts_are_refused():
@@ -156,6 +169,7 @@ def test_the_cache_matches_vllms_own_writes(fill_unit, cap, plan, seed):
             full = committed[name.split(".")[0]] // fill_unit * fill_unit
             assert {k: v for k, v in ours.items() if k[0] == name and k[1] < full} == \
                    {k: v for k, v in own.items() if k[0] == name and k[1] < full}
+        assert ctx.num_held >= ctx.num_waiting >= 0
         for i, (d, _, present) in enumerate(reqs):
             if present:
                 drafts_next[f"r{i}"] = d if drafted else 0

@@ -32,7 +32,8 @@ Keys (all optional):
                      forward (:mod:`.hooks`); false runs vLLM's own pass [true]
 ``defer_undrafted_context``  with ``skip_undrafted_block``, that update waits: a request's
                      decode tokens are written at its next drafted pass, or as soon as one of them
-                     fills a KV-cache block, whichever comes first (:mod:`.deferred_context`); false
+                     fills a KV-cache block, whichever comes first (prompt tokens at once, a
+                     cap on what waits: :mod:`.deferred_context`); false
                      writes them on every undrafted step, and is refused with
                      ``skip_undrafted_block: false`` (vLLM's own pass writes every step) [true]
 ``adaptive_draft_depth``  the drafter pass after a drafted step fills only as many slots as the

@@ -9,15 +9,17 @@ request instead of writing them, and hands them back to be written:
 - before that, as soon as one of its tokens sits in the last slot of a fill unit (the KV-cache block,
   or vLLM's prefix-cache hash block where that is smaller): vLLM may share a full block, or a full
   hash block of a partial one, through prefix caching, so such a block never lacks its drafter context;
-- a step's prompt tokens (a prefill chunk, or a resumed request's recomputation) at once, since vLLM
-  may share a prompt's partial tail block;
-- everything waiting in the batch once more than ``max_waiting_tokens`` wait.
+- a step's prompt tokens (a prefill chunk, or the prompt part of a resumed request's recomputation)
+  at once, since vLLM may share a prompt's partial tail block;
+- everything waiting in the batch once the kept hidden states exceed ``max_waiting_tokens`` rows (a
+  step's waiting tokens are kept together, until the last of them is written).
 
 A request not scheduled in a step keeps its tokens (it does not advance, so fills no block); a finished
-request, or one resumed after preemption (its blocks replaced, its tokens recomputed), drops them
-(:meth:`DeferredContext.retain`). Tokens a drafted step rejected are kept in step order and the later
+or preempted request drops them (:meth:`DeferredContext.retain`; a resumed one recomputes its tokens
+into new blocks, and a request id may be used again after its request finished). Tokens a drafted step rejected are kept in step order and the later
 token at the same position wins, as with vLLM's own writes. All decisions are made on host metadata
-(the batch's token counts and sequence lengths), so no step waits on the device. Only drafts depend
+(the batch's token counts and sequence lengths): none reads the device; the indices reach it as small
+host-to-device copies. Only drafts depend
 on the drafter's context, so none of this can change what the target verifies (docs/vllm.md, "The
 undrafted step").
 """
@@ -32,7 +34,7 @@ import torch
 
 __all__ = ["MAX_WAITING_TOKENS", "ContextWrite", "DeferredContext"]
 
-#: tokens that may wait over the whole batch before a step writes every scheduled request's
+#: kept hidden-state rows over the whole batch beyond which a step writes every scheduled request's
 MAX_WAITING_TOKENS = 16384
 
 
@@ -47,13 +49,22 @@ class ContextWrite:
     hidden: torch.Tensor
 
 
+class _Kept:
+    """One step's waiting tokens' hidden states (the step numbered ``step``), shared by its requests;
+    ``live`` of its rows still wait."""
+
+    __slots__ = ("hidden", "step", "live")
+
+    def __init__(self, hidden: torch.Tensor, step: int) -> None:
+        self.hidden, self.step, self.live = hidden, step, int(hidden.shape[0])
+
+
 @dataclass(frozen=True)
 class _Waiting:
-    """One request's tokens of one step: rows ``offset:offset+count`` of ``hidden`` (the waiting tokens
-    of the step numbered ``step``, shared by its requests), at positions ``first..first+count-1``."""
+    """One request's tokens of one step: rows ``offset:offset+count`` of ``kept``, at positions
+    ``first..first+count-1``."""
 
-    hidden: torch.Tensor
-    step: int
+    kept: _Kept
     offset: int
     count: int
     first: int
@@ -83,6 +94,7 @@ class DeferredContext:
         self.max_waiting_tokens = max_waiting_tokens
         self._waiting: dict[str, list[_Waiting]] = {}
         self._num_waiting = 0
+        self._num_held = 0  # rows of the kept tensors still alive (>= num_waiting)
         self._steps = 0
 
     @property
@@ -91,14 +103,26 @@ class DeferredContext:
         return self._num_waiting
 
     @property
+    def num_held(self) -> int:
+        """Hidden-state rows kept alive: the waiting tokens and those sharing a step with one."""
+        return self._num_held
+
+    @property
     def requests(self) -> frozenset[str]:
         """The requests with tokens waiting."""
         return frozenset(self._waiting)
 
-    def retain(self, live: Collection[str], resumed: Iterable[str] = ()) -> None:
-        """Drop the waiting tokens of every request not in ``live`` (finished) or in ``resumed``."""
-        for r in [r for r in self._waiting if r not in live] + list(resumed):
-            self._num_waiting -= sum(w.count for w in self._waiting.pop(r, ()))
+    def retain(self, live: Collection[str], drop: Iterable[str] = ()) -> None:
+        """Drop the waiting tokens of every request not in ``live`` and of those in ``drop``."""
+        for r in [r for r in self._waiting if r not in live] + list(drop):
+            for w in self._waiting.pop(r, ()):
+                self._release(w)
+
+    def _release(self, w: _Waiting) -> None:
+        self._num_waiting -= w.count
+        w.kept.live -= w.count
+        if w.kept.live == 0:
+            self._num_held -= int(w.kept.hidden.shape[0])
 
     def step(self, req_ids: Sequence[str], num_tokens: Sequence[int], seq_lens: Sequence[int],
              hidden: torch.Tensor, *, drafted: bool, num_prompt_tokens: Sequence[int] | None = None
@@ -127,7 +151,7 @@ class DeferredContext:
             prompt = first < (np.asarray(num_prompt_tokens, dtype=np.int64) if num_prompt_tokens is not None else 0)
             now = (count > 0) & ((end // unit > first // unit) | prompt)
             due = now.copy()
-            if self._num_waiting + int(count[~now].sum()) > self.max_waiting_tokens:
+            if self._num_held + int(count[~now].sum()) > self.max_waiting_tokens:
                 due = np.array([r in self._waiting for r in req_ids], dtype=bool) | (count > 0)
                 now = count > 0
             self._keep(req_ids, count, first, start, hidden, (count > 0) & ~now)
@@ -141,13 +165,14 @@ class DeferredContext:
         if rows.size == 0:
             return
         index = np.concatenate([np.arange(start[i], start[i + 1]) for i in rows])
-        kept = hidden.index_select(0, _on(hidden, index))  # owns its memory: only the waiting tokens
+        kept = _Kept(hidden.index_select(0, _on(hidden, index)), self._steps)  # its own memory, waiting rows only
         offset = 0
         for i in rows:
             n = int(count[i])
-            self._waiting.setdefault(req_ids[i], []).append(_Waiting(kept, self._steps, offset, n, int(first[i])))
+            self._waiting.setdefault(req_ids[i], []).append(_Waiting(kept, offset, n, int(first[i])))
             offset += n
         self._num_waiting += offset
+        self._num_held += offset
 
     def _take(self, req_ids, count, first, start, hidden, due, now) -> ContextWrite:
         """The waiting tokens of the ``due`` rows, then this step's of the ``now`` rows, in step order;
@@ -155,8 +180,8 @@ class DeferredContext:
         by_step: dict[int, tuple[torch.Tensor, list[tuple[int, _Waiting]]]] = {}
         for i in np.flatnonzero(due):
             for w in self._waiting.pop(req_ids[i], ()):
-                self._num_waiting -= w.count
-                by_step.setdefault(w.step, (w.hidden, []))[1].append((int(i), w))
+                self._release(w)
+                by_step.setdefault(w.kept.step, (w.kept.hidden, []))[1].append((int(i), w))
         parts, rows, positions = [], [], []
         for step in sorted(by_step):
             source, pieces = by_step[step]

@@ -26,7 +26,8 @@ step drafts from the same context; the block forward is skipped and vLLM gets no
 (docs/vllm.md, "The undrafted step"). With ``defer_undrafted_context`` (the default) that write waits
 for the request's next drafted pass or a full KV-cache block (:mod:`.deferred_context`); the
 ``GPUModelRunner.propose_draft_token_ids`` wrapper hands the proposer the batch's request ids and
-drops the waiting tokens of finished and resumed requests.
+prompt lengths, and the ``GPUModelRunner._update_states`` wrapper drops the waiting tokens of finished,
+preempted and resumed requests. Targets with M-RoPE positions write every step.
 
 On the step after an undrafted pass, where no request carries a draft, ``GPUModelRunner._sample`` takes vLLM's plain-decoding sampler instead of the rejection sampler (which,
 over zero drafts, samples the same bonus tokens with the same sampler after copying the logits): the
@@ -216,6 +217,7 @@ def install() -> None:
         orig_meta = GPUModelRunner._calc_spec_decode_metadata
         orig_sample_tokens = GPUModelRunner._sample
         orig_propose_ids = GPUModelRunner.propose_draft_token_ids
+        orig_update_states = GPUModelRunner._update_states
         propose_signature = inspect.signature(orig_propose)
 
         def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -238,7 +240,9 @@ def install() -> None:
             skip = num_spec == 0 and cfg.skip_undrafted_block and dflash
             batch = self.__dict__.get("_dcut_batch")  # set by propose_draft_token_ids below
             deferred = None
-            if dflash and cfg.skip_undrafted_block and cfg.defer_undrafted_context and batch is not None:
+            # M-RoPE targets (positions [3, n]) write every step: deferral keeps token indices, not their rows
+            if (dflash and cfg.skip_undrafted_block and cfg.defer_undrafted_context and batch is not None
+                    and call["target_positions"].dim() == 1):
                 deferred = self.__dict__.get("_dcut_deferred")
                 if deferred is None:
                     deferred = self._dcut_deferred = DeferredContext(_fill_unit(self))
@@ -281,9 +285,6 @@ def install() -> None:
             drafter = getattr(self, "drafter", None)
             if drafter is None or _config_of(self) is None:
                 return orig_propose_ids(self, scheduler_output, *args, **kwargs)
-            deferred = drafter.__dict__.get("_dcut_deferred")
-            if deferred is not None:  # finished requests, and resumed ones (new blocks, tokens recomputed)
-                deferred.retain(self.requests.keys(), scheduler_output.scheduled_cached_reqs.resumed_req_ids)
             n = self.input_batch.num_reqs
             drafter._dcut_batch = _RunnerBatch(list(self.input_batch.req_ids),  # the proposer's rows, in order
                                                self.input_batch.num_prompt_tokens[:n].tolist())
@@ -291,6 +292,15 @@ def install() -> None:
                 return orig_propose_ids(self, scheduler_output, *args, **kwargs)
             finally:
                 drafter._dcut_batch = None
+
+        def _update_states(self, scheduler_output):
+            result = orig_update_states(self, scheduler_output)
+            deferred = getattr(getattr(self, "drafter", None), "_dcut_deferred", None)
+            if deferred is not None:  # finished, preempted (blocks freed) and resumed (recomputed) requests
+                deferred.retain(self.requests.keys(), set(scheduler_output.finished_req_ids)
+                                | set(scheduler_output.preempted_req_ids or ())
+                                | set(scheduler_output.scheduled_cached_reqs.resumed_req_ids))
+            return result
 
         def take_draft_token_ids(self):
             result = orig_take(self)
@@ -325,6 +335,7 @@ def install() -> None:
         GPUModelRunner._calc_spec_decode_metadata = _calc_spec_decode_metadata
         GPUModelRunner._sample = _sample
         GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+        GPUModelRunner._update_states = _update_states
         _installed = True
 
 
