@@ -246,7 +246,8 @@ def markdown(summary: pd.DataFrame, frame: pd.DataFrame, args) -> str:
             h = hit.iloc[0]
             cells.append(f"{h.ratio_median:.3f} ({h.ratio_min:.3f}-{h.ratio_max:.3f})")
         lines.append(f"| {engine} | `{config}` | " + " | ".join(cells) + " |")
-    lines += ["", "The same ratio of each run's fastest decile (10th-percentile step; noise only adds time):", "",
+    lines += ["", "The same ratio of each run's fastest decile (10th-percentile step: robust to stalls inside a "
+              "run, not to the host's speed drifting between runs):", "",
               "| engine | pass | " + " | ".join(f"bs {bs}" for bs in args.batch_sizes) + " |",
               "|---|---|" + "---:|" * len(args.batch_sizes)]
     for (engine, config), g in summary.groupby(["engine", "config"], sort=False):
