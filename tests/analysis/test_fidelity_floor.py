@@ -96,3 +96,15 @@ def test_cause_names_noise_steps_and_the_plain_step():
     # a peer without recorded steps: only the plain step can be named
     peer = ff.cause(_row(config="vllm-k2", error=0.15, predicted=115.0, steps=np.nan, plain_step_error=-0.12))
     assert peer == "the curve's plain step is -12% off this cell's measured one (steps not recorded)"
+
+
+def test_block_pass_extra_is_the_upkeep_over_the_pass_written_every_step():
+    """vLLM's own drafter pass over D-Cut's from the in-step upkeep times (block - context-write), the
+    step medians ignored; a file from before the context-write row uses context."""
+    rows = [("vllm", 1, "block", 50.0, 4.0), ("vllm", 1, "context-write", 45.0, 1.0), ("vllm", 1, "context", 60.0, 0.3),
+            ("vllm", 16, "block", 80.0, 9.0), ("vllm", 16, "context-write", 90.0, 1.5), ("vllm", 16, "context", 70.0, 0.5),
+            ("own", 1, "context", 30.0, 0.2)]
+    table = pd.DataFrame(rows, columns=["engine", "batch_size", "config", "step_ms", "upkeep_ms"])
+    assert ff.block_pass_extra_ms(table) == {1: 3.0, 16: 7.5}
+    older = table[table.config != "context-write"]
+    assert ff.block_pass_extra_ms(older) == {1: 3.7, 16: 8.5}
