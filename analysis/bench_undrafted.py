@@ -87,9 +87,28 @@ def _loadavg() -> float:
 
 
 # ------------------------------------------------------------------ vLLM
+def vllm_wave(target: Path, bs: int, max_tokens: int, runs: list[dict]) -> dict:
+    """Run the engines ``runs`` in order, each over one wave of ``bs`` held-out prompts x ``max_tokens``
+    greedy tokens (B = ``BLOCK_SIZE``, step-timed), in one process of the vLLM environment; return the
+    driver's result. Raises ``RuntimeError`` with the driver's stderr when it fails."""
+    from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python
+
+    job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
+           "prompts": {"file": str(PROMPTS), "n": bs, "chat": True}, "max_tokens": max_tokens,
+           "max_num_seqs": bs, "max_model_len": 1024, "runs": runs, "step_timing": True}
+    with tempfile.TemporaryDirectory() as tmp:
+        jf, rf = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        jf.write_text(json.dumps(job))
+        proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(jf),
+                               "--out", str(rf)], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
+                              timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM bs {bs}: driver exited {proc.returncode}\n{proc.stderr[-3000:]}")
+        return json.loads(rf.read_text())
+
+
 def vllm_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int) -> list[dict]:
     from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
-    from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python
 
     target, _ = write_pair()
     configs = ("plain", "context", "context-write", "block")
@@ -98,27 +117,14 @@ def vllm_rows(batch_sizes: Sequence[int], rounds: int, max_tokens: int) -> list[
     rows: list[dict] = []
     for bs in batch_sizes:
         runs = [{"name": "warmup", "dcut": None}]
-        order = []
         for r in range(rounds):
             for name in _rotate(configs, r + bs):
-                order.append((r, name))
                 dcut = None if name == "plain" else {
                     "policy": "fine", "policy_params": NEVER_DRAFT, "cost_curve": str(VLLM_CURVE),
                     "log_interval_s": 600.0, **settings[name]}
                 runs.append({"name": f"{name}#{r}", "dcut": dcut})
-        job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
-               "prompts": {"file": str(PROMPTS), "n": bs, "chat": True}, "max_tokens": max_tokens,
-               "max_num_seqs": bs, "max_model_len": 1024, "runs": runs, "step_timing": True}
-        with tempfile.TemporaryDirectory() as tmp:
-            jf, rf = Path(tmp) / "job.json", Path(tmp) / "out.json"
-            jf.write_text(json.dumps(job))
-            load0 = _loadavg()
-            proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(jf),
-                                   "--out", str(rf)], cwd=REPO, env=cpu_env(), capture_output=True, text=True,
-                                  timeout=1800)
-            if proc.returncode != 0:
-                raise RuntimeError(f"vLLM bs {bs}: driver exited {proc.returncode}\n{proc.stderr[-3000:]}")
-            res = json.loads(rf.read_text())
+        load0 = _loadavg()
+        res = vllm_wave(target, bs, max_tokens, runs)
         load1 = _loadavg()
         base = res["runs"][0]["token_ids"]
         for run in res["runs"][1:]:
@@ -231,42 +237,27 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _table(summary: pd.DataFrame, batch_sizes: Sequence[int], cell) -> list[str]:
+    """Markdown rows: one per (engine, pass), ``cell(row)`` per batch size (blank where none)."""
+    lines = ["| engine | pass | " + " | ".join(f"bs {bs}" for bs in batch_sizes) + " |",
+             "|---|---|" + "---:|" * len(batch_sizes)]
+    for (engine, config), g in summary.groupby(["engine", "config"], sort=False):
+        cells = [cell(hit.iloc[0]) if not (hit := g[g.batch_size == bs]).empty else "" for bs in batch_sizes]
+        lines.append(f"| {engine} | `{config}` | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(summary: pd.DataFrame, frame: pd.DataFrame, args) -> str:
     lines = [f"Undrafted step / plain-decoding step, median over {args.rounds} interleaved rounds (min-max), "
              f"B = {BLOCK_SIZE} (vLLM) and 16 (the project's engine, its curve), {args.max_tokens} new tokens per request, greedy; goal <= {GOAL}x for `context`.", ""]
-    lines += ["| engine | pass | " + " | ".join(f"bs {bs}" for bs in args.batch_sizes) + " |",
-              "|---|---|" + "---:|" * len(args.batch_sizes)]
-    for (engine, config), g in summary.groupby(["engine", "config"], sort=False):
-        cells = []
-        for bs in args.batch_sizes:
-            hit = g[g.batch_size == bs]
-            if hit.empty:
-                cells.append("")
-                continue
-            h = hit.iloc[0]
-            cells.append(f"{h.ratio_median:.3f} ({h.ratio_min:.3f}-{h.ratio_max:.3f})")
-        lines.append(f"| {engine} | `{config}` | " + " | ".join(cells) + " |")
+    lines += _table(summary, args.batch_sizes, lambda h: f"{h.ratio_median:.3f} ({h.ratio_min:.3f}-{h.ratio_max:.3f})")
     lines += ["", "The same ratio of each run's fastest decile (10th-percentile step: robust to stalls inside a "
-              "run, not to the host's speed drifting between runs):", "",
-              "| engine | pass | " + " | ".join(f"bs {bs}" for bs in args.batch_sizes) + " |",
-              "|---|---|" + "---:|" * len(args.batch_sizes)]
-    for (engine, config), g in summary.groupby(["engine", "config"], sort=False):
-        cells = []
-        for bs in args.batch_sizes:
-            hit = g[g.batch_size == bs]
-            cells.append("" if hit.empty else f"{hit.iloc[0].ratio_p10_median:.3f} "
-                                               f"({hit.iloc[0].ratio_p10_min:.3f}-{hit.iloc[0].ratio_p10_max:.3f})")
-        lines.append(f"| {engine} | `{config}` | " + " | ".join(cells) + " |")
-    lines += ["", "Plain step and the undrafted step's context upkeep (median ms; share of the plain step):", "",
-              "| engine | pass | " + " | ".join(f"bs {bs}" for bs in args.batch_sizes) + " |",
-              "|---|---|" + "---:|" * len(args.batch_sizes)]
-    for (engine, config), g in summary.groupby(["engine", "config"], sort=False):
-        cells = []
-        for bs in args.batch_sizes:
-            hit = g[g.batch_size == bs]
-            cells.append("" if hit.empty else f"{hit.iloc[0].plain_step_ms:.1f} / {hit.iloc[0].upkeep_ms:.2f} "
-                                               f"({100 * hit.iloc[0].upkeep_share:.1f} %)")
-        lines.append(f"| {engine} | `{config}` | " + " | ".join(cells) + " |")
+              "run, not to the host's speed drifting between runs):", ""]
+    lines += _table(summary, args.batch_sizes,
+                    lambda h: f"{h.ratio_p10_median:.3f} ({h.ratio_p10_min:.3f}-{h.ratio_p10_max:.3f})")
+    lines += ["", "Plain step and the undrafted step's context upkeep (median ms; share of the plain step):", ""]
+    lines += _table(summary, args.batch_sizes,
+                    lambda h: f"{h.plain_step_ms:.1f} / {h.upkeep_ms:.2f} ({100 * h.upkeep_share:.1f} %)")
     lines += ["", "`upkeep` is, for vLLM, the drafter's whole `propose` in an undrafted step; for the project's "
               "engine, the committed slots' feature gather and the drafter's context update.", "",
               f"cpu_share per run: min {frame.cpu_share.min():.2f}, median {frame.cpu_share.median():.2f}; "

@@ -20,47 +20,31 @@ needs the vLLM environment (``DCUT_WITH_VLLM=1 bash scripts/install.sh``); about
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from bench_undrafted import BLOCK_SIZE, DRAFTER, PROMPTS, REPO, VLLM_CURVE, _loadavg, _rotate
+from bench_undrafted import BLOCK_SIZE, REPO, VLLM_CURVE, _loadavg, _rotate, vllm_wave
 
 CONFIGS = {"deferred": {}, "written": {"defer_undrafted_context": False}}
 
 
 def run(bs: int, plain_steps: int, rounds: int, max_tokens: int) -> pd.DataFrame:
     from dcut_sched.integrations.vllm_tools.checkpoint import write_pair
-    from dcut_sched.integrations.vllm_tools.venv import cpu_env, venv_python
 
     target, _ = write_pair()
     schedule = {"speculate_margin": 1000.0, "probe_interval": plain_steps, "probe_budget": 0.9, "feedback": False}
-    runs = [{"name": "nospec", "dcut": None}, {"name": "warmup#0", "dcut": {
-        "policy": "fine", "policy_params": schedule, "cost_curve": str(VLLM_CURVE), "log_interval_s": 600.0}}]
+    fine = {"policy": "fine", "policy_params": schedule, "cost_curve": str(VLLM_CURVE), "log_interval_s": 600.0}
+    runs = [{"name": "nospec", "dcut": None}, {"name": "warmup#0", "dcut": fine}]
     for r in range(rounds):
         for name in _rotate(list(CONFIGS), r):
-            runs.append({"name": f"{name}#{r}", "dcut": {"policy": "fine", "policy_params": schedule,
-                                                         "cost_curve": str(VLLM_CURVE), "log_interval_s": 600.0,
-                                                         **CONFIGS[name]}})
-    job = {"target": str(target), "draft": f"dflash:{DRAFTER}", "block_size": BLOCK_SIZE,
-           "prompts": {"file": str(PROMPTS), "n": bs, "chat": True}, "max_tokens": max_tokens,
-           "max_num_seqs": bs, "max_model_len": 1024, "runs": runs, "step_timing": True}
-    with tempfile.TemporaryDirectory() as tmp:
-        jf, rf = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        jf.write_text(json.dumps(job))
-        load0 = _loadavg()
-        proc = subprocess.run([str(venv_python()), "-m", "dcut_sched.cli.vllm_run", "--job", str(jf), "--out", str(rf)],
-                              cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"vLLM driver exited {proc.returncode}\n{proc.stderr[-3000:]}")
-        res = json.loads(rf.read_text())
+            runs.append({"name": f"{name}#{r}", "dcut": {**fine, **CONFIGS[name]}})
+    load0 = _loadavg()
+    res = vllm_wave(target, bs, max_tokens, runs)
     load1 = _loadavg()
     base = res["runs"][0]["token_ids"]
     rows = []

@@ -75,6 +75,12 @@ def _on(like: torch.Tensor, values: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)).to(like.device, non_blocking=True)
 
 
+def _spans(lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """``lo[j] .. lo[j] + n[j] - 1`` for every j, concatenated."""
+    lo, n = np.asarray(lo, dtype=np.int64), np.asarray(n, dtype=np.int64)
+    return np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+
+
 def _last_per_position(rows: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
     """Indices keeping the last entry at each (row, position); ``None`` when all are distinct."""
     key = rows * (int(positions.max()) + 1) + positions
@@ -143,17 +149,18 @@ class DeferredContext:
                              f"and {hidden.shape[0]} hidden rows do not match")
         first = end - count
         start = np.concatenate([[0], np.cumsum(count)])
+        waiting = np.array([r in self._waiting for r in req_ids], dtype=bool)
         if drafted:
-            due = np.array([r in self._waiting for r in req_ids], dtype=bool)
-            now = np.zeros_like(due)
+            due, now = waiting, np.zeros_like(waiting)
         else:
             unit = self.fill_unit
             prompt = first < (np.asarray(num_prompt_tokens, dtype=np.int64) if num_prompt_tokens is not None else 0)
             now = (count > 0) & ((end // unit > first // unit) | prompt)
-            due = now.copy()
             if self._num_held + int(count[~now].sum()) > self.max_waiting_tokens:
-                due = np.array([r in self._waiting for r in req_ids], dtype=bool) | (count > 0)
                 now = count > 0
+                due = waiting | now
+            else:
+                due = now
             self._keep(req_ids, count, first, start, hidden, (count > 0) & ~now)
         if not due.any():
             return None
@@ -164,8 +171,7 @@ class DeferredContext:
         self._steps += 1
         if rows.size == 0:
             return
-        index = np.concatenate([np.arange(start[i], start[i + 1]) for i in rows])
-        kept = _Kept(hidden.index_select(0, _on(hidden, index)), self._steps)  # its own memory, waiting rows only
+        kept = _Kept(hidden.index_select(0, _on(hidden, _spans(start[rows], count[rows]))), self._steps)  # its own memory, waiting rows only
         offset = 0
         for i in rows:
             n = int(count[i])
@@ -185,16 +191,15 @@ class DeferredContext:
         parts, rows, positions = [], [], []
         for step in sorted(by_step):
             source, pieces = by_step[step]
-            parts.append(source.index_select(0, _on(source, np.concatenate(
-                [np.arange(w.offset, w.offset + w.count) for _, w in pieces]))))
-            rows += [np.full(w.count, i) for i, w in pieces]
-            positions += [np.arange(w.first, w.first + w.count) for _, w in pieces]
+            n = np.array([w.count for _, w in pieces])
+            parts.append(source.index_select(0, _on(source, _spans([w.offset for _, w in pieces], n))))
+            rows.append(np.repeat([i for i, _ in pieces], n))
+            positions.append(_spans([w.first for _, w in pieces], n))
         now_rows = np.flatnonzero(now)
         if now_rows.size:
-            parts.append(hidden.index_select(0, _on(hidden, np.concatenate(
-                [np.arange(start[i], start[i + 1]) for i in now_rows]))))
-            rows += [np.full(count[i], i) for i in now_rows]
-            positions += [np.arange(first[i], first[i] + count[i]) for i in now_rows]
+            parts.append(hidden.index_select(0, _on(hidden, _spans(start[now_rows], count[now_rows]))))
+            rows.append(np.repeat(now_rows, count[now_rows]))
+            positions.append(_spans(first[now_rows], count[now_rows]))
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         rows_np, pos_np = np.concatenate(rows), np.concatenate(positions)
         keep = _last_per_position(rows_np, pos_np)

@@ -148,13 +148,7 @@ def _deferred_pass(proposer: Any, call: dict, deferred: DeferredContext, batch: 
     on a ``drafted`` one, which writes this step's tokens and then reads them all); returns how many."""
     cad = call["common_attn_metadata"]
     num_reqs, num_ctx, counts = _batch_rows(cad)
-    ends = cad.seq_lens_cpu_upper_bound  # exact without async scheduling, which D-Cut refuses
-    if ends is None:  # derived from the positions instead (a device read)
-        last = _flat_positions(call["target_positions"])[:num_ctx].cpu()
-        cum = torch.cumsum(torch.as_tensor(counts), 0)
-        ends = [int(last[c - 1]) + 1 if n else 0 for c, n in zip(cum.tolist(), counts)]
-    else:
-        ends = ends[:num_reqs].tolist()
+    ends = cad.seq_lens_cpu_upper_bound[:num_reqs].tolist()  # exact without async scheduling, which D-Cut refuses
     write = deferred.step(batch.req_ids[:num_reqs], counts, ends, call["target_hidden_states"][:num_ctx],
                           drafted=drafted, num_prompt_tokens=batch.num_prompt_tokens[:num_reqs])
     if write is None:
@@ -240,9 +234,11 @@ def install() -> None:
             skip = num_spec == 0 and cfg.skip_undrafted_block and dflash
             batch = self.__dict__.get("_dcut_batch")  # set by propose_draft_token_ids below
             deferred = None
-            # M-RoPE targets (positions [3, n]) write every step: deferral keeps token indices, not their rows
+            # M-RoPE targets (positions [3, n]) write every step: deferral keeps token indices, not their rows;
+            # it decides on vLLM's host sequence lengths (always set by vLLM 0.32's runner)
             if (dflash and cfg.skip_undrafted_block and cfg.defer_undrafted_context and batch is not None
-                    and call["target_positions"].dim() == 1):
+                    and call["target_positions"].dim() == 1
+                    and call["common_attn_metadata"].seq_lens_cpu_upper_bound is not None):
                 deferred = self.__dict__.get("_dcut_deferred")
                 if deferred is None:
                     deferred = self._dcut_deferred = DeferredContext(_fill_unit(self))
